@@ -1,0 +1,361 @@
+/*
+ * kvxfer - one-sided KV-cache block transfer between hosts.
+ *
+ * This is the whole public API: one C99 header, opaque handles, one error
+ * convention. It implements the data-plane contract of vLLM's DataTransport:
+ * a transport owns (but never frees) one local region of num_blocks x block_len
+ * bytes, hands out opaque agent metadata, registers remote peers from theirs,
+ * and writes local blocks into a peer's blocks with one-sided semantics (the
+ * target never has to call anything for bytes to land).
+ *
+ * Sections: export macros, version, error codes, opaque types, options,
+ * lifecycle, properties, peers, transfers, completion and cancel, utilities.
+ *
+ * Conventions (true for every function unless its comment says otherwise):
+ *  - Functions return int: 0 on success, a negative KVX_E* code on failure.
+ *    Codes equal to -errno are used where an errno fits; the others lie at or
+ *    below KVX_ERRNO_OFFSET. kvx_strerror() names a code and
+ *    kvx_last_error_message() gives the context of the calling thread's last
+ *    failure ("peer 'p1': remote index 70000 >= 65536 blocks").
+ *  - Out-parameters that receive one result come first and are named out*.
+ *    On failure they are left unchanged.
+ *  - Destructors return void and accept NULL.
+ *  - Thread safety: every function taking a kvx_transport may be called from
+ *    several threads at once on the same transport, except
+ *    kvx_transport_destroy(), which must be the last call on the handle.
+ *    A kvx_options object is not thread-safe; it is only read by
+ *    kvx_transport_create() and may be destroyed right after.
+ *  - No function throws, aborts or writes to stdout on bad input.
+ */
+#ifndef KVXFER_H
+#define KVXFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- export */
+
+#if defined(KVX_BUILDING_LIBRARY) && defined(__GNUC__)
+#define KVX_API __attribute__((visibility("default")))
+#else
+#define KVX_API
+#endif
+
+/* ---------------------------------------------------------------- version */
+
+#define KVX_VERSION_MAJOR 0
+#define KVX_VERSION_MINOR 1
+#define KVX_VERSION_PATCH 0
+/** MAJOR*10000 + MINOR*100 + PATCH, comparable with '<'. */
+#define KVX_VERSION_NUMBER \
+    (KVX_VERSION_MAJOR * 10000 + KVX_VERSION_MINOR * 100 + KVX_VERSION_PATCH)
+
+/** @return KVX_VERSION_NUMBER of the library actually loaded at run time. */
+KVX_API unsigned kvx_version_number(void);
+
+/** @return "MAJOR.MINOR.PATCH" of the loaded library; static storage. */
+KVX_API const char *kvx_version_string(void);
+
+/* ---------------------------------------------------------------- errors */
+
+/**
+ * Error codes. Every failure is one of these, negated errno values first.
+ * Scope (see kvx_error_scope()) tells the caller what recovery fits:
+ * REQUEST - fix the arguments and retry; PEER - remove and re-add the peer;
+ * TRANSPORT - the transport is unusable, destroy it and create a new one.
+ */
+typedef enum kvx_error {
+    KVX_OK = 0,
+    KVX_EPERM = -1,         /**< operation not permitted (TRANSPORT)         */
+    KVX_ENOENT = -2,        /**< unknown peer id (REQUEST)                   */
+    KVX_ENOMEM = -12,       /**< out of memory (TRANSPORT)                   */
+    KVX_EBUSY = -16,        /**< resource busy (REQUEST)                     */
+    KVX_EEXIST = -17,       /**< peer id already registered (REQUEST)        */
+    KVX_EINVAL = -22,       /**< invalid argument (REQUEST)                  */
+    KVX_ERANGE = -34,       /**< block index out of range (REQUEST)          */
+    KVX_ENOBUFS = -105,     /**< caller's buffer too small (REQUEST)         */
+    KVX_ENOTSUP = -95,      /**< backend or option not supported (REQUEST)   */
+    KVX_EOVERFLOW = -75,    /**< size arithmetic overflows (REQUEST)         */
+    KVX_ECONNREFUSED = -111,/**< peer refused the connection (PEER)          */
+    KVX_ETIMEDOUT = -110,   /**< connect or transfer timed out (PEER)        */
+    KVX_ECONNRESET = -104,  /**< peer connection lost (PEER)                 */
+    KVX_EHOSTUNREACH = -113,/**< no route to any of the peer's endpoints (PEER) */
+
+    KVX_ERRNO_OFFSET = -1000,
+    KVX_ECLOSED = -1001,      /**< transport was closed (TRANSPORT)             */
+    KVX_EBADMETA = -1002,     /**< agent metadata truncated, corrupt or forged (REQUEST) */
+    KVX_EVERSION = -1003,     /**< metadata/wire major version unsupported (REQUEST) */
+    KVX_EFINGERPRINT = -1004, /**< config fingerprints differ (REQUEST)         */
+    KVX_EGEOMETRY = -1005,    /**< block_len/base_addr/num_blocks mismatch (REQUEST) */
+    KVX_EPEERBROKEN = -1006,  /**< peer connection failed earlier; remove and re-add (PEER) */
+    KVX_EAUTH = -1007,        /**< authentication of a connection failed (PEER) */
+    KVX_ECONFIG = -1008,      /**< config JSON invalid or unsupported (REQUEST) */
+    KVX_EBACKEND = -1009,     /**< backend failure (device, socket) (TRANSPORT) */
+    KVX_EINTERNAL = -1010     /**< bug in kvxfer: please report (TRANSPORT)     */
+} kvx_error;
+
+typedef enum kvx_error_scope {
+    KVX_SCOPE_NONE = 0,      /**< KVX_OK                                        */
+    KVX_SCOPE_REQUEST = 1,   /**< this call was wrong; nothing else is affected */
+    KVX_SCOPE_PEER = 2,      /**< one peer is unusable until removed and re-added */
+    KVX_SCOPE_TRANSPORT = 3  /**< the whole transport is unusable               */
+} kvx_error_scope;
+
+/**
+ * @return a short static English description of code ("unknown peer");
+ *         never NULL, also for codes this version does not know.
+ * Thread safety: any thread.
+ */
+KVX_API const char *kvx_strerror(int code);
+
+/** @return the scope of code (KVX_SCOPE_NONE for KVX_OK, TRANSPORT for unknown codes). */
+KVX_API kvx_error_scope kvx_error_scope_of(int code);
+
+/**
+ * @return the message of the calling thread's most recent failed kvxfer call,
+ *         naming the bad value ("peer 'p1': remote index 70000 >= 65536 blocks"),
+ *         or "" if none failed yet. Successful calls do not clear it.
+ * Ownership: thread-local storage, valid until this thread's next kvxfer call.
+ */
+KVX_API const char *kvx_last_error_message(void);
+
+/* ---------------------------------------------------------------- types */
+
+/** A transport: one local region, its peers and transfers. Opaque. */
+typedef struct kvx_transport kvx_transport;
+
+/** String key/value options for kvx_transport_create(). Opaque. */
+typedef struct kvx_options kvx_options;
+
+/** Largest peer id accepted, in bytes, excluding the terminating NUL. */
+#define KVX_PEER_ID_MAX 255
+
+/** Length of a config fingerprint in hex characters (buffers need +1 for NUL). */
+#define KVX_FINGERPRINT_LEN 16
+
+/* ---------------------------------------------------------------- options */
+
+/**
+ * Create an empty options object (all defaults).
+ * @param out receives the object; free it with kvx_options_destroy().
+ * @return 0, KVX_EINVAL (out NULL), KVX_ENOMEM.
+ */
+KVX_API int kvx_options_create(kvx_options **out);
+
+/** Free an options object. NULL is a no-op. */
+KVX_API void kvx_options_destroy(kvx_options *opts);
+
+/**
+ * Set option key to value (both copied). Setting a key again replaces it.
+ * Known keys, validated here (syntax) and again at kvx_transport_create():
+ *   backend              "auto" (default) | "tcp" | "verbs" | "shm".
+ *                        auto picks verbs when an RDMA device is usable,
+ *                        else tcp.
+ *   connect_timeout_ms   connect + authenticate budget of add_remote_peer,
+ *                        1..3600000, default 5000.
+ *   transfer_timeout_ms  a transfer not done after this long fails and its
+ *                        peer is marked broken, 1..3600000, default 30000.
+ *   tcp.listen           "HOST:PORT" to listen on (IPv4, or [IPv6]:PORT),
+ *                        default "0.0.0.0:0" (all IPv4 interfaces, any port).
+ *   tcp.advertise        comma-separated "HOST:PORT" list put in the metadata
+ *                        in order of preference; PORT 0 means the listening
+ *                        port. Default: when listening on a specific address,
+ *                        that address; when listening on a wildcard, every
+ *                        non-loopback IPv4 address of the host that is up,
+ *                        then 127.0.0.1 (so one host and several both work).
+ *   tcp.streams          TCP connections per peer, 1..16, default 1.
+ *   verbs.*              reserved for the verbs backend.
+ * @return 0, KVX_EINVAL (NULL argument, unknown key, malformed value: the
+ *         message names the key and value), KVX_ENOMEM.
+ */
+KVX_API int kvx_options_set(kvx_options *opts, const char *key, const char *value);
+
+/* ---------------------------------------------------------------- lifecycle */
+
+/**
+ * Create a transport over the caller's region [base, base + num_blocks*block_len).
+ *
+ * @param out         receives the transport.
+ * @param base        the region; owned by the caller, never freed by kvxfer,
+ *                    and must stay valid and unmoved until kvx_transport_destroy()
+ *                    (remote peers write into it at any time until close).
+ * @param num_blocks  number of blocks, >= 1.
+ * @param block_len   bytes per block, >= 1.
+ * @param config_json model config as a JSON object text, or NULL. The
+ *                    fingerprint is sha256 of Python's
+ *                    json.dumps(fields, sort_keys=True, separators=(",", ":")),
+ *                    first 16 hex chars; NULL, "null" or "{}" give "" (compatible
+ *                    with every peer).
+ * @param opts        options, or NULL for defaults; not retained.
+ * @return 0; KVX_EINVAL (NULL out/base, zero size, bad option value);
+ *         KVX_EOVERFLOW (num_blocks*block_len overflows); KVX_ECONFIG (invalid
+ *         JSON or not an object); KVX_ENOTSUP (backend not available here);
+ *         KVX_EBACKEND (listen/device failure); KVX_ENOMEM.
+ * Thread safety: any thread.
+ */
+KVX_API int kvx_transport_create(kvx_transport **out, void *base, uint64_t num_blocks,
+                                 uint64_t block_len, const char *config_json,
+                                 const kvx_options *opts);
+
+/**
+ * Close the transport: every transfer in flight fails (and is reported by
+ * nothing: poll returns KVX_ECLOSED afterwards), peers are disconnected,
+ * threads stopped, sockets and registrations released. When it returns, no
+ * byte will be written into the local region by kvxfer any more.
+ * Idempotent: a second close returns 0. Every other call afterwards returns
+ * KVX_ECLOSED (properties stay readable).
+ * @return 0, KVX_EINVAL (t NULL).
+ */
+KVX_API int kvx_transport_close(kvx_transport *t);
+
+/** Close (if needed) and free the transport. NULL is a no-op. Must be the last call on t. */
+KVX_API void kvx_transport_destroy(kvx_transport *t);
+
+/* ---------------------------------------------------------------- properties */
+
+/** *out = base address of the local region (as passed to create). @return 0, KVX_EINVAL. */
+KVX_API int kvx_transport_base_addr(uint64_t *out, const kvx_transport *t);
+
+/** *out = number of blocks of the local region. @return 0, KVX_EINVAL. */
+KVX_API int kvx_transport_num_blocks(uint64_t *out, const kvx_transport *t);
+
+/** *out = bytes per block. @return 0, KVX_EINVAL. */
+KVX_API int kvx_transport_block_len(uint64_t *out, const kvx_transport *t);
+
+/**
+ * Copy the config fingerprint (16 lowercase hex chars, or "" for none) and a NUL
+ * into out, which must hold KVX_FINGERPRINT_LEN + 1 bytes.
+ * @return 0, KVX_EINVAL.
+ */
+KVX_API int kvx_transport_config_fingerprint(char *out, const kvx_transport *t);
+
+/**
+ * @return the name of the backend in use ("tcp", "verbs", "shm"), static
+ *         storage; "" for NULL.
+ */
+KVX_API const char *kvx_transport_backend(const kvx_transport *t);
+
+/**
+ * Copy the agent metadata (opaque bytes for the peer's kvx_add_remote_peer(),
+ * format in docs/wire-format.md) into buf.
+ * @param out_len  receives the metadata size, also when buf is too small.
+ * @param buf      destination, may be NULL when cap is 0 (size query).
+ * @param cap      bytes available at buf.
+ * @return 0; KVX_ENOBUFS (cap < size; *out_len says how much is needed);
+ *         KVX_EINVAL; KVX_ECLOSED.
+ * Security: the metadata contains the secret that lets a holder write into
+ * this region. Hand it only to peers that may do so.
+ */
+KVX_API int kvx_get_agent_metadata(size_t *out_len, kvx_transport *t, void *buf, size_t cap);
+
+/* ---------------------------------------------------------------- peers */
+
+/**
+ * Register a remote peer and connect to it (authenticated) within
+ * connect_timeout_ms. On any failure nothing is registered.
+ * @param peer_id     NUL-terminated, 1..KVX_PEER_ID_MAX bytes, copied.
+ * @param metadata    the peer's kvx_get_agent_metadata() bytes; untrusted,
+ *                    fully validated; not retained.
+ * @param base_addr, num_blocks, block_len  the peer's region geometry; must
+ *                    equal the metadata's, and block_len must equal ours.
+ * @return 0; KVX_EINVAL (bad id or NULL); KVX_EEXIST (id registered);
+ *         KVX_EBADMETA / KVX_EVERSION (metadata); KVX_EGEOMETRY; KVX_EFINGERPRINT;
+ *         KVX_ECONNREFUSED / KVX_ETIMEDOUT / KVX_EHOSTUNREACH / KVX_EAUTH
+ *         (connection); KVX_ECLOSED.
+ * Blocks the calling thread up to connect_timeout_ms; other calls proceed.
+ */
+KVX_API int kvx_add_remote_peer(kvx_transport *t, const char *peer_id, const void *metadata,
+                                size_t metadata_len, uint64_t base_addr, uint64_t num_blocks,
+                                uint64_t block_len);
+
+/**
+ * Unregister a peer: its transfers still in flight fail (they surface in
+ * kvx_poll()'s failed list), its connections are closed and its resources
+ * released. The id may be registered again afterwards.
+ * @return 0; KVX_ENOENT (unknown id); KVX_EINVAL; KVX_ECLOSED.
+ */
+KVX_API int kvx_remove_remote_peer(kvx_transport *t, const char *peer_id);
+
+/* ---------------------------------------------------------------- transfers */
+
+/**
+ * Submit a WRITE: local block local_idxs[i] goes to the peer's block
+ * remote_idxs[i], for i < n. Never blocks on the network: the transfer is
+ * queued and the returned id surfaces exactly once in kvx_poll(), done (the
+ * bytes are in the peer's region) or failed. Runs of consecutive indexes
+ * (local i..i+k to remote j..j+k) travel as one operation. n == 0 is a valid
+ * transfer, done at the next poll.
+ * The index arrays are read during the call only.
+ * @param out_id   receives the transfer id, unique for the transport's lifetime, never 0.
+ * @return 0; KVX_EINVAL (NULL arrays with n > 0, bad peer id); KVX_ERANGE
+ *         (an index >= num_blocks on either side, message names it);
+ *         KVX_EINVAL (a remote index repeated in one call); KVX_ENOENT
+ *         (unknown peer); KVX_EPEERBROKEN (peer's connection failed: remove
+ *         and re-add it); KVX_ECLOSED; KVX_ENOMEM.
+ * The seed's "None" result maps to any failure here.
+ */
+KVX_API int kvx_write_blocks(uint64_t *out_id, kvx_transport *t, const char *peer_id,
+                             const uint64_t *local_idxs, const uint64_t *remote_idxs, size_t n);
+
+/* ---------------------------------------------------------------- completion and cancel */
+
+/**
+ * Collect finished transfers. Each id is reported exactly once, in done or
+ * in failed, then forgotten. What does not fit the caller's arrays stays for
+ * the next call (loop while *out_n_done == done_cap or *out_n_failed == failed_cap).
+ * @param out_n_done    receives the number of ids written to done.
+ * @param out_n_failed  receives the number of ids written to failed.
+ * @param peer_id       NULL for all peers, or only that peer's transfers
+ *                      (an unknown id yields nothing, not an error: the peer
+ *                      may just have been removed).
+ * @param done, done_cap, failed, failed_cap  caller-owned arrays (NULL when cap is 0).
+ * @return 0; KVX_EINVAL; KVX_ECLOSED.
+ * Progress never depends on how often poll is called: backends run on their
+ * own threads. Failed transfers: no statement about which bytes landed.
+ */
+KVX_API int kvx_poll(size_t *out_n_done, size_t *out_n_failed, kvx_transport *t,
+                     const char *peer_id, uint64_t *done, size_t done_cap, uint64_t *failed,
+                     size_t failed_cap);
+
+typedef enum kvx_cancel_mode {
+    /** Forget the ids: they are never reported. Bytes of a transfer already
+     *  on the wire may still land in the peer's region afterwards. */
+    KVX_CANCEL_IMMEDIATE = 0,
+    /** Drop what has not started (never reported); ids already on the wire
+     *  are returned and will surface in kvx_poll() as done or failed. */
+    KVX_CANCEL_WAIT = 1
+} kvx_cancel_mode;
+
+/**
+ * Cancel transfers. Unknown or already reported ids are ignored.
+ * @param out_n_inflight  receives how many ids were written to inflight
+ *                        (always 0 for KVX_CANCEL_IMMEDIATE).
+ * @param ids, n          ids to cancel (ids may be NULL when n is 0).
+ * @param inflight        for KVX_CANCEL_WAIT: room for n ids (NULL allowed for
+ *                        IMMEDIATE); receives the ids still in flight.
+ * @return 0; KVX_EINVAL (bad mode, NULL arrays); KVX_ECLOSED.
+ */
+KVX_API int kvx_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t *ids, size_t n,
+                       kvx_cancel_mode mode, uint64_t *inflight);
+
+/* ---------------------------------------------------------------- utilities */
+
+/**
+ * Compute the fingerprint of a config JSON text without a transport, exactly
+ * as kvx_transport_create() does (see there).
+ * @param out  receives 16 hex chars and NUL, or "" for no config; room for
+ *             KVX_FINGERPRINT_LEN + 1 bytes.
+ * @return 0; KVX_EINVAL (out NULL); KVX_ECONFIG (invalid JSON, not an object,
+ *         or a value Python could not round-trip; the message says where).
+ */
+KVX_API int kvx_config_fingerprint(char *out, const char *config_json);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVXFER_H */

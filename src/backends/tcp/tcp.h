@@ -1,0 +1,106 @@
+// tcp backend internals: the listener that lets peers write into our region
+// (TcpServer) and the outbound side that writes into a peer's (TcpPeer).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backends/backend.h"
+#include "util/net.h"
+
+namespace kvx::tcp {
+
+// Accepts connections, authenticates them, then receives frames straight into
+// the region on one thread per connection.
+class TcpServer {
+public:
+    explicit TcpServer(const BackendContext &ctx);
+    ~TcpServer();
+    const std::vector<wire::Endpoint> &advertised() const { return advertised_; }
+    void shutdown();
+
+private:
+    struct Conn {
+        net::Fd fd;
+        std::thread thread;
+        std::atomic<bool> finished{false};
+    };
+    void accept_loop();
+    void serve(Conn *c);
+    bool handshake(int fd);
+    void reap(bool all);
+
+    BackendContext ctx_;
+    net::Fd listen_fd_;
+    int wake_[2] = {-1, -1};
+    std::vector<wire::Endpoint> advertised_;
+    std::thread acceptor_;
+    std::mutex mu_;
+    std::list<std::unique_ptr<Conn>> conns_;
+    bool stopping_ = false;
+    std::atomic<size_t> handshaking_{0};
+};
+
+// One part of an op, carried by one stream; an op completes when all its
+// parts are acknowledged.
+struct OpState {
+    uint64_t id = 0;
+    std::atomic<int> parts_left{0};
+    std::atomic<bool> started{false};
+    std::atomic<bool> reported{false};
+};
+struct Part {
+    std::shared_ptr<OpState> op;
+    std::vector<Run> runs;
+    uint64_t seq = 0;
+};
+
+class TcpPeer final : public BackendPeer {
+public:
+    TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<net::Fd> fds);
+    ~TcpPeer() override;
+    void submit(Op op) override;
+    bool drop_if_not_started(uint64_t id) override;
+    bool broken() const override { return broken_.load(); }
+    void abort(int status) override;
+    void shutdown() override;
+
+private:
+    struct Stream {
+        net::Fd fd;
+        std::thread sender, acker;
+        std::mutex mu;  // guards awaiting
+        std::deque<Part> awaiting;
+    };
+    void send_loop(Stream *s);
+    void ack_loop(Stream *s);
+    int send_part(Stream *s, const Part &p);
+    void finish_part(const Part &p, int status);
+    void fail_all(int status);
+    bool stop_flag_seen();
+
+    Region region_;
+    uint64_t remote_block_len_;
+    std::string peer_id_;
+    CompletionSink *sink_;
+    std::vector<std::unique_ptr<Stream>> streams_;
+    std::mutex mu_;  // guards queue_, stop_
+    std::condition_variable cv_;
+    std::deque<Part> queue_;
+    bool stop_ = false;
+    std::atomic<bool> broken_{false};
+    std::atomic<int> break_status_{0};
+    std::atomic<uint64_t> next_seq_{1};
+    std::once_flag shutdown_once_;
+};
+
+// Opens and authenticates the streams to a peer; throws Error.
+std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerContext &pc);
+
+}  // namespace kvx::tcp

@@ -1,0 +1,243 @@
+// Target side of the tcp backend: bytes land in the region from here, on the
+// library's own threads, with no call from the application.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "backends/tcp/tcp.h"
+#include "util/error.h"
+#include "util/log.h"
+#include "wire/frame.h"
+
+namespace kvx::tcp {
+
+namespace {
+
+constexpr size_t kMaxHandshaking = 64;  // unauthenticated connections at once
+
+bool fingerprints_compatible(const std::string &ours, const std::array<uint8_t, 16> &theirs) {
+    bool none = true;
+    for (uint8_t b : theirs) none &= b == 0;
+    if (ours.empty() || none) return true;
+    return memcmp(ours.data(), theirs.data(), 16) == 0;
+}
+
+// readv until every iovec is full; 0 or -errno (-ECONNRESET on EOF).
+int readv_full(int fd, iovec *iov, int cnt) {
+    while (cnt > 0) {
+        ssize_t r = ::readv(fd, iov, cnt);
+        if (r == 0) return -ECONNRESET;
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        auto left = static_cast<size_t>(r);
+        while (cnt > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = static_cast<uint8_t *>(iov->iov_base) + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+
+TcpServer::TcpServer(const BackendContext &ctx) : ctx_(ctx) {
+    const Options &o = *ctx.options;
+    sockaddr_storage ss = net::parse_hostport(o.tcp_listen, "option tcp.listen", true);
+    listen_fd_ = net::Fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!listen_fd_) fail(KVX_EBACKEND, "tcp: socket(): %s", strerror(errno));
+    int one = 1;
+    setsockopt(listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(listen_fd_.get(), reinterpret_cast<sockaddr *>(&ss), net::sa_len(ss)) != 0)
+        fail(KVX_EBACKEND, "tcp: cannot listen on '%s': %s", o.tcp_listen.c_str(), strerror(errno));
+    if (::listen(listen_fd_.get(), 128) != 0) fail(KVX_EBACKEND, "tcp: listen(): %s", strerror(errno));
+    sockaddr_storage bound{};
+    socklen_t bl = sizeof bound;
+    getsockname(listen_fd_.get(), reinterpret_cast<sockaddr *>(&bound), &bl);
+    wire::Endpoint me = net::to_endpoint(bound);
+
+    if (!o.tcp_advertise.empty()) {
+        size_t start = 0;
+        while (start <= o.tcp_advertise.size()) {
+            size_t comma = o.tcp_advertise.find(',', start);
+            std::string item = o.tcp_advertise.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+            wire::Endpoint e = net::to_endpoint(net::parse_hostport(item, "option tcp.advertise", false));
+            if (e.port == 0) e.port = me.port;
+            if (advertised_.size() == wire::kMaxEndpoints)
+                fail(KVX_EINVAL, "option tcp.advertise: more than %zu addresses", wire::kMaxEndpoints);
+            advertised_.push_back(e);
+            if (comma == std::string::npos) break;
+            start = comma + 1;
+        }
+    } else {
+        bool wildcard = true;
+        for (size_t i = 0; i < (me.family == 6 ? 16u : 4u); i++) wildcard &= me.addr[i] == 0;
+        if (wildcard) {
+            advertised_ = net::local_ipv4_endpoints(me.port);
+            if (advertised_.size() > wire::kMaxEndpoints - 1) advertised_.resize(wire::kMaxEndpoints - 1);
+            wire::Endpoint lo;
+            lo.family = me.family;
+            if (me.family == 6) lo.addr[15] = 1;
+            else lo.addr = {127, 0, 0, 1};
+            lo.port = me.port;
+            advertised_.push_back(lo);
+        } else {
+            advertised_.push_back(me);
+        }
+    }
+    if (::pipe2(wake_, O_CLOEXEC) != 0) fail(KVX_EBACKEND, "tcp: pipe(): %s", strerror(errno));
+    KVX_LOG(info, "tcp: listening on %s", me.str().c_str());
+    acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+TcpServer::~TcpServer() {
+    shutdown();
+    if (wake_[0] >= 0) ::close(wake_[0]);
+    if (wake_[1] >= 0) ::close(wake_[1]);
+}
+
+void TcpServer::shutdown() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stopping_) return;
+        stopping_ = true;
+    }
+    char b = 1;
+    (void)!::write(wake_[1], &b, 1);
+    if (acceptor_.joinable()) acceptor_.join();
+    reap(true);
+    listen_fd_ = net::Fd();
+}
+
+void TcpServer::reap(bool all) {
+    std::list<std::unique_ptr<Conn>> dead;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto it = conns_.begin(); it != conns_.end();) {
+            if (all || (*it)->finished.load()) {
+                dead.push_back(std::move(*it));
+                it = conns_.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+    for (auto &c : dead) {
+        ::shutdown(c->fd.get(), SHUT_RDWR);  // wakes a blocked recv
+        c->thread.join();
+    }
+}
+
+void TcpServer::accept_loop() {
+    pollfd p[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    for (;;) {
+        int rc = ::poll(p, 2, 1000);
+        if (rc < 0 && errno != EINTR) break;
+        if (p[1].revents) break;
+        reap(false);
+        if (rc <= 0 || !(p[0].revents & POLLIN)) continue;
+        int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        auto c = std::make_unique<Conn>();
+        c->fd = net::Fd(fd);
+        Conn *raw = c.get();
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stopping_) break;
+        if (handshaking_.load() >= kMaxHandshaking) {
+            KVX_LOG(warn, "tcp: %zu connections are authenticating, refusing one more", kMaxHandshaking);
+            continue;
+        }
+        handshaking_++;
+        conns_.push_back(std::move(c));
+        raw->thread = std::thread([this, raw] {
+            serve(raw);
+            raw->finished.store(true);
+        });
+    }
+}
+
+bool TcpServer::handshake(int fd) {
+    auto deadline = Clock::now() + std::chrono::milliseconds(ctx_.options->connect_timeout_ms);
+    wire::ServerHello sh;
+    sh.instance_id = ctx_.instance_id;
+    if (RAND_bytes(sh.nonce.data(), static_cast<int>(sh.nonce.size())) != 1) return false;
+    uint8_t out[wire::kServerHelloLen];
+    wire::encode_server_hello(sh, out);
+    if (net::write_full_by(fd, out, sizeof out, deadline) != 0) return false;
+    uint8_t in[wire::kClientHelloLen];
+    if (net::read_full_by(fd, in, sizeof in, deadline) != 0) return false;
+    wire::ServerVerdict v;
+    wire::ClientHello ch;
+    try {
+        ch = wire::decode_client_hello(in);
+        if (ch.instance_id != ctx_.instance_id) {
+            v.status = KVX_EAUTH;
+            KVX_LOG(warn, "tcp: refused a connection meant for another transport");
+        } else if (CRYPTO_memcmp(wire::client_mac(ctx_.secret, sh, ch).data(), ch.mac.data(), wire::kMacLen) != 0) {
+            v.status = KVX_EAUTH;
+            KVX_LOG(warn, "tcp: refused a connection without a valid proof of the secret");
+        } else if (!fingerprints_compatible(ctx_.fingerprint, ch.fingerprint)) {
+            v.status = KVX_EFINGERPRINT;
+            KVX_LOG(warn, "tcp: refused a connection with config fingerprint %.16s (ours %s)",
+                    reinterpret_cast<const char *>(ch.fingerprint.data()), ctx_.fingerprint.c_str());
+        } else {
+            v.mac = wire::server_mac(ctx_.secret, sh, ch);
+        }
+    } catch (const Error &e) {
+        KVX_LOG(warn, "tcp: bad client hello: %s", e.what());
+        v.status = e.code() == KVX_EVERSION ? KVX_EVERSION : KVX_EAUTH;
+    }
+    uint8_t vb[wire::kVerdictLen];
+    wire::encode_verdict(v, vb);
+    if (net::write_full_by(fd, vb, sizeof vb, deadline) != 0) return false;
+    return v.status == 0;
+}
+
+void TcpServer::serve(Conn *c) {
+    const int fd = c->fd.get();
+    bool ok = handshake(fd);
+    handshaking_--;
+    if (!ok) return;
+    net::set_blocking(fd, true);
+    net::set_nodelay(fd);
+    const uint64_t block_len = ctx_.region.block_len;
+    const uint64_t region_len = ctx_.region.size();
+    uint8_t hdr[wire::kFrameHeaderLen];
+    std::vector<uint8_t> segbuf(wire::kFrameMaxSegs * wire::kSegLen);
+    std::vector<iovec> iov(wire::kFrameMaxSegs);
+    for (;;) {
+        if (net::read_full(fd, hdr, sizeof hdr) != 0) break;
+        try {
+            wire::FrameHeader h = wire::decode_frame_header(hdr, block_len);
+            if (net::read_full(fd, segbuf.data(), h.nseg * wire::kSegLen) != 0) break;
+            std::vector<wire::Segment> segs = wire::decode_segments(segbuf.data(), h, block_len, region_len);
+            for (size_t i = 0; i < segs.size(); i++)
+                iov[i] = iovec{ctx_.region.base + segs[i].offset, segs[i].len};
+            if (readv_full(fd, iov.data(), static_cast<int>(segs.size())) != 0) break;
+            if (h.flags & wire::kFlagAck) {
+                uint8_t ack[wire::kAckLen];
+                wire::encode_ack(wire::Ack{0, h.seq}, ack);
+                if (net::write_full(fd, ack, sizeof ack) != 0) break;
+            }
+        } catch (const Error &e) {
+            KVX_LOG(warn, "tcp: closing a connection after a bad frame: %s", e.what());
+            break;
+        }
+    }
+    ::shutdown(fd, SHUT_RDWR);
+}
+
+}  // namespace kvx::tcp

@@ -1,0 +1,253 @@
+// The C ABI: argument checks, handle to object, C++ exception to error code
+// and thread-local message. No C++ type or exception crosses this file's
+// exported functions.
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "core/fingerprint.h"
+#include "core/options.h"
+#include "core/transport.h"
+#include "kvxfer.h"
+#include "util/error.h"
+
+struct kvx_transport {
+    kvx::Transport impl;
+    template <class... A>
+    explicit kvx_transport(A &&...a) : impl(std::forward<A>(a)...) {}
+};
+
+struct kvx_options {
+    kvx::OptionBag bag;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+int set_error(int code, const char *msg) {
+    t_last_error = msg;
+    return code;
+}
+
+template <class F>
+int guard(F &&f) noexcept {
+    try {
+        f();
+        return KVX_OK;
+    } catch (const kvx::Error &e) {
+        return set_error(e.code(), e.what());
+    } catch (const std::bad_alloc &) {
+        return set_error(KVX_ENOMEM, "out of memory");
+    } catch (const std::exception &e) {
+        return set_error(KVX_EINTERNAL, e.what());
+    } catch (...) {
+        return set_error(KVX_EINTERNAL, "unknown internal error");
+    }
+}
+
+#define KVX_REQUIRE(cond, ...)                             \
+    do {                                                   \
+        if (!(cond)) kvx::fail(KVX_EINVAL, __VA_ARGS__);   \
+    } while (0)
+
+std::string peer_id_arg(const char *peer_id) {
+    KVX_REQUIRE(peer_id != nullptr, "peer_id is NULL");
+    size_t len = strnlen(peer_id, KVX_PEER_ID_MAX + 1);
+    KVX_REQUIRE(len > 0, "peer_id is empty");
+    KVX_REQUIRE(len <= KVX_PEER_ID_MAX, "peer_id '%.32s...' is longer than %d bytes", peer_id, KVX_PEER_ID_MAX);
+    return std::string(peer_id, len);
+}
+
+}  // namespace
+
+extern "C" {
+
+KVX_API unsigned kvx_version_number(void) { return KVX_VERSION_NUMBER; }
+
+#define KVX_STR2(x) #x
+#define KVX_STR(x) KVX_STR2(x)
+KVX_API const char *kvx_version_string(void) {
+    return KVX_STR(KVX_VERSION_MAJOR) "." KVX_STR(KVX_VERSION_MINOR) "." KVX_STR(KVX_VERSION_PATCH);
+}
+
+KVX_API const char *kvx_strerror(int code) {
+    switch (code) {
+    case KVX_OK: return "success";
+    case KVX_EPERM: return "operation not permitted";
+    case KVX_ENOENT: return "unknown peer";
+    case KVX_ENOMEM: return "out of memory";
+    case KVX_EBUSY: return "resource busy";
+    case KVX_EEXIST: return "peer already registered";
+    case KVX_EINVAL: return "invalid argument";
+    case KVX_ERANGE: return "block index out of range";
+    case KVX_ENOBUFS: return "buffer too small";
+    case KVX_ENOTSUP: return "not supported";
+    case KVX_EOVERFLOW: return "size overflow";
+    case KVX_ECONNREFUSED: return "connection refused";
+    case KVX_ETIMEDOUT: return "timed out";
+    case KVX_ECONNRESET: return "connection lost";
+    case KVX_EHOSTUNREACH: return "peer unreachable";
+    case KVX_ECLOSED: return "transport closed";
+    case KVX_EBADMETA: return "invalid agent metadata";
+    case KVX_EVERSION: return "unsupported protocol version";
+    case KVX_EFINGERPRINT: return "config fingerprint mismatch";
+    case KVX_EGEOMETRY: return "region geometry mismatch";
+    case KVX_EPEERBROKEN: return "peer connection broken";
+    case KVX_EAUTH: return "authentication failed";
+    case KVX_ECONFIG: return "invalid config";
+    case KVX_EBACKEND: return "backend failure";
+    case KVX_EINTERNAL: return "internal error";
+    default: return "unknown error code";
+    }
+}
+
+KVX_API kvx_error_scope kvx_error_scope_of(int code) {
+    switch (code) {
+    case KVX_OK: return KVX_SCOPE_NONE;
+    case KVX_ENOENT: case KVX_EBUSY: case KVX_EEXIST: case KVX_EINVAL: case KVX_ERANGE: case KVX_ENOBUFS:
+    case KVX_ENOTSUP: case KVX_EOVERFLOW: case KVX_EBADMETA: case KVX_EVERSION: case KVX_EFINGERPRINT:
+    case KVX_EGEOMETRY: case KVX_ECONFIG:
+        return KVX_SCOPE_REQUEST;
+    case KVX_ECONNREFUSED: case KVX_ETIMEDOUT: case KVX_ECONNRESET: case KVX_EHOSTUNREACH: case KVX_EPEERBROKEN:
+    case KVX_EAUTH:
+        return KVX_SCOPE_PEER;
+    default: return KVX_SCOPE_TRANSPORT;
+    }
+}
+
+KVX_API const char *kvx_last_error_message(void) { return t_last_error.c_str(); }
+
+KVX_API int kvx_options_create(kvx_options **out) {
+    return guard([&] {
+        KVX_REQUIRE(out != nullptr, "out is NULL");
+        *out = new kvx_options();
+    });
+}
+
+KVX_API void kvx_options_destroy(kvx_options *opts) { delete opts; }
+
+KVX_API int kvx_options_set(kvx_options *opts, const char *key, const char *value) {
+    return guard([&] {
+        KVX_REQUIRE(opts != nullptr, "options is NULL");
+        KVX_REQUIRE(key != nullptr, "option key is NULL");
+        KVX_REQUIRE(value != nullptr, "value of option '%s' is NULL", key);
+        kvx::validate_option(key, value);
+        opts->bag.kv[key] = value;
+    });
+}
+
+KVX_API int kvx_transport_create(kvx_transport **out, void *base, uint64_t num_blocks, uint64_t block_len,
+                                 const char *config_json, const kvx_options *opts) {
+    return guard([&] {
+        KVX_REQUIRE(out != nullptr, "out is NULL");
+        *out = new kvx_transport(base, num_blocks, block_len, config_json, opts ? &opts->bag : nullptr);
+    });
+}
+
+KVX_API int kvx_transport_close(kvx_transport *t) {
+    return guard([&] {
+        KVX_REQUIRE(t != nullptr, "transport is NULL");
+        t->impl.close();
+    });
+}
+
+KVX_API void kvx_transport_destroy(kvx_transport *t) {
+    if (!t) return;
+    guard([&] { t->impl.close(); });
+    delete t;
+}
+
+KVX_API int kvx_transport_base_addr(uint64_t *out, const kvx_transport *t) {
+    return guard([&] {
+        KVX_REQUIRE(out && t, "NULL argument");
+        *out = reinterpret_cast<uintptr_t>(t->impl.region().base);
+    });
+}
+
+KVX_API int kvx_transport_num_blocks(uint64_t *out, const kvx_transport *t) {
+    return guard([&] {
+        KVX_REQUIRE(out && t, "NULL argument");
+        *out = t->impl.region().num_blocks;
+    });
+}
+
+KVX_API int kvx_transport_block_len(uint64_t *out, const kvx_transport *t) {
+    return guard([&] {
+        KVX_REQUIRE(out && t, "NULL argument");
+        *out = t->impl.region().block_len;
+    });
+}
+
+KVX_API int kvx_transport_config_fingerprint(char *out, const kvx_transport *t) {
+    return guard([&] {
+        KVX_REQUIRE(out && t, "NULL argument");
+        const std::string &fp = t->impl.fingerprint();
+        memcpy(out, fp.c_str(), fp.size() + 1);
+    });
+}
+
+KVX_API const char *kvx_transport_backend(const kvx_transport *t) { return t ? t->impl.backend_name() : ""; }
+
+KVX_API int kvx_get_agent_metadata(size_t *out_len, kvx_transport *t, void *buf, size_t cap) {
+    return guard([&] {
+        KVX_REQUIRE(out_len && t, "NULL argument");
+        KVX_REQUIRE(buf != nullptr || cap == 0, "buf is NULL with cap %zu", cap);
+        const std::vector<uint8_t> &m = t->impl.metadata();
+        *out_len = m.size();
+        if (cap < m.size()) kvx::fail(KVX_ENOBUFS, "metadata needs %zu bytes, the buffer has %zu", m.size(), cap);
+        memcpy(buf, m.data(), m.size());
+    });
+}
+
+KVX_API int kvx_add_remote_peer(kvx_transport *t, const char *peer_id, const void *metadata, size_t metadata_len,
+                                uint64_t base_addr, uint64_t num_blocks, uint64_t block_len) {
+    return guard([&] {
+        KVX_REQUIRE(t != nullptr, "transport is NULL");
+        std::string id = peer_id_arg(peer_id);
+        KVX_REQUIRE(metadata != nullptr || metadata_len == 0, "metadata is NULL");
+        t->impl.add_peer(id, static_cast<const uint8_t *>(metadata), metadata_len, base_addr, num_blocks, block_len);
+    });
+}
+
+KVX_API int kvx_remove_remote_peer(kvx_transport *t, const char *peer_id) {
+    return guard([&] {
+        KVX_REQUIRE(t != nullptr, "transport is NULL");
+        t->impl.remove_peer(peer_id_arg(peer_id));
+    });
+}
+
+KVX_API int kvx_write_blocks(uint64_t *out_id, kvx_transport *t, const char *peer_id, const uint64_t *local_idxs,
+                             const uint64_t *remote_idxs, size_t n) {
+    return guard([&] {
+        KVX_REQUIRE(out_id && t, "NULL argument");
+        uint64_t id = t->impl.write_blocks(peer_id_arg(peer_id), local_idxs, remote_idxs, n);
+        *out_id = id;
+    });
+}
+
+KVX_API int kvx_poll(size_t *out_n_done, size_t *out_n_failed, kvx_transport *t, const char *peer_id,
+                     uint64_t *done, size_t done_cap, uint64_t *failed, size_t failed_cap) {
+    return guard([&] {
+        KVX_REQUIRE(out_n_done && out_n_failed && t, "NULL argument");
+        t->impl.poll(peer_id, done, done_cap, out_n_done, failed, failed_cap, out_n_failed);
+    });
+}
+
+KVX_API int kvx_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t *ids, size_t n,
+                       kvx_cancel_mode mode, uint64_t *inflight) {
+    return guard([&] {
+        KVX_REQUIRE(out_n_inflight && t, "NULL argument");
+        *out_n_inflight = t->impl.cancel(ids, n, mode, inflight);
+    });
+}
+
+KVX_API int kvx_config_fingerprint(char *out, const char *config_json) {
+    return guard([&] {
+        KVX_REQUIRE(out != nullptr, "out is NULL");
+        std::string fp = kvx::config_fingerprint(config_json);
+        memcpy(out, fp.c_str(), fp.size() + 1);
+    });
+}
+
+}  // extern "C"

@@ -1,0 +1,332 @@
+#include "core/transport.h"
+
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/fingerprint.h"
+#include "util/error.h"
+#include "util/log.h"
+#include "wire/metadata.h"
+
+namespace kvx {
+
+namespace {
+
+void random_bytes(void *p, size_t n) {
+    if (RAND_bytes(static_cast<unsigned char *>(p), static_cast<int>(n)) != 1)
+        fail(KVX_EINTERNAL, "OpenSSL RAND_bytes failed");
+}
+
+std::unique_ptr<Backend> make_backend(const std::string &name, const BackendContext &ctx) {
+    if (name == "tcp" || name == "auto") return make_tcp_backend(ctx);
+    fail(KVX_ENOTSUP, "backend '%s' is not available in this build of kvxfer %s", name.c_str(), kvx_version_string());
+}
+
+}  // namespace
+
+Transport::Transport(void *base, uint64_t num_blocks, uint64_t block_len, const char *config_json,
+                     const OptionBag *opts) {
+    if (base == nullptr) fail(KVX_EINVAL, "region base is NULL");
+    if (num_blocks == 0) fail(KVX_EINVAL, "num_blocks is 0");
+    if (block_len == 0) fail(KVX_EINVAL, "block_len is 0");
+    if (num_blocks > UINT64_MAX / block_len || num_blocks * block_len > static_cast<uint64_t>(PTRDIFF_MAX) ||
+        reinterpret_cast<uintptr_t>(base) > UINTPTR_MAX - num_blocks * block_len)
+        fail(KVX_EOVERFLOW, "num_blocks %llu x block_len %llu overflows the address space",
+             (unsigned long long)num_blocks, (unsigned long long)block_len);
+    region_ = Region{static_cast<uint8_t *>(base), num_blocks, block_len};
+    options_ = Options::from(opts);
+    fingerprint_ = config_fingerprint(config_json);
+
+    BackendContext ctx;
+    ctx.region = region_;
+    ctx.options = &options_;
+    random_bytes(&ctx.instance_id, sizeof ctx.instance_id);
+    random_bytes(ctx.secret.data(), ctx.secret.size());
+    ctx.fingerprint = fingerprint_;
+    backend_ = make_backend(options_.backend, ctx);
+    backend_name_ = backend_->name();
+
+    wire::AgentMetadata m;
+    m.base_addr = reinterpret_cast<uintptr_t>(base);
+    m.num_blocks = num_blocks;
+    m.block_len = block_len;
+    m.instance_id = ctx.instance_id;
+    m.secret = ctx.secret;
+    m.fingerprint = fingerprint_;
+    backend_->describe(m);
+    metadata_ = wire::encode_metadata(m);
+    watchdog_ = std::thread([this] { watchdog(); });
+}
+
+Transport::~Transport() { close(); }
+
+const std::vector<uint8_t> &Transport::metadata() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    check_open_locked();
+    return metadata_;
+}
+
+void Transport::check_open_locked() const {
+    if (closed_) fail(KVX_ECLOSED, "transport is closed");
+}
+
+void Transport::close() {
+    std::map<std::string, std::shared_ptr<Peer>> peers;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (closed_) return;
+        closed_ = true;
+        peers.swap(peers_);
+        wd_cv_.notify_all();
+    }
+    if (watchdog_.joinable()) watchdog_.join();
+    for (auto &[id, p] : peers) p->link->shutdown();
+    backend_->shutdown();
+    std::lock_guard<std::mutex> lk(mu_);
+    inflight_.clear();
+    completions_.clear();
+}
+
+void Transport::add_peer(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,
+                         uint64_t num_blocks, uint64_t block_len) {
+    if (id.empty()) fail(KVX_EINVAL, "peer id is empty");
+    if (id.size() > KVX_PEER_ID_MAX)
+        fail(KVX_EINVAL, "peer id of %zu bytes is longer than %d", id.size(), KVX_PEER_ID_MAX);
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        check_open_locked();
+        if (peers_.count(id) || connecting_.count(id)) fail(KVX_EEXIST, "peer '%s' is already registered", id.c_str());
+        connecting_.insert(id);
+    }
+    struct Unreserve {
+        Transport *t;
+        const std::string &id;
+        ~Unreserve() {
+            std::lock_guard<std::mutex> lk(t->mu_);
+            t->connecting_.erase(id);
+        }
+    } unreserve{this, id};
+
+    wire::AgentMetadata m;
+    try {
+        m = wire::decode_metadata(meta, meta_len);
+    } catch (const Error &e) {
+        fail(e.code(), "peer '%s': %s", id.c_str(), e.what());
+    }
+    if (block_len != region_.block_len)
+        fail(KVX_EGEOMETRY, "peer '%s': block_len %llu differs from the local block_len %llu", id.c_str(),
+             (unsigned long long)block_len, (unsigned long long)region_.block_len);
+    if (m.base_addr != base_addr || m.num_blocks != num_blocks || m.block_len != block_len)
+        fail(KVX_EGEOMETRY,
+             "peer '%s': geometry (base_addr 0x%llx, num_blocks %llu, block_len %llu) differs from its metadata "
+             "(0x%llx, %llu, %llu)",
+             id.c_str(), (unsigned long long)base_addr, (unsigned long long)num_blocks, (unsigned long long)block_len,
+             (unsigned long long)m.base_addr, (unsigned long long)m.num_blocks, (unsigned long long)m.block_len);
+    if (!fingerprint_.empty() && !m.fingerprint.empty() && fingerprint_ != m.fingerprint)
+        fail(KVX_EFINGERPRINT, "peer '%s': config fingerprint %s differs from the local %s", id.c_str(),
+             m.fingerprint.c_str(), fingerprint_.c_str());
+
+    auto peer = std::make_shared<Peer>();
+    peer->id = id;
+    peer->num_blocks = num_blocks;
+    PeerContext pc;
+    pc.peer_id = id;
+    pc.meta = &m;
+    pc.deadline = Clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
+    pc.sink = this;
+    peer->link = backend_->connect(pc);
+
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!closed_) {
+            peers_[id] = std::move(peer);
+            return;
+        }
+    }
+    peer->link->shutdown();
+    fail(KVX_ECLOSED, "transport was closed while peer '%s' connected", id.c_str());
+}
+
+void Transport::remove_peer(const std::string &id) {
+    std::shared_ptr<Peer> peer;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        check_open_locked();
+        auto it = peers_.find(id);
+        if (it == peers_.end()) fail(KVX_ENOENT, "peer '%s' is not registered", id.c_str());
+        peer = std::move(it->second);
+        peers_.erase(it);
+    }
+    peer->link->shutdown();  // its pending ops come back failed through complete()
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto it = inflight_.begin(); it != inflight_.end();) {
+        if (it->second.peer == peer) {
+            uint64_t tid = it->first;
+            ++it;
+            finish_locked(tid, id, KVX_ECONNRESET);
+        } else {
+            ++it;
+        }
+    }
+}
+
+uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *local, const uint64_t *remote,
+                                 size_t n) {
+    if (n > 0 && (local == nullptr || remote == nullptr)) fail(KVX_EINVAL, "index array is NULL with n = %zu", n);
+    std::shared_ptr<Peer> peer;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        check_open_locked();
+        auto it = peers_.find(peer_id);
+        if (it == peers_.end()) fail(KVX_ENOENT, "peer '%s' is not registered", peer_id.c_str());
+        peer = it->second;
+    }
+    if (peer->link->broken())
+        fail(KVX_EPEERBROKEN, "peer '%s': connection failed earlier; remove and re-add the peer", peer_id.c_str());
+
+    const uint64_t bl = region_.block_len;
+    Op op;
+    for (size_t i = 0; i < n; i++) {
+        if (local[i] >= region_.num_blocks)
+            fail(KVX_ERANGE, "peer '%s': local index %llu (position %zu) >= %llu blocks", peer_id.c_str(),
+                 (unsigned long long)local[i], i, (unsigned long long)region_.num_blocks);
+        if (remote[i] >= peer->num_blocks)
+            fail(KVX_ERANGE, "peer '%s': remote index %llu (position %zu) >= %llu blocks", peer_id.c_str(),
+                 (unsigned long long)remote[i], i, (unsigned long long)peer->num_blocks);
+        if (i > 0 && local[i] == local[i - 1] + 1 && remote[i] == remote[i - 1] + 1) {
+            op.runs.back().len += bl;
+        } else {
+            op.runs.push_back(Run{local[i] * bl, remote[i] * bl, bl});
+        }
+    }
+    if (n > 1) {
+        std::vector<uint64_t> sorted(remote, remote + n);
+        std::sort(sorted.begin(), sorted.end());
+        auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+        if (dup != sorted.end())
+            fail(KVX_EINVAL, "peer '%s': remote index %llu appears more than once", peer_id.c_str(),
+                 (unsigned long long)*dup);
+    }
+    op.bytes = n * bl;
+
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        check_open_locked();
+        op.id = next_id_++;
+        if (n == 0) {
+            completions_[peer_id].done.push_back(op.id);
+            return op.id;
+        }
+        inflight_.emplace(op.id, Tracked{peer, Clock::now() + std::chrono::milliseconds(options_.transfer_timeout_ms)});
+    }
+    uint64_t id = op.id;
+    peer->link->submit(std::move(op));
+    return id;
+}
+
+void Transport::complete(uint64_t id, int status) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = inflight_.find(id);
+    if (it == inflight_.end()) return;  // cancelled, timed out or already failed
+    finish_locked(id, it->second.peer->id, status);
+}
+
+void Transport::finish_locked(uint64_t id, const std::string &peer_id, int status) {
+    inflight_.erase(id);
+    Completions &c = completions_[peer_id];
+    (status == 0 ? c.done : c.failed).push_back(id);
+    if (status != 0) KVX_LOG(debug, "transfer %llu to peer '%s' failed: %s", (unsigned long long)id, peer_id.c_str(),
+                             kvx_strerror(status));
+}
+
+void Transport::poll(const char *peer_id, uint64_t *done, size_t done_cap, size_t *n_done, uint64_t *failed,
+                     size_t failed_cap, size_t *n_failed) {
+    if ((done == nullptr && done_cap) || (failed == nullptr && failed_cap))
+        fail(KVX_EINVAL, "poll: NULL array with non-zero capacity");
+    size_t nd = 0, nf = 0;
+    std::lock_guard<std::mutex> lk(mu_);
+    check_open_locked();
+    auto drain = [&](Completions &c) {
+        while (nd < done_cap && !c.done.empty()) {
+            done[nd++] = c.done.front();
+            c.done.pop_front();
+        }
+        while (nf < failed_cap && !c.failed.empty()) {
+            failed[nf++] = c.failed.front();
+            c.failed.pop_front();
+        }
+    };
+    if (peer_id) {
+        auto it = completions_.find(peer_id);
+        if (it != completions_.end()) {
+            drain(it->second);
+            if (it->second.done.empty() && it->second.failed.empty()) completions_.erase(it);
+        }
+    } else {
+        for (auto it = completions_.begin(); it != completions_.end();) {
+            drain(it->second);
+            if (it->second.done.empty() && it->second.failed.empty()) it = completions_.erase(it);
+            else ++it;
+        }
+    }
+    *n_done = nd;
+    *n_failed = nf;
+}
+
+size_t Transport::cancel(const uint64_t *ids, size_t n, kvx_cancel_mode mode, uint64_t *inflight) {
+    if (mode != KVX_CANCEL_IMMEDIATE && mode != KVX_CANCEL_WAIT) fail(KVX_EINVAL, "cancel: mode %d is unknown", mode);
+    if (n > 0 && ids == nullptr) fail(KVX_EINVAL, "cancel: ids is NULL with n = %zu", n);
+    if (mode == KVX_CANCEL_WAIT && n > 0 && inflight == nullptr) fail(KVX_EINVAL, "cancel: wait mode needs an output array");
+    std::vector<std::pair<uint64_t, std::shared_ptr<Peer>>> targets;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        check_open_locked();
+        for (size_t i = 0; i < n; i++) {
+            auto it = inflight_.find(ids[i]);
+            if (it == inflight_.end()) continue;
+            targets.emplace_back(ids[i], it->second.peer);
+            if (mode == KVX_CANCEL_IMMEDIATE) inflight_.erase(it);
+        }
+    }
+    size_t still = 0;
+    for (auto &[id, peer] : targets) {
+        bool dropped = peer->link->drop_if_not_started(id);
+        if (mode == KVX_CANCEL_IMMEDIATE) continue;
+        std::lock_guard<std::mutex> lk(mu_);
+        if (dropped) inflight_.erase(id);
+        else if (inflight_.count(id)) inflight[still++] = id;
+        // else: it finished meanwhile and sits in the completion queue
+    }
+    return still;
+}
+
+void Transport::watchdog() {
+    const auto timeout = std::chrono::milliseconds(options_.transfer_timeout_ms);
+    const auto tick = std::clamp<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(5),
+                                                            std::chrono::milliseconds(200));
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!closed_) {
+        wd_cv_.wait_for(lk, tick);
+        if (closed_) break;
+        auto now = Clock::now();
+        std::vector<std::shared_ptr<Peer>> to_abort;
+        std::vector<uint64_t> expired;
+        for (auto &[id, t] : inflight_)
+            if (t.deadline <= now) expired.push_back(id);
+        for (uint64_t id : expired) {
+            auto peer = inflight_[id].peer;
+            KVX_LOG(warn, "transfer %llu to peer '%s' timed out after %u ms", (unsigned long long)id, peer->id.c_str(),
+                    options_.transfer_timeout_ms);
+            finish_locked(id, peer->id, KVX_ETIMEDOUT);
+            if (std::find(to_abort.begin(), to_abort.end(), peer) == to_abort.end()) to_abort.push_back(peer);
+        }
+        if (to_abort.empty()) continue;
+        lk.unlock();
+        for (auto &p : to_abort) p->link->abort(KVX_ETIMEDOUT);
+        lk.lock();
+    }
+}
+
+}  // namespace kvx

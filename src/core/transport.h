@@ -1,0 +1,81 @@
+// The transport: the seed's DataTransport contract on top of one backend.
+// Owns the peer table, the transfer table and the completion queues; every
+// public method is safe to call from several threads at once.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/options.h"
+#include "kvxfer.h"
+
+namespace kvx {
+
+class Transport final : private CompletionSink {
+public:
+    Transport(void *base, uint64_t num_blocks, uint64_t block_len, const char *config_json, const OptionBag *opts);
+    ~Transport();
+    Transport(const Transport &) = delete;
+    Transport &operator=(const Transport &) = delete;
+
+    void close();
+    const Region &region() const { return region_; }
+    const std::string &fingerprint() const { return fingerprint_; }
+    const char *backend_name() const { return backend_name_; }
+    const std::vector<uint8_t> &metadata() const;
+
+    void add_peer(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,
+                  uint64_t num_blocks, uint64_t block_len);
+    void remove_peer(const std::string &id);
+    uint64_t write_blocks(const std::string &peer_id, const uint64_t *local, const uint64_t *remote, size_t n);
+    void poll(const char *peer_id, uint64_t *done, size_t done_cap, size_t *n_done, uint64_t *failed,
+              size_t failed_cap, size_t *n_failed);
+    size_t cancel(const uint64_t *ids, size_t n, kvx_cancel_mode mode, uint64_t *inflight);
+
+private:
+    struct Peer {
+        std::string id;
+        uint64_t num_blocks = 0;
+        std::unique_ptr<BackendPeer> link;
+    };
+    struct Tracked {
+        std::shared_ptr<Peer> peer;
+        Clock::time_point deadline;
+    };
+    struct Completions {
+        std::deque<uint64_t> done, failed;
+    };
+
+    void complete(uint64_t id, int status) override;
+    void finish_locked(uint64_t id, const std::string &peer_id, int status);
+    void check_open_locked() const;
+    void watchdog();
+
+    Region region_;
+    Options options_;
+    std::string fingerprint_;
+    std::unique_ptr<Backend> backend_;
+    const char *backend_name_ = "";
+    std::vector<uint8_t> metadata_;
+
+    mutable std::mutex mu_;
+    std::condition_variable wd_cv_;
+    bool closed_ = false;
+    uint64_t next_id_ = 1;
+    std::map<std::string, std::shared_ptr<Peer>> peers_;
+    std::unordered_set<std::string> connecting_;
+    std::unordered_map<uint64_t, Tracked> inflight_;
+    std::map<std::string, Completions> completions_;
+    std::thread watchdog_;
+};
+
+}  // namespace kvx

@@ -1,0 +1,237 @@
+#include "util/net.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "util/error.h"
+
+namespace kvx::net {
+
+Fd &Fd::operator=(Fd &&o) noexcept {
+    if (this != &o) {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = o.release();
+    }
+    return *this;
+}
+
+Fd::~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+sockaddr_storage parse_hostport(const std::string &s, const char *what, bool passive) {
+    std::string host, port;
+    if (!s.empty() && s[0] == '[') {
+        size_t rb = s.find(']');
+        if (rb == std::string::npos || rb + 1 >= s.size() || s[rb + 1] != ':')
+            fail(KVX_EINVAL, "%s: '%s' is not [IPV6]:PORT", what, s.c_str());
+        host = s.substr(1, rb - 1);
+        port = s.substr(rb + 2);
+    } else {
+        size_t c = s.rfind(':');
+        if (c == std::string::npos || s.find(':') != c)
+            fail(KVX_EINVAL, "%s: '%s' is not HOST:PORT", what, s.c_str());
+        host = s.substr(0, c);
+        port = s.substr(c + 1);
+    }
+    if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoul(port) > 65535)
+        fail(KVX_EINVAL, "%s: port '%s' in '%s' is not 0..65535", what, port.c_str(), s.c_str());
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+    addrinfo *res = nullptr;
+    int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &res);
+    if (rc != 0 || !res)
+        fail(KVX_EINVAL, "%s: cannot resolve '%s': %s", what, host.c_str(), gai_strerror(rc));
+    sockaddr_storage ss{};
+    memcpy(&ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return ss;
+}
+
+socklen_t sa_len(const sockaddr_storage &ss) {
+    return ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
+
+wire::Endpoint to_endpoint(const sockaddr_storage &ss) {
+    wire::Endpoint e;
+    if (ss.ss_family == AF_INET6) {
+        const auto *a = reinterpret_cast<const sockaddr_in6 *>(&ss);
+        e.family = 6;
+        memcpy(e.addr.data(), &a->sin6_addr, 16);
+        e.port = ntohs(a->sin6_port);
+    } else {
+        const auto *a = reinterpret_cast<const sockaddr_in *>(&ss);
+        e.family = 4;
+        memcpy(e.addr.data(), &a->sin_addr, 4);
+        e.port = ntohs(a->sin_port);
+    }
+    return e;
+}
+
+sockaddr_storage from_endpoint(const wire::Endpoint &e, socklen_t *len) {
+    sockaddr_storage ss{};
+    if (e.family == 6) {
+        auto *a = reinterpret_cast<sockaddr_in6 *>(&ss);
+        a->sin6_family = AF_INET6;
+        memcpy(&a->sin6_addr, e.addr.data(), 16);
+        a->sin6_port = htons(e.port);
+        *len = sizeof(sockaddr_in6);
+    } else {
+        auto *a = reinterpret_cast<sockaddr_in *>(&ss);
+        a->sin_family = AF_INET;
+        memcpy(&a->sin_addr, e.addr.data(), 4);
+        a->sin_port = htons(e.port);
+        *len = sizeof(sockaddr_in);
+    }
+    return ss;
+}
+
+std::vector<wire::Endpoint> local_ipv4_endpoints(uint16_t port) {
+    std::vector<wire::Endpoint> out;
+    ifaddrs *ifs = nullptr;
+    if (getifaddrs(&ifs) != 0) return out;
+    for (ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+        if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+        sockaddr_storage ss{};
+        memcpy(&ss, i->ifa_addr, sizeof(sockaddr_in));
+        wire::Endpoint e = to_endpoint(ss);
+        e.port = port;
+        bool dup = false;
+        for (const auto &o : out) dup |= o == e;
+        if (!dup) out.push_back(e);
+    }
+    freeifaddrs(ifs);
+    return out;
+}
+
+void set_nodelay(int fd) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+void set_blocking(int fd, bool blocking) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, blocking ? (fl & ~O_NONBLOCK) : (fl | O_NONBLOCK));
+}
+
+namespace {
+
+int ms_left(Clock::time_point deadline) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+}
+
+// Waits for events on fd until the deadline: 0 ready, -ETIMEDOUT, -errno.
+int wait_fd(int fd, short events, Clock::time_point deadline) {
+    for (;;) {
+        int ms = ms_left(deadline);
+        if (ms == 0) return -ETIMEDOUT;
+        pollfd p{fd, events, 0};
+        int rc = ::poll(&p, 1, ms);
+        if (rc > 0) return 0;
+        if (rc == 0) return -ETIMEDOUT;
+        if (errno != EINTR) return -errno;
+    }
+}
+
+}  // namespace
+
+int connect_by(const wire::Endpoint &e, Clock::time_point deadline, Fd *out) {
+    socklen_t len = 0;
+    sockaddr_storage ss = from_endpoint(e, &len);
+    Fd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd) return -errno;
+    if (::connect(fd.get(), reinterpret_cast<sockaddr *>(&ss), len) != 0) {
+        if (errno != EINPROGRESS) return -errno;
+        int rc = wait_fd(fd.get(), POLLOUT, deadline);
+        if (rc != 0) return rc;
+        int err = 0;
+        socklen_t el = sizeof err;
+        if (getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &el) != 0) return -errno;
+        if (err != 0) return -err;
+    }
+    *out = std::move(fd);
+    return 0;
+}
+
+int read_full_by(int fd, void *buf, size_t n, Clock::time_point deadline) {
+    auto *p = static_cast<uint8_t *>(buf);
+    while (n > 0) {
+        ssize_t r = ::recv(fd, p, n, MSG_DONTWAIT);
+        if (r > 0) {
+            p += r;
+            n -= static_cast<size_t>(r);
+        } else if (r == 0) {
+            return -ECONNRESET;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = wait_fd(fd, POLLIN, deadline);
+            if (rc != 0) return rc;
+        } else if (errno != EINTR) {
+            return -errno;
+        }
+    }
+    return 0;
+}
+
+int write_full_by(int fd, const void *buf, size_t n, Clock::time_point deadline) {
+    const auto *p = static_cast<const uint8_t *>(buf);
+    while (n > 0) {
+        ssize_t r = ::send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (r >= 0) {
+            p += r;
+            n -= static_cast<size_t>(r);
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = wait_fd(fd, POLLOUT, deadline);
+            if (rc != 0) return rc;
+        } else if (errno != EINTR) {
+            return -errno;
+        }
+    }
+    return 0;
+}
+
+int read_full(int fd, void *buf, size_t n) {
+    auto *p = static_cast<uint8_t *>(buf);
+    while (n > 0) {
+        ssize_t r = ::recv(fd, p, n, MSG_WAITALL);
+        if (r > 0) {
+            p += r;
+            n -= static_cast<size_t>(r);
+        } else if (r == 0) {
+            return -ECONNRESET;
+        } else if (errno != EINTR) {
+            return -errno;
+        }
+    }
+    return 0;
+}
+
+int write_full(int fd, const void *buf, size_t n) {
+    const auto *p = static_cast<const uint8_t *>(buf);
+    while (n > 0) {
+        ssize_t r = ::send(fd, p, n, MSG_NOSIGNAL);
+        if (r >= 0) {
+            p += r;
+            n -= static_cast<size_t>(r);
+        } else if (errno != EINTR) {
+            return -errno;
+        }
+    }
+    return 0;
+}
+
+}  // namespace kvx::net

@@ -1,0 +1,62 @@
+// Socket helpers shared by the backends: address parsing, deadline-bounded
+// connect/read/write, interface enumeration. Linux only.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "wire/metadata.h"
+
+namespace kvx::net {
+
+using Clock = std::chrono::steady_clock;
+
+// "HOST:PORT" or "[V6]:PORT" (HOST numeric or a name); throws Error(KVX_EINVAL) naming what.
+sockaddr_storage parse_hostport(const std::string &s, const char *what, bool passive);
+wire::Endpoint to_endpoint(const sockaddr_storage &ss);
+sockaddr_storage from_endpoint(const wire::Endpoint &e, socklen_t *len);
+socklen_t sa_len(const sockaddr_storage &ss);
+
+// Non-loopback IPv4 addresses of interfaces that are up, in interface order.
+std::vector<wire::Endpoint> local_ipv4_endpoints(uint16_t port);
+
+// Owned file descriptor.
+class Fd {
+public:
+    Fd() = default;
+    explicit Fd(int fd) : fd_(fd) {}
+    Fd(Fd &&o) noexcept : fd_(o.release()) {}
+    Fd &operator=(Fd &&o) noexcept;
+    ~Fd();
+    int get() const { return fd_; }
+    int release() {
+        int f = fd_;
+        fd_ = -1;
+        return f;
+    }
+    explicit operator bool() const { return fd_ >= 0; }
+
+private:
+    int fd_ = -1;
+};
+
+// Connects before the deadline; returns the fd or -errno.
+int connect_by(const wire::Endpoint &e, Clock::time_point deadline, Fd *out);
+
+// Read/write exactly n bytes before the deadline. Return 0, or -errno
+// (-ETIMEDOUT, -ECONNRESET for EOF).
+int read_full_by(int fd, void *buf, size_t n, Clock::time_point deadline);
+int write_full_by(int fd, const void *buf, size_t n, Clock::time_point deadline);
+
+// Blocking variants without deadline (data path). 0, or -errno (EOF: -ECONNRESET).
+int read_full(int fd, void *buf, size_t n);
+int write_full(int fd, const void *buf, size_t n);
+
+void set_nodelay(int fd);
+void set_blocking(int fd, bool blocking);
+
+}  // namespace kvx::net
