@@ -20,6 +20,14 @@ void random_bytes(void *p, size_t n) {
 }
 
 std::unique_ptr<Backend> make_backend(const std::string &name, const BackendContext &ctx) {
+#ifdef KVX_HAVE_VERBS
+    if (name == "verbs" || name == "auto") {
+        std::string why;
+        if (auto b = make_verbs_backend(ctx, &why)) return b;
+        if (name == "verbs") fail(KVX_ENOTSUP, "backend verbs: %s", why.c_str());
+        KVX_LOG(info, "backend auto: no usable RDMA device (%s), using tcp", why.c_str());
+    }
+#endif
     if (name == "tcp" || name == "auto") return make_tcp_backend(ctx);
     fail(KVX_ENOTSUP, "backend '%s' is not available in this build of kvxfer %s", name.c_str(), kvx_version_string());
 }
