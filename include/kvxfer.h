@@ -275,7 +275,9 @@ KVX_API int kvx_add_remote_peer(kvx_transport *t, const char *peer_id, const voi
 /**
  * Unregister a peer: its transfers still in flight fail (they surface in
  * kvx_poll()'s failed list), its connections are closed and its resources
- * released. The id may be registered again afterwards.
+ * released. The id may be registered again afterwards. Bytes of those failed
+ * transfers that were already on the wire may still land in the peer's region
+ * after this call returns (as with KVX_CANCEL_IMMEDIATE).
  * @return 0; KVX_ENOENT (unknown id); KVX_EINVAL; KVX_ECLOSED.
  */
 KVX_API int kvx_remove_remote_peer(kvx_transport *t, const char *peer_id);
@@ -335,12 +337,14 @@ typedef enum kvx_cancel_mode {
  * @param out_n_inflight  receives how many ids were written to inflight
  *                        (always 0 for KVX_CANCEL_IMMEDIATE).
  * @param ids, n          ids to cancel (ids may be NULL when n is 0).
+ * @param mode            a kvx_cancel_mode value (an int, so that any value a
+ *                        caller passes is defined behaviour and gets KVX_EINVAL).
  * @param inflight        for KVX_CANCEL_WAIT: room for n ids (NULL allowed for
  *                        IMMEDIATE); receives the ids still in flight.
  * @return 0; KVX_EINVAL (bad mode, NULL arrays); KVX_ECLOSED.
  */
 KVX_API int kvx_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t *ids, size_t n,
-                       kvx_cancel_mode mode, uint64_t *inflight);
+                       int mode, uint64_t *inflight);
 
 /* ---------------------------------------------------------------- utilities */
 

@@ -234,8 +234,8 @@ KVX_API int kvx_poll(size_t *out_n_done, size_t *out_n_failed, kvx_transport *t,
     });
 }
 
-KVX_API int kvx_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t *ids, size_t n,
-                       kvx_cancel_mode mode, uint64_t *inflight) {
+KVX_API int kvx_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t *ids, size_t n, int mode,
+                       uint64_t *inflight) {
     return guard([&] {
         KVX_REQUIRE(out_n_inflight && t, "NULL argument");
         *out_n_inflight = t->impl.cancel(ids, n, mode, inflight);

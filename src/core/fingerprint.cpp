@@ -11,10 +11,13 @@
 //     messages stay right). The SAX number events then take the recorded
 //     tokens in document order (for a valid document the n-th number event
 //     is the n-th recorded token; see scan_numbers()).
-//  2. nlohmann SAX parse (validates JSON syntax, UTF-8, escapes) into a small
-//     arena tree: scalars pre-serialized, objects sorted by key bytes
-//     (= code point order) with duplicate keys collapsed to the last value.
-//  3. Iterative printer (no recursion), numbers formatted the Python way.
+//  2. nlohmann SAX parse (validates JSON syntax, UTF-8, escapes) driving a
+//     bottom-up serializer (Canonicalizer): every finished value is written
+//     in Python's form straight into its parent; an object's members are
+//     sorted by key bytes (= code point order) and duplicate keys collapsed
+//     to the last value when it closes. No tree, no recursion; memory stays
+//     proportional to the text; nesting is bounded by kMaxConfigDepth.
+//  3. SHA-256 (OpenSSL) of the canonical text, first 8 bytes in hex.
 #include "core/fingerprint.h"
 
 #include <openssl/evp.h>
@@ -99,6 +102,10 @@ bool is_number_char(char c) {
     return is_digit(c) || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
 }
 
+struct NumToken {
+    std::size_t off, len;  // in the original text
+};
+
 // Step 1 (see top of file). Outside strings, every maximal run of number
 // characters [0-9+-.eE] that is a valid JSON number is recorded in `tokens`
 // and overwritten in `work` by a finite number of the same length ("0",
@@ -109,14 +116,14 @@ bool is_number_char(char c) {
 // correspond one to one and in order. In an invalid document the parser
 // stops at the first error; every replacement maps a valid number token to
 // another valid number token, so it cannot make an invalid document valid.
-void scan_numbers(std::string &work, std::vector<std::string> &tokens) {
+void scan_numbers(std::string &work, std::vector<NumToken> &tokens) {
     const std::size_t n = work.size();
     std::size_t i = 0;
     while (i < n) {
         char c = work[i];
         if (c == '"') {  // skip a string, honouring backslash escapes
             ++i;
-            while (i < n && work[i] != '"') i += (work[i] == '\\') ? 2 : 1;
+            while (i < n && work[i] != '"') i += (work[i] == '\\') ? 2u : 1u;
             ++i;
             continue;
         }
@@ -128,7 +135,7 @@ void scan_numbers(std::string &work, std::vector<std::string> &tokens) {
         while (i < n && is_number_char(work[i])) ++i;
         std::string_view run(work.data() + b, i - b);
         if (!is_json_number(run)) continue;
-        tokens.emplace_back(run);
+        tokens.push_back({b, i - b});
         std::size_t len = i - b;
         if (len == 1) {
             work[b] = '0';
@@ -291,58 +298,92 @@ double parse_double(const std::string &tok) {
     return v;
 }
 
-// ------------------------------------------------------------------ tree
+// Append a number token as Python prints json.loads(token).
+void append_py_number(std::string &out, std::string_view tok) {
+    if (tok.find_first_of(".eE") != std::string_view::npos) {  // a float in Python
+        append_py_float(out, parse_double(std::string(tok)));
+        return;
+    }
+    std::size_t ndigits = tok.size() - (tok[0] == '-' ? 1 : 0);
+    if (ndigits > kMaxIntDigits)
+        fail(KVX_ECONFIG,
+             "integer of %zu digits; Python's json.loads rejects integers over %zu digits",
+             ndigits, kMaxIntDigits);
+    if (tok == "-0")
+        out += '0';
+    else
+        out += tok;  // JSON forbids leading zeros: the digits are Python's repr
+}
 
-struct Node {
-    enum Kind : std::uint8_t { Scalar, Number, Array, Object } kind;
-    std::size_t num = 0;    // Number: index into the token list
-    std::string text;       // Scalar: serialized text
-    std::vector<std::size_t> items;                             // Array
-    std::vector<std::pair<std::string, std::size_t>> members;  // Object: raw UTF-8 key, node
-};
+// ------------------------------------------------------------------ canonicalizer
 
-class TreeBuilder {
+// Step 2+3: SAX handler that serializes bottom-up. Every finished value is
+// appended to its parent at once: an open array keeps its text so far, an
+// open object its (key, canonical value text) members, which are sorted and
+// joined when it closes. Memory stays proportional to the text, and nothing
+// recurses (the container stack is bounded by kMaxConfigDepth).
+class Canonicalizer {
 public:
     using json = nlohmann::json;
 
-    TreeBuilder(std::string_view original, std::size_t num_tokens)
-        : original_(original), num_tokens_(num_tokens) {}
+    Canonicalizer(std::string_view original, const std::vector<NumToken> &tokens)
+        : original_(original), tokens_(tokens) {}
 
-    std::vector<Node> nodes;
-    std::size_t root = SIZE_MAX;
-    std::string error;  // set when a callback returns false
+    bool have_root = false;
+    std::string root;    // canonical text of the top-level value
+    std::string error;   // why a callback returned false
+    std::string pending; // first error found in a value; reported only if the
+                         // document is otherwise valid (syntax errors win)
 
     // --- SAX interface
-    bool null() { return scalar("null", "null"); }
-    bool boolean(bool b) { return scalar(b ? "true" : "false", "a boolean"); }
+    bool null() { return value("null", "null"); }
+    bool boolean(bool b) { return value(b ? "true" : "false", "a boolean"); }
     bool number_integer(json::number_integer_t) { return number(); }
     bool number_unsigned(json::number_unsigned_t) { return number(); }
     bool number_float(json::number_float_t, const json::string_t &) { return number(); }
     bool string(json::string_t &s) {
+        if (!top_ok("a string")) return false;
         std::string text;
         text.reserve(s.size() + 2);
-        if (!append_py_string(text, s)) return set_error("config JSON: invalid UTF-8 in a string at " + path());
-        if (!top_ok("a string")) return false;
-        Node &n = new_node(Node::Scalar);
-        n.text = std::move(text);
-        attach(nodes.size() - 1);
-        return true;
+        if (!append_py_string(text, s)) {
+            later("invalid UTF-8 in a string");  // the parser validates UTF-8 already
+            text = "\"\"";
+        }
+        return value(std::move(text), "a string");
     }
     bool binary(json::binary_t &) { return set_error("config JSON: unexpected binary value"); }
-    bool start_object(std::size_t) { return open(Node::Object, "an object"); }
+    bool start_object(std::size_t) { return open(true, "an object"); }
     bool key(json::string_t &k) {
-        nodes[stack_.back()].members.emplace_back(std::move(k), SIZE_MAX);
+        stack_.back().members.emplace_back(std::move(k), std::string());
         return true;
     }
     bool end_object() {
-        finish_object(nodes[stack_.back()]);
+        Frame &f = stack_.back();
+        auto &m = f.members;
+        // Sort by key bytes (UTF-8 byte order == code point order == Python's
+        // str order); duplicate keys: Python's dict keeps the last value.
+        std::stable_sort(m.begin(), m.end(),
+                         [](const auto &a, const auto &b) { return a.first < b.first; });
+        std::string text = "{";
+        bool first = true;
+        for (std::size_t i = 0; i < m.size(); ++i) {
+            if (i + 1 < m.size() && m[i + 1].first == m[i].first) continue;  // a later one wins
+            if (!first) text += ',';
+            first = false;
+            if (!append_py_string(text, m[i].first)) later("invalid UTF-8 in a key");
+            text += ':';
+            text += m[i].second;
+        }
+        text += '}';
         stack_.pop_back();
-        return true;
+        return value(std::move(text), "an object");
     }
-    bool start_array(std::size_t) { return open(Node::Array, "an array"); }
+    bool start_array(std::size_t) { return open(false, "an array"); }
     bool end_array() {
+        std::string text = std::move(stack_.back().text);
+        text += ']';
         stack_.pop_back();
-        return true;
+        return value(std::move(text), "an array");
     }
     bool parse_error(std::size_t position, const std::string &, const nlohmann::detail::exception &ex) {
         // ex.what(): "[json.exception.parse_error.101] parse error at line 1, column 5:
@@ -356,51 +397,55 @@ public:
         }
         std::size_t lr = msg.find("; last read:");
         if (lr != std::string::npos) msg.erase(lr);
-        return set_error("config JSON: " + msg + " (at byte " + std::to_string(position) + ": '" +
+        return set_error("config JSON: " + msg + " (near byte " + std::to_string(position) + ": '" +
                          excerpt(original_, position) + "')");
     }
 
 private:
+    struct Frame {
+        bool is_object;
+        std::size_t count = 0;  // array: values so far
+        std::string text;       // array: "[v1,v2"
+        std::vector<std::pair<std::string, std::string>> members;  // object: raw UTF-8 key, value text
+    };
+
     std::string_view original_;
-    std::size_t num_tokens_;
+    const std::vector<NumToken> &tokens_;
     std::size_t next_token_ = 0;
-    std::vector<std::size_t> stack_;  // open containers
+    std::vector<Frame> stack_;  // open containers, at most kMaxConfigDepth
 
     bool set_error(std::string msg) {
         if (error.empty()) error = std::move(msg);
         return false;
     }
 
+    void later(const std::string &what) {
+        if (pending.empty()) pending = "config JSON: " + what + " at " + path();
+    }
+
     // The top level must be an object or null (Python's `if not config_fields`).
     bool top_ok(const char *what) {
-        if (!stack_.empty() || root != SIZE_MAX) return true;
+        if (!stack_.empty() || have_root) return true;
         if (std::strcmp(what, "an object") == 0 || std::strcmp(what, "null") == 0) return true;
         return set_error(std::string("config JSON: top-level value is ") + what +
                          "; a config must be a JSON object (or null)");
     }
 
-    Node &new_node(Node::Kind k) {
-        nodes.emplace_back();
-        nodes.back().kind = k;
-        return nodes.back();
-    }
-
-    void attach(std::size_t idx) {
+    // A complete value: hand it to the enclosing container.
+    bool value(std::string text, const char *what) {
         if (stack_.empty()) {
-            root = idx;
-            return;
+            if (!top_ok(what)) return false;
+            root = std::move(text);
+            have_root = true;
+            return true;
         }
-        Node &parent = nodes[stack_.back()];
-        if (parent.kind == Node::Array)
-            parent.items.push_back(idx);
-        else
-            parent.members.back().second = idx;
-    }
-
-    bool scalar(const char *text, const char *what) {
-        if (!top_ok(what)) return false;
-        new_node(Node::Scalar).text = text;
-        attach(nodes.size() - 1);
+        Frame &f = stack_.back();
+        if (f.is_object) {
+            f.members.back().second = std::move(text);
+        } else {
+            if (f.count++ > 0) f.text += ',';
+            f.text += text;
+        }
         return true;
     }
 
@@ -409,52 +454,46 @@ private:
         // Running out of tokens cannot happen for a valid document (see
         // scan_numbers); in an invalid one ("01", "1-2") the parser reports the
         // syntax error right after this event, so carry on and let it.
-        new_node(Node::Number).num = next_token_ < num_tokens_ ? next_token_++ : SIZE_MAX;
-        attach(nodes.size() - 1);
-        return true;
+        std::string text;
+        if (next_token_ >= tokens_.size()) {
+            later("number without a token");
+            text = "0";
+        } else {
+            const NumToken &t = tokens_[next_token_++];
+            try {
+                append_py_number(text, original_.substr(t.off, t.len));
+            } catch (const Error &e) {
+                later(e.what());
+                text = "0";
+            }
+        }
+        return value(std::move(text), "a number");
     }
 
-    bool open(Node::Kind k, const char *what) {
+    bool open(bool is_object, const char *what) {
         if (!top_ok(what)) return false;
         if (stack_.size() >= kMaxConfigDepth)
             return set_error("config JSON: nesting deeper than " + std::to_string(kMaxConfigDepth) +
                              " levels at " + path());
-        new_node(k);
-        std::size_t idx = nodes.size() - 1;
-        attach(idx);
-        stack_.push_back(idx);
+        stack_.emplace_back();
+        stack_.back().is_object = is_object;
+        if (!is_object) stack_.back().text = "[";
         return true;
     }
 
-    // Sort by key bytes (UTF-8 byte order == code point order == Python's str
-    // order); duplicate keys: Python's dict keeps the last value.
-    static void finish_object(Node &obj) {
-        auto &m = obj.members;
-        std::stable_sort(m.begin(), m.end(),
-                         [](const auto &a, const auto &b) { return a.first < b.first; });
-        std::size_t w = 0;
-        for (std::size_t r = 0; r < m.size(); ++r) {
-            if (r + 1 < m.size() && m[r + 1].first == m[r].first) continue;  // a later one wins
-            if (w != r) m[w] = std::move(m[r]);
-            ++w;
-        }
-        m.resize(w);
-    }
-
-    // "$.a.b[3]" of the value being built, for messages.
+    // JSONPath-like location of the value being read ("$["a"][3]"), for messages.
     std::string path() const {
         std::string p = "$";
-        for (std::size_t idx : stack_) {
-            const Node &n = nodes[idx];
+        for (const Frame &f : stack_) {
             if (p.size() > 200) {
                 p += "...";
                 break;
             }
-            if (n.kind == Node::Array) {
-                p += "[" + std::to_string(n.items.size()) + "]";
-            } else if (!n.members.empty()) {
+            if (!f.is_object) {
+                p += "[" + std::to_string(f.count) + "]";
+            } else if (!f.members.empty()) {
                 std::string k;
-                append_py_string(k, n.members.back().first);
+                append_py_string(k, f.members.back().first);
                 if (k.size() > 40) k = k.substr(0, 37) + "...";
                 p += "[" + k + "]";
             }
@@ -462,104 +501,6 @@ private:
         return p;
     }
 };
-
-// Append a number token as Python prints json.loads(token).
-void append_py_number(std::string &out, const std::string &tok, const std::string &where) {
-    bool is_float = tok.find_first_of(".eE") != std::string::npos;
-    if (is_float) {
-        append_py_float(out, parse_double(tok));
-        return;
-    }
-    std::size_t ndigits = tok.size() - (tok[0] == '-' ? 1 : 0);
-    if (ndigits > kMaxIntDigits)
-        fail(KVX_ECONFIG,
-             "config JSON: integer at %s has %zu digits; Python's json.loads rejects integers "
-             "over %zu digits",
-             where.c_str(), ndigits, kMaxIntDigits);
-    if (tok == "-0")
-        out += '0';
-    else
-        out += tok;  // JSON forbids leading zeros: the digits are Python's repr
-}
-
-// Step 3: iterative printer.
-std::string print_tree(const std::vector<Node> &nodes, std::size_t root,
-                       const std::vector<std::string> &tokens) {
-    struct Frame {
-        std::size_t node;
-        std::size_t next;
-    };
-    std::vector<Frame> stack;
-    std::string out;
-
-    auto where = [&]() {
-        std::string p = "$";
-        for (const Frame &f : stack) {
-            if (p.size() > 200) {
-                p += "...";
-                break;
-            }
-            const Node &n = nodes[f.node];
-            if (n.kind == Node::Array) {
-                p += "[" + std::to_string(f.next - 1) + "]";
-            } else {
-                std::string k;
-                append_py_string(k, n.members[f.next - 1].first);
-                if (k.size() > 40) k = k.substr(0, 37) + "...";
-                p += "[" + k + "]";
-            }
-        }
-        return p;
-    };
-
-    auto emit = [&](std::size_t idx) {
-        const Node &n = nodes[idx];
-        switch (n.kind) {
-        case Node::Scalar: out += n.text; break;
-        case Node::Number:
-            if (n.num >= tokens.size()) fail(KVX_EINTERNAL, "config JSON: lost number token");
-            append_py_number(out, tokens[n.num], where());
-            break;
-        case Node::Array:
-            out += '[';
-            stack.push_back({idx, 0});
-            break;
-        case Node::Object:
-            out += '{';
-            stack.push_back({idx, 0});
-            break;
-        }
-    };
-
-    emit(root);
-    while (!stack.empty()) {
-        Frame &f = stack.back();
-        const Node &n = nodes[f.node];
-        if (n.kind == Node::Array) {
-            if (f.next == n.items.size()) {
-                out += ']';
-                stack.pop_back();
-                continue;
-            }
-            if (f.next > 0) out += ',';
-            std::size_t child = n.items[f.next++];
-            emit(child);  // may push: `f` is not used afterwards
-        } else {
-            if (f.next == n.members.size()) {
-                out += '}';
-                stack.pop_back();
-                continue;
-            }
-            if (f.next > 0) out += ',';
-            const auto &m = n.members[f.next++];
-            if (!append_py_string(out, m.first))
-                fail(KVX_ECONFIG, "config JSON: invalid UTF-8 in a key at %s", where().c_str());
-            out += ':';
-            emit(m.second);
-        }
-    }
-    return out;
-}
 
 }  // namespace
 
@@ -570,23 +511,20 @@ std::string canonical_config_json(std::string_view json) {
                           "json.loads rejects");
 
     std::string work(json);
-    std::vector<std::string> tokens;
+    std::vector<NumToken> tokens;
     scan_numbers(work, tokens);
 
-    TreeBuilder tb(json, tokens.size());
-    bool ok = nlohmann::json::sax_parse(work.begin(), work.end(), &tb,
+    Canonicalizer c(json, tokens);
+    bool ok = nlohmann::json::sax_parse(work.begin(), work.end(), &c,
                                         nlohmann::json::input_format_t::json,
                                         /*strict=*/true, /*ignore_comments=*/false);
-    if (!ok || tb.root == SIZE_MAX) {
-        if (tb.error.empty()) tb.error = "config JSON: invalid JSON";
-        throw Error(KVX_ECONFIG, tb.error);
-    }
-    const Node &root = tb.nodes[tb.root];
-    if (root.kind == Node::Scalar && root.text == "null") return "";  // json.loads -> None
-    if (root.kind != Node::Object)  // top_ok() already refused these
-        fail(KVX_ECONFIG, "config JSON: top-level value must be a JSON object");
-    if (root.members.empty()) return "";  // `if not config_fields`
-    return print_tree(tb.nodes, tb.root, tokens);
+    if (!ok || !c.have_root)
+        throw Error(KVX_ECONFIG, c.error.empty() ? "config JSON: invalid JSON" : c.error);
+    if (!c.pending.empty()) throw Error(KVX_ECONFIG, c.pending);
+    // Top level is an object or null (top_ok). json.loads gives None or a dict;
+    // `if not config_fields` is true for None and {}.
+    if (c.root == "null" || c.root == "{}") return "";
+    return std::move(c.root);
 }
 
 std::string config_fingerprint(const char *json_or_null) {

@@ -283,7 +283,7 @@ void Transport::poll(const char *peer_id, uint64_t *done, size_t done_cap, size_
     *n_failed = nf;
 }
 
-size_t Transport::cancel(const uint64_t *ids, size_t n, kvx_cancel_mode mode, uint64_t *inflight) {
+size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *inflight) {
     if (mode != KVX_CANCEL_IMMEDIATE && mode != KVX_CANCEL_WAIT) fail(KVX_EINVAL, "cancel: mode %d is unknown", mode);
     if (n > 0 && ids == nullptr) fail(KVX_EINVAL, "cancel: ids is NULL with n = %zu", n);
     if (mode == KVX_CANCEL_WAIT && n > 0 && inflight == nullptr) fail(KVX_EINVAL, "cancel: wait mode needs an output array");

@@ -39,7 +39,7 @@ public:
     uint64_t write_blocks(const std::string &peer_id, const uint64_t *local, const uint64_t *remote, size_t n);
     void poll(const char *peer_id, uint64_t *done, size_t done_cap, size_t *n_done, uint64_t *failed,
               size_t failed_cap, size_t *n_failed);
-    size_t cancel(const uint64_t *ids, size_t n, kvx_cancel_mode mode, uint64_t *inflight);
+    size_t cancel(const uint64_t *ids, size_t n, int mode, uint64_t *inflight);
 
 private:
     struct Peer {

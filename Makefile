@@ -1,0 +1,54 @@
+# Thin front end over CMake. The commands a newcomer runs:
+#   make run    install missing packages, build, run kvxfer-bench (verified)
+#   make test   install missing packages, build, run every test (VM included)
+BUILD      ?= build
+BUILD_TYPE ?= RelWithDebInfo
+PREFIX     ?= /usr/local
+JOBS       ?= $(shell nproc)
+CMAKE_ARGS ?=
+
+.PHONY: all deps build run test test-unit test-asan test-tsan test-fuzz test-vm bench-compare install clean
+
+all: build
+
+deps:
+	@scripts/deps.sh all
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_ARGS)
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: deps build
+	$(BUILD)/kvxfer-bench
+
+# Every test: unit + conformance + fingerprint corpus + fuzz replay, then the
+# suite under ASan+UBSan, the threaded tests under TSan, the fuzzers for a
+# bounded time, and the verbs suite inside the Soft-RoCE VM.
+test: deps build
+	scripts/test.sh all
+
+test-unit: deps build
+	scripts/test.sh unit
+
+test-asan: deps
+	scripts/test.sh asan
+
+test-tsan: deps
+	scripts/test.sh tsan
+
+test-fuzz: deps
+	scripts/test.sh fuzz
+
+test-vm: deps build
+	scripts/test.sh vm
+
+bench-compare: deps build
+	bench/compare-tcp.sh
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -1,0 +1,267 @@
+#include "harness.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define GUARD_BYTE 0xA5
+#define INIT_FILL 0x5C
+
+uint64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+region region_new(uint64_t nb, uint64_t bl, uint8_t fill) {
+    region r;
+    r.nb = nb;
+    r.bl = bl;
+    r.mem = malloc(nb * bl + 2 * GUARD_LEN);
+    assert_non_null(r.mem);
+    memset(r.mem, GUARD_BYTE, GUARD_LEN);
+    memset(r.mem + GUARD_LEN + nb * bl, GUARD_BYTE, GUARD_LEN);
+    r.base = r.mem + GUARD_LEN;
+    memset(r.base, fill, nb * bl);
+    return r;
+}
+
+void region_free(region *r) {
+    free(r->mem);
+    r->mem = r->base = NULL;
+}
+
+int region_guards_ok(const region *r) {
+    const uint8_t *tail = r->base + r->nb * r->bl;
+    for (size_t i = 0; i < GUARD_LEN; i++)
+        if (r->mem[i] != GUARD_BYTE || tail[i] != GUARD_BYTE) return 0;
+    return 1;
+}
+
+static uint64_t mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+void fill_block(uint8_t *p, uint64_t bl, uint64_t idx, uint32_t seed) {
+    uint64_t s = mix(idx * 0x9E3779B97F4A7C15ULL + seed + 1);
+    for (uint64_t i = 0; i < bl; i += 8) {
+        s = mix(s + i);
+        size_t n = bl - i < 8 ? (size_t)(bl - i) : 8;
+        memcpy(p + i, &s, n);
+    }
+}
+
+int block_matches(const uint8_t *p, uint64_t bl, uint64_t idx, uint32_t seed) {
+    uint8_t *want = malloc(bl);
+    fill_block(want, bl, idx, seed);
+    int ok = memcmp(p, want, bl) == 0;
+    free(want);
+    return ok;
+}
+
+int block_is(const uint8_t *p, uint64_t bl, uint8_t v) {
+    for (uint64_t i = 0; i < bl; i++)
+        if (p[i] != v) return 0;
+    return 1;
+}
+
+const char *test_backend(void) {
+    const char *b = getenv("KVX_TEST_BACKEND");
+    return b && *b ? b : "tcp";
+}
+
+kvx_options *test_options(const char *extra, ...) {
+    kvx_options *o = NULL;
+    CHECK_OK(kvx_options_create(&o));
+    CHECK_OK(kvx_options_set(o, "backend", test_backend()));
+    if (strcmp(test_backend(), "tcp") == 0) CHECK_OK(kvx_options_set(o, "tcp.listen", "127.0.0.1:0"));
+    va_list ap;
+    va_start(ap, extra);
+    for (const char *kv = extra; kv; kv = va_arg(ap, const char *)) {
+        char key[128];
+        const char *eq = strchr(kv, '=');
+        assert_non_null(eq);
+        snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
+        CHECK_OK(kvx_options_set(o, key, eq + 1));
+    }
+    va_end(ap);
+    return o;
+}
+
+kvx_transport *transport_new(const region *r, const char *config, kvx_options *opts) {
+    kvx_transport *t = NULL;
+    kvx_options *o = opts ? opts : test_options(NULL);
+    CHECK_OK(kvx_transport_create(&t, r->base, r->nb, r->bl, config, o));
+    kvx_options_destroy(o);
+    assert_string_equal(kvx_transport_backend(t), test_backend());
+    return t;
+}
+
+void get_meta(kvx_transport *t, metablob *m) {
+    CHECK_OK(kvx_get_agent_metadata(&m->len, t, m->bytes, sizeof m->bytes));
+    CHECK_OK(kvx_transport_base_addr(&m->base, t));
+    CHECK_OK(kvx_transport_num_blocks(&m->nb, t));
+    CHECK_OK(kvx_transport_block_len(&m->bl, t));
+}
+
+void add_peer(kvx_transport *t, const char *id, const metablob *m) {
+    CHECK_OK(kvx_add_remote_peer(t, id, m->bytes, m->len, m->base, m->nb, m->bl));
+}
+
+size_t wait_ids(kvx_transport *t, const char *peer, const uint64_t *ids, size_t n, int timeout_ms,
+                size_t *n_failed, uint8_t *status) {
+    uint8_t *seen = calloc(n ? n : 1, 1);
+    size_t got = 0, nf = 0;
+    uint64_t end = now_ms() + (uint64_t)timeout_ms;
+    uint64_t done[64], failed[64];
+    while (got < n && now_ms() < end) {
+        size_t nd = 0, nfl = 0;
+        CHECK_OK(kvx_poll(&nd, &nfl, t, peer, done, 64, failed, 64));
+        for (size_t k = 0; k < nd + nfl; k++) {
+            uint64_t id = k < nd ? done[k] : failed[k - nd];
+            size_t j = 0;
+            while (j < n && ids[j] != id) j++;
+            if (j == n) fail_msg("poll reported id %llu that is not awaited", (unsigned long long)id);
+            if (seen[j]) fail_msg("id %llu surfaced twice", (unsigned long long)id);
+            seen[j] = k < nd ? 1 : 2;
+            got++;
+            if (k >= nd) nf++;
+        }
+        if (nd + nfl == 0) usleep(200);
+    }
+    if (status) memcpy(status, seen, n);
+    free(seen);
+    if (n_failed) *n_failed = nf;
+    return got;
+}
+
+/* ---- child target ---- */
+
+enum { CMD_VERIFY = 1, CMD_UNTOUCHED = 2, CMD_EXIT = 3 };
+
+static void write_all(int fd, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) _exit(90);
+        b += w;
+        n -= (size_t)w;
+    }
+}
+
+static int read_all(int fd, void *p, size_t n) {
+    uint8_t *b = p;
+    while (n) {
+        ssize_t r = read(fd, b, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static void child_main(int in, int out, uint64_t nb, uint64_t bl, const char *config) {
+    region r = region_new(nb, bl, INIT_FILL);
+    kvx_options *o = test_options(NULL);
+    kvx_transport *t = NULL;
+    if (kvx_transport_create(&t, r.base, nb, bl, config, o) != 0) {
+        fprintf(stderr, "child: create failed: %s\n", kvx_last_error_message());
+        _exit(91);
+    }
+    kvx_options_destroy(o);
+    static metablob m;
+    get_meta(t, &m);
+    write_all(out, &m, sizeof m);
+    for (;;) {
+        uint64_t cmd[3];
+        if (read_all(in, cmd, sizeof cmd) != 0) break;
+        uint8_t ok = 0;
+        if (cmd[0] == CMD_VERIFY) {
+            ok = cmd[1] < nb && block_matches(r.base + cmd[1] * bl, bl, cmd[2] >> 32, (uint32_t)cmd[2]);
+        } else if (cmd[0] == CMD_UNTOUCHED) {
+            uint8_t *written = calloc(nb, 1);
+            uint64_t idx;
+            for (uint64_t i = 0; i < cmd[1]; i++) {
+                if (read_all(in, &idx, sizeof idx) != 0) _exit(92);
+                if (idx < nb) written[idx] = 1;
+            }
+            ok = (uint8_t)region_guards_ok(&r);
+            for (uint64_t i = 0; i < nb && ok; i++)
+                if (!written[i] && !block_is(r.base + i * bl, bl, INIT_FILL)) ok = 0;
+            free(written);
+        } else {
+            break;
+        }
+        write_all(out, &ok, 1);
+    }
+    kvx_transport_destroy(t);
+    region_free(&r);
+    _exit(0);
+}
+
+void child_start(child_target *c, uint64_t nb, uint64_t bl, const char *config) {
+    int a[2], b[2];
+    assert_int_equal(pipe(a), 0);
+    assert_int_equal(pipe(b), 0);
+    fflush(NULL);
+    c->pid = fork();
+    assert_true(c->pid >= 0);
+    if (c->pid == 0) {
+        close(a[1]);
+        close(b[0]);
+        child_main(a[0], b[1], nb, bl, config);
+    }
+    close(a[0]);
+    close(b[1]);
+    c->to_child = a[1];
+    c->from_child = b[0];
+    if (read_all(c->from_child, &c->meta, sizeof c->meta) != 0) fail_msg("child target did not start");
+}
+
+int child_verify(child_target *c, uint64_t remote_idx, uint64_t local_idx, uint32_t seed) {
+    uint64_t cmd[3] = {CMD_VERIFY, remote_idx, (local_idx << 32) | seed};
+    write_all(c->to_child, cmd, sizeof cmd);
+    uint8_t ok = 0;
+    if (read_all(c->from_child, &ok, 1) != 0) return 0;
+    return ok;
+}
+
+int child_untouched(child_target *c, const uint64_t *written, size_t n) {
+    uint64_t cmd[3] = {CMD_UNTOUCHED, n, 0};
+    write_all(c->to_child, cmd, sizeof cmd);
+    write_all(c->to_child, written, n * sizeof *written);
+    uint8_t ok = 0;
+    if (read_all(c->from_child, &ok, 1) != 0) return 0;
+    return ok;
+}
+
+void child_kill(child_target *c) {
+    kill(c->pid, SIGKILL);
+    waitpid(c->pid, NULL, 0);
+    close(c->to_child);
+    close(c->from_child);
+    c->pid = -1;
+}
+
+int child_stop(child_target *c) {
+    uint64_t cmd[3] = {CMD_EXIT, 0, 0};
+    write_all(c->to_child, cmd, sizeof cmd);
+    int st = 0;
+    waitpid(c->pid, &st, 0);
+    close(c->to_child);
+    close(c->from_child);
+    c->pid = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}

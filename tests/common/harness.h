@@ -1,0 +1,90 @@
+/* Shared helpers of the conformance tests: backend selection from the
+ * environment (KVX_TEST_BACKEND=tcp|verbs|shm, default tcp), regions with
+ * guard canaries, waiting for transfer ids, and a forked target process. */
+#ifndef KVX_TEST_HARNESS_H
+#define KVX_TEST_HARNESS_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <cmocka.h>
+
+#include "kvxfer.h"
+
+/* Fails the cmocka test with the call, code and message when rc != 0. */
+#define CHECK_OK(call)                                                                         \
+    do {                                                                                       \
+        int rc_ = (call);                                                                      \
+        if (rc_ != 0)                                                                          \
+            fail_msg("%s -> %d (%s): %s", #call, rc_, kvx_strerror(rc_), kvx_last_error_message()); \
+    } while (0)
+
+/* Asserts rc == want and that the message is non-empty (names the value). */
+#define CHECK_ERR(call, want)                                                                  \
+    do {                                                                                       \
+        int rc_ = (call);                                                                      \
+        if (rc_ != (want))                                                                     \
+            fail_msg("%s -> %d (%s), expected %d (%s): %s", #call, rc_, kvx_strerror(rc_),     \
+                     (want), kvx_strerror(want), kvx_last_error_message());                    \
+        assert_true(kvx_last_error_message()[0] != '\0');                                     \
+    } while (0)
+
+#define GUARD_LEN 4096
+
+/* A region of nb x bl bytes with GUARD_LEN canary bytes on both sides. */
+typedef struct region {
+    uint8_t *mem;  /* allocation incl. guards */
+    uint8_t *base; /* the region */
+    uint64_t nb, bl;
+} region;
+
+region region_new(uint64_t nb, uint64_t bl, uint8_t fill);
+void region_free(region *r);
+/* 1 when both guards still hold their pattern. */
+int region_guards_ok(const region *r);
+/* Deterministic content of block idx for a given seed. */
+void fill_block(uint8_t *p, uint64_t bl, uint64_t idx, uint32_t seed);
+int block_matches(const uint8_t *p, uint64_t bl, uint64_t idx, uint32_t seed);
+int block_is(const uint8_t *p, uint64_t bl, uint8_t v);
+
+const char *test_backend(void);
+/* Options for the test backend, plus extra "key=value" pairs (NULL-terminated). */
+kvx_options *test_options(const char *extra, ...);
+kvx_transport *transport_new(const region *r, const char *config, kvx_options *opts);
+
+typedef struct metablob {
+    uint8_t bytes[65536];
+    size_t len;
+    uint64_t base, nb, bl;
+} metablob;
+void get_meta(kvx_transport *t, metablob *m);
+void add_peer(kvx_transport *t, const char *id, const metablob *m);
+
+/* Poll until every id in ids surfaced (done or failed) or timeout_ms passed.
+ * Counts each surfacing; asserts no id surfaces twice and no unknown id
+ * surfaces. Returns the number of ids that surfaced; *n_failed gets failures. */
+size_t wait_ids(kvx_transport *t, const char *peer, const uint64_t *ids, size_t n, int timeout_ms,
+                size_t *n_failed, uint8_t *status /* optional: 1 done, 2 failed per id */);
+uint64_t now_ms(void);
+
+/* A target transport in a child process. The child creates it with the test
+ * backend, sends its metadata, then serves commands until told to exit. */
+typedef struct child_target {
+    pid_t pid;
+    int to_child, from_child;
+    metablob meta;
+} child_target;
+void child_start(child_target *c, uint64_t nb, uint64_t bl, const char *config);
+/* Asks the child to verify block remote_idx holds fill_block(local_idx, seed);
+ * returns 1 if it does. */
+int child_verify(child_target *c, uint64_t remote_idx, uint64_t local_idx, uint32_t seed);
+/* Asks the child whether blocks not listed still hold the initial fill and
+ * its guards are intact. */
+int child_untouched(child_target *c, const uint64_t *written, size_t n);
+void child_kill(child_target *c);
+int child_stop(child_target *c);
+
+#endif
