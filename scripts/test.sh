@@ -30,10 +30,10 @@ asan() {
 }
 
 tsan() {
-    stage "thread sanitizer (threaded tests)"
+    stage "thread sanitizer (tests labelled threads: one process, many threads)"
     configure build-tsan -DKVX_SANITIZE=thread
     (cd build-tsan && TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$PWD/../tests/tsan.supp" \
-        ctest --output-on-failure -L 'conformance|tcp')
+        ctest --output-on-failure -L threads)
 }
 
 fuzz() {

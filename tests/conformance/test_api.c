@@ -531,29 +531,65 @@ static void test_close_target_stops_writes(void **state) {
 
 /* ------------------------------------------------------------ threads */
 
-typedef struct worker {
+/* Writers, cancellers and a poller on one transport at once: every id that
+ * was not cancelled surfaces exactly once; ids returned by a wait-mode cancel
+ * surface exactly once; nothing surfaces twice. */
+enum { T_WRITERS = 4, T_PER = 64, T_MAXID = 4096 };
+
+typedef struct shared_ids {
     kvx_transport *t;
+    int stop;
+    pthread_mutex_t mu;
+    uint8_t surfaced[T_MAXID];
+    uint8_t must[T_MAXID]; /* 1: must surface exactly once */
+    int dup;
+} shared_ids;
+
+typedef struct worker {
+    shared_ids *sh;
     int seed;
     int ok;
 } worker;
 
-static void *worker_main(void *arg) {
+static void *writer_main(void *arg) {
     worker *w = arg;
-    uint64_t ids[64];
+    shared_ids *sh = w->sh;
     int n = 0;
-    for (int i = 0; i < 64; i++) {
-        uint64_t l = (uint64_t)(w->seed * 64 + i) % NB, r = (uint64_t)(w->seed * 16 + i % 16) % NB;
-        if (kvx_write_blocks(&ids[n], w->t, "b", &l, &r, 1) == 0) n++;
+    for (int i = 0; i < T_PER; i++) {
+        uint64_t l = (uint64_t)(w->seed * T_PER + i) % NB, r = (uint64_t)(w->seed * 16 + i % 16) % NB, id;
+        if (kvx_write_blocks(&id, sh->t, "b", &l, &r, 1) != 0 || id >= T_MAXID) break;
+        n++;
+        int cancelled = 0;
         if (i % 8 == 7) {
-            size_t nin;
+            size_t nin = 0;
             uint64_t out[1];
-            kvx_cancel(&nin, w->t, &ids[n - 1], 1, KVX_CANCEL_WAIT, out);
+            if (kvx_cancel(&nin, sh->t, &id, 1, KVX_CANCEL_WAIT, out) != 0) break;
+            cancelled = nin == 0; /* dropped, or finished before: may or may not surface */
         }
-        size_t nd, nf;
-        uint64_t d[4], f[4];
-        kvx_poll(&nd, &nf, w->t, w->seed % 2 ? "b" : NULL, d, 4, f, 4);
+        pthread_mutex_lock(&sh->mu);
+        sh->must[id] = !cancelled;
+        pthread_mutex_unlock(&sh->mu);
     }
-    w->ok = n == 64;
+    w->ok = n == T_PER;
+    return NULL;
+}
+
+static void *poller_main(void *arg) {
+    shared_ids *sh = arg;
+    for (unsigned iter = 0;; iter++) {
+        size_t nd = 0, nf = 0;
+        uint64_t d[8], f[8];
+        int stop = __atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE);
+        if (kvx_poll(&nd, &nf, sh->t, (iter & 1) ? "b" : NULL, d, 8, f, 8) != 0) break;
+        pthread_mutex_lock(&sh->mu);
+        for (size_t k = 0; k < nd + nf; k++) {
+            uint64_t id = k < nd ? d[k] : f[k - nd];
+            if (id >= T_MAXID || sh->surfaced[id]++) sh->dup = 1;
+        }
+        pthread_mutex_unlock(&sh->mu);
+        if (stop && nd + nf == 0) break;
+        if (nd + nf == 0) usleep(100);
+    }
     return NULL;
 }
 
@@ -561,26 +597,37 @@ static void test_threads(void **state) {
     (void)state;
     pair p;
     pair_up(&p, NB, NB, CFG);
-    enum { T = 4 };
-    pthread_t th[T];
-    worker w[T];
-    for (int i = 0; i < T; i++) {
-        w[i] = (worker){p.a, i, 0};
-        pthread_create(&th[i], NULL, worker_main, &w[i]);
+    static shared_ids sh;
+    memset(&sh, 0, sizeof sh);
+    sh.t = p.a;
+    pthread_mutex_init(&sh.mu, NULL);
+    pthread_t th[T_WRITERS], poller;
+    worker w[T_WRITERS];
+    pthread_create(&poller, NULL, poller_main, &sh);
+    for (int i = 0; i < T_WRITERS; i++) {
+        w[i] = (worker){&sh, i, 0};
+        pthread_create(&th[i], NULL, writer_main, &w[i]);
     }
-    for (int i = 0; i < T; i++) {
+    for (int i = 0; i < T_WRITERS; i++) {
         pthread_join(th[i], NULL);
         assert_true(w[i].ok);
     }
-    /* drain what remains; nothing may surface twice (checked inside wait_ids
-       only for awaited ids, so collect here) */
-    uint64_t end = now_ms() + 3000;
-    while (now_ms() < end) {
-        size_t nd, nf;
-        uint64_t d[64], f[64];
-        CHECK_OK(kvx_poll(&nd, &nf, p.a, NULL, d, 64, f, 64));
+    /* let everything drain, then stop the poller after an empty poll */
+    uint64_t end = now_ms() + 20000;
+    for (;;) {
+        pthread_mutex_lock(&sh.mu);
+        int missing = 0;
+        for (int id = 0; id < T_MAXID; id++) missing += sh.must[id] && !sh.surfaced[id];
+        pthread_mutex_unlock(&sh.mu);
+        if (!missing || now_ms() > end) break;
         usleep(1000);
     }
+    __atomic_store_n(&sh.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(poller, NULL);
+    assert_false(sh.dup);
+    for (int id = 0; id < T_MAXID; id++)
+        if (sh.must[id] && sh.surfaced[id] != 1) fail_msg("id %d surfaced %d times", id, sh.surfaced[id]);
+    pthread_mutex_destroy(&sh.mu);
     pair_down(&p);
 }
 
