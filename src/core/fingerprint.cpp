@@ -5,12 +5,12 @@
 // Pipeline:
 //  1. Number pre-pass. nlohmann's parser aborts on numbers that overflow a
 //     double (406 "number overflow"), but Python reads 1e400 as inf and a
-//     400-digit integer as an int. So before parsing, every number token
-//     outside strings is recorded (original text) and replaced in a working
-//     copy by a harmless number of the same length (positions in error
-//     messages stay right). The SAX number events then take the recorded
-//     tokens in document order (for a valid document the n-th number event
-//     is the n-th recorded token; see scan_numbers()).
+//     400-digit integer as an int. So the parser runs on a working copy in
+//     which every number token outside strings is replaced by a harmless
+//     number of the same length (positions in error messages stay right),
+//     and each SAX number event takes the next token of the original text
+//     instead (for a valid document the n-th number event is the n-th token;
+//     see NumberRuns).
 //  2. nlohmann SAX parse (validates JSON syntax, UTF-8, escapes) driving a
 //     bottom-up serializer (Canonicalizer): every finished value is written
 //     in Python's form straight into its parent; an object's members are
@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <clocale>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -102,41 +101,57 @@ bool is_number_char(char c) {
     return is_digit(c) || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
 }
 
-struct NumToken {
-    std::size_t off, len;  // in the original text
+// Step 1 (see top of file). Outside strings, every maximal run of number
+// characters [0-9+-.eE] that is a valid JSON number is a number token. Runs
+// that are not valid numbers are skipped (left for the parser to reject). In
+// a valid document a number token is always preceded and followed by a
+// non-number character (structural character, whitespace, or the text
+// boundary), so the parser's number events and these runs correspond one to
+// one and in order. In an invalid document the parser stops at the first
+// error; each replacement (neutralize()) maps a valid number token to another
+// valid number token, so it cannot make an invalid document valid.
+class NumberRuns {
+public:
+    explicit NumberRuns(std::string_view text) : text_(text) {}
+
+    // The next number token [off, off + len); false at the end.
+    bool next(std::size_t &off, std::size_t &len) {
+        const std::size_t n = text_.size();
+        std::size_t &i = pos_;
+        while (i < n) {
+            char c = text_[i];
+            if (c == '"') {  // skip a string, honouring backslash escapes
+                ++i;
+                while (i < n && text_[i] != '"') i += (text_[i] == '\\') ? 2u : 1u;
+                ++i;
+                continue;
+            }
+            if (!is_number_char(c)) {
+                ++i;
+                continue;
+            }
+            std::size_t b = i;
+            while (i < n && is_number_char(text_[i])) ++i;
+            if (is_json_number(text_.substr(b, i - b))) {
+                off = b;
+                len = i - b;
+                return true;
+            }
+        }
+        return false;
+    }
+
+private:
+    std::string_view text_;
+    std::size_t pos_ = 0;
 };
 
-// Step 1 (see top of file). Outside strings, every maximal run of number
-// characters [0-9+-.eE] that is a valid JSON number is recorded in `tokens`
-// and overwritten in `work` by a finite number of the same length ("0",
-// "10", "0.0", "0.00", ...). Runs that are not valid numbers are left alone
-// for the parser to reject. In a valid document a number token is always
-// preceded and followed by a non-number character (structural character,
-// whitespace, or the text boundary), so number tokens and recorded runs
-// correspond one to one and in order. In an invalid document the parser
-// stops at the first error; every replacement maps a valid number token to
-// another valid number token, so it cannot make an invalid document valid.
-void scan_numbers(std::string &work, std::vector<NumToken> &tokens) {
-    const std::size_t n = work.size();
-    std::size_t i = 0;
-    while (i < n) {
-        char c = work[i];
-        if (c == '"') {  // skip a string, honouring backslash escapes
-            ++i;
-            while (i < n && work[i] != '"') i += (work[i] == '\\') ? 2u : 1u;
-            ++i;
-            continue;
-        }
-        if (!is_number_char(c)) {
-            ++i;
-            continue;
-        }
-        std::size_t b = i;
-        while (i < n && is_number_char(work[i])) ++i;
-        std::string_view run(work.data() + b, i - b);
-        if (!is_json_number(run)) continue;
-        tokens.push_back({b, i - b});
-        std::size_t len = i - b;
+// Overwrite every number token of `work` by a finite number of the same
+// length ("0", "10", "0.0", "0.00", ...): error positions stay right.
+void neutralize_numbers(std::string &work) {
+    NumberRuns runs(work);  // tokens only grow to the right of what is overwritten
+    std::size_t b, len;
+    while (runs.next(b, len)) {
         if (len == 1) {
             work[b] = '0';
         } else if (len == 2) {
@@ -146,7 +161,7 @@ void scan_numbers(std::string &work, std::vector<NumToken> &tokens) {
             work[b] = '0';
             work[b + 1] = '.';
             std::fill(work.begin() + static_cast<std::ptrdiff_t>(b + 2),
-                      work.begin() + static_cast<std::ptrdiff_t>(i), '0');
+                      work.begin() + static_cast<std::ptrdiff_t>(b + len), '0');
         }
     }
 }
@@ -326,8 +341,7 @@ class Canonicalizer {
 public:
     using json = nlohmann::json;
 
-    Canonicalizer(std::string_view original, const std::vector<NumToken> &tokens)
-        : original_(original), tokens_(tokens) {}
+    explicit Canonicalizer(std::string_view original) : original_(original), runs_(original) {}
 
     bool have_root = false;
     std::string root;    // canonical text of the top-level value
@@ -410,8 +424,7 @@ private:
     };
 
     std::string_view original_;
-    const std::vector<NumToken> &tokens_;
-    std::size_t next_token_ = 0;
+    NumberRuns runs_;  // the original number tokens, consumed in document order
     std::vector<Frame> stack_;  // open containers, at most kMaxConfigDepth
 
     bool set_error(std::string msg) {
@@ -452,16 +465,16 @@ private:
     bool number() {
         if (!top_ok("a number")) return false;
         // Running out of tokens cannot happen for a valid document (see
-        // scan_numbers); in an invalid one ("01", "1-2") the parser reports the
+        // NumberRuns); in an invalid one ("01", "1-2") the parser reports the
         // syntax error right after this event, so carry on and let it.
         std::string text;
-        if (next_token_ >= tokens_.size()) {
+        std::size_t off, len;
+        if (!runs_.next(off, len)) {
             later("number without a token");
             text = "0";
         } else {
-            const NumToken &t = tokens_[next_token_++];
             try {
-                append_py_number(text, original_.substr(t.off, t.len));
+                append_py_number(text, original_.substr(off, len));
             } catch (const Error &e) {
                 later(e.what());
                 text = "0";
@@ -511,10 +524,9 @@ std::string canonical_config_json(std::string_view json) {
                           "json.loads rejects");
 
     std::string work(json);
-    std::vector<NumToken> tokens;
-    scan_numbers(work, tokens);
+    neutralize_numbers(work);
 
-    Canonicalizer c(json, tokens);
+    Canonicalizer c(json);
     bool ok = nlohmann::json::sax_parse(work.begin(), work.end(), &c,
                                         nlohmann::json::input_format_t::json,
                                         /*strict=*/true, /*ignore_comments=*/false);

@@ -320,6 +320,32 @@ static void test_data_and_canaries(void **state) {
     pair_down(&p);
 }
 
+/* Backend knobs that split a transfer (tcp.streams) keep the data exact. */
+static void test_parallel_streams(void **state) {
+    (void)state;
+    enum { PNB = 96, PBL = 64 * 1024 };
+    region ra = region_new(PNB, PBL, 1), rb = region_new(PNB, PBL, 2);
+    kvx_transport *a = transport_new(&ra, NULL, test_options("tcp.streams=3", NULL));
+    kvx_transport *b = transport_new(&rb, NULL, test_options("tcp.streams=3", NULL));
+    metablob m;
+    get_meta(b, &m);
+    add_peer(a, "b", &m);
+    for (uint64_t i = 0; i < PNB; i++) fill_block(ra.base + i * PBL, PBL, i, 3);
+    uint64_t l[PNB], r[PNB], ids[2];
+    for (uint64_t i = 0; i < PNB; i++) l[i] = i, r[i] = (i + 17) % PNB; /* two runs */
+    CHECK_OK(kvx_write_blocks(&ids[0], a, "b", l, r, PNB));
+    CHECK_OK(kvx_write_blocks(&ids[1], a, "b", l, l, 0));
+    size_t nf = 0;
+    assert_int_equal(wait_ids(a, NULL, ids, 2, 30000, &nf, NULL), 2);
+    assert_int_equal(nf, 0);
+    for (uint64_t i = 0; i < PNB; i++) assert_true(block_matches(rb.base + r[i] * PBL, PBL, i, 3));
+    assert_true(region_guards_ok(&rb));
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    region_free(&ra);
+    region_free(&rb);
+}
+
 /* Many transfers: each id exactly once; poll with tiny arrays keeps leftovers. */
 static void test_many_transfers_small_poll(void **state) {
     (void)state;
@@ -642,6 +668,7 @@ int main(void) {
         cmocka_unit_test(test_write_bad_input),
         cmocka_unit_test(test_write_zero_blocks),
         cmocka_unit_test(test_data_and_canaries),
+        cmocka_unit_test(test_parallel_streams),
         cmocka_unit_test(test_many_transfers_small_poll),
         cmocka_unit_test(test_poll_scoped),
         cmocka_unit_test(test_cancel_immediate),

@@ -8,6 +8,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <sys/uio.h>
 #include <thread>
 #include <vector>
 
@@ -77,6 +78,8 @@ private:
         std::thread sender, acker;
         std::mutex mu;  // guards awaiting
         std::deque<Part> awaiting;
+        std::vector<uint8_t> head;  // frame header + segment table, reused
+        std::vector<iovec> iov;     // sender thread only
     };
     void send_loop(Stream *s);
     void ack_loop(Stream *s);

@@ -127,6 +127,8 @@ TcpPeer::TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<n
     for (auto &fd : fds) {
         auto s = std::make_unique<Stream>();
         s->fd = std::move(fd);
+        s->head.resize(wire::kFrameHeaderLen + kSendMaxSegs * wire::kSegLen);
+        s->iov.resize(1 + kSendMaxSegs);
         streams_.push_back(std::move(s));
     }
     for (auto &s : streams_) {
@@ -221,8 +223,8 @@ void TcpPeer::send_loop(Stream *s) {
 int TcpPeer::send_part(Stream *s, const Part &p) {
     const uint64_t bl = region_.block_len;
     const uint64_t maxp = std::max<uint64_t>(wire::kFrameMaxPayload / bl * bl, bl);
-    std::vector<uint8_t> head(wire::kFrameHeaderLen + kSendMaxSegs * wire::kSegLen);
-    std::vector<iovec> iov(1 + kSendMaxSegs);
+    std::vector<uint8_t> &head = s->head;
+    std::vector<iovec> &iov = s->iov;
     size_t nseg = 0;
     uint64_t total = 0;
     auto flush = [&](bool last) -> int {

@@ -1,0 +1,241 @@
+// verbs backend internals (see README.md in this directory for the design):
+//   Progress   - the library's own thread: one epoll loop serving the
+//                listener's rdma_cm events and every peer's CQ + cm events.
+//   Device     - the RDMA device, PD and the one MR over the whole region.
+//   VerbsPeer  - the initiator side towards one peer: RC QPs, one CQ, the
+//                software queue behind the send queues.
+// The target side (listener, handshake, passive QPs) lives in verbs_backend.cpp.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "backends/backend.h"
+
+namespace kvx::verbs {
+
+// One epoll loop on its own thread. Sources are attached by fd; a detached
+// source is never called again once detach() returns, which is what lets a
+// peer destroy its CQ right after detaching.
+class Progress {
+public:
+    class Source {
+    public:
+        virtual void on_event(int tag) = 0;
+
+    protected:
+        ~Source() = default;
+    };
+
+    Progress();  // throws Error(KVX_EBACKEND)
+    ~Progress();
+    Progress(const Progress &) = delete;
+    Progress &operator=(const Progress &) = delete;
+
+    void start();
+    // Joins the thread. Later attach() fails, later detach() runs inline.
+    void stop();
+    // fd must be non-blocking; events are level-triggered. Returns a token, 0 when stopped.
+    uint64_t attach(int fd, Source *s, int tag);
+    void detach(uint64_t token);
+
+private:
+    struct Entry {
+        int fd;
+        Source *src;
+        int tag;
+    };
+    struct Cmd {
+        bool attach;
+        uint64_t token;
+        Entry entry;
+        bool done = false;
+    };
+    void loop();
+    void apply(Cmd &c);  // progress thread, or any thread once stopped
+    void run_commands();
+
+    int epfd_ = -1;
+    int wakefd_ = -1;
+    std::thread thread_;
+    std::thread::id thread_id_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<Cmd *> cmds_;
+    bool running_ = false;
+    bool stop_ = false;
+    uint64_t next_token_ = 1;
+    std::unordered_map<uint64_t, Entry> entries_;  // owned by the loop
+};
+
+// What the address discovery found: where to listen and what to advertise.
+struct Placement {
+    std::string device;
+    uint8_t port = 0;
+    int gid_index = -1;
+    std::string netdev;
+    sockaddr_storage addr{};  // port 0
+    std::string how;          // for the log
+};
+
+struct Selection {
+    std::string device;  // verbs.device, "" = any
+    int port = 0;        // verbs.port, 0 = any
+    int gid_index = -1;  // verbs.gid_index, -1 = any
+};
+
+// Finds the first ACTIVE port (honouring sel) that has an IP address: from
+// its GID table (RoCE: IPv4-mapped GIDs, RoCE v2 first) or from its netdev
+// (IB with IPoIB, iWARP). false with *why when there is none.
+bool find_placement(const Selection &sel, Placement *out, std::string *why);
+
+// The device and the registration, shared by the backend and its peers: the
+// PD lives until the last QP on it is gone, the MR only until backend shutdown.
+struct Device {
+    ibv_context *ctx = nullptr;  // librdmacm's context: never closed here
+    std::string name;
+    uint8_t port = 0;
+    ibv_device_attr attr{};
+    ibv_port_attr port_attr{};
+    ibv_pd *pd = nullptr;
+    ibv_mr *mr = nullptr;
+    uint32_t lkey = 0;
+    uint64_t max_msg = 0;   // largest message one WR may carry
+    Region region;
+    sockaddr_storage addr{};  // our RDMA address (port 0): source of outgoing connections
+
+    Device() = default;
+    Device(const Device &) = delete;
+    Device &operator=(const Device &) = delete;
+    ~Device();
+    void deregister();  // after this nothing can write into the region
+};
+
+struct PeerConfig {
+    uint32_t qps = 1;
+    uint32_t sq_depth = 0;      // WRs per send queue the data path uses
+    uint32_t signal_every = 0;  // at least one signalled WR per this many
+};
+
+PeerConfig peer_config(const Device &dev, const Options &o);
+
+// Initiator side towards one peer. Created connected (dial), then start()ed.
+class VerbsPeer final : public BackendPeer, private Progress::Source {
+public:
+    // Connects and authenticates every QP before pc.deadline; throws Error.
+    static std::unique_ptr<VerbsPeer> dial(const BackendContext &ctx, std::shared_ptr<Device> dev,
+                                           std::shared_ptr<Progress> progress, const PeerConfig &cfg,
+                                           const PeerContext &pc);
+    ~VerbsPeer() override;
+
+    // Hands CQ and cm events to the progress thread; false if it is stopped.
+    bool start();
+
+    void submit(Op op) override;
+    bool drop_if_not_started(uint64_t id) override;
+    bool broken() const override { return broken_flag_.load(std::memory_order_acquire); }
+    void abort(int status) override;
+    void shutdown() override;
+
+private:
+    struct OpState {
+        uint64_t id = 0;
+        uint32_t parts_left = 0;
+        bool started = false;   // a WR of it was posted
+        bool reported = false;  // it reached the sink, or was dropped
+    };
+    using OpRef = std::shared_ptr<OpState>;
+    // The share of an op one QP carries, waiting for send-queue room.
+    struct Part {
+        OpRef op;
+        std::vector<Run> runs;
+        size_t run = 0;     // next run to post
+        uint64_t off = 0;   // bytes of runs[run] already posted
+        uint64_t wrs_left = 0;
+    };
+    // One signalled WR in flight: when it completes, wrs slots free up and,
+    // if op is set, that part of op is done (RC completes in order).
+    struct Mark {
+        uint64_t seq;
+        uint32_t wrs;
+        OpRef op;
+    };
+    struct Qp {
+        rdma_cm_id *id = nullptr;
+        ibv_qp *qp = nullptr;
+        uint32_t used = 0;          // posted WRs whose slot is not yet known free
+        uint32_t since_signal = 0;  // unsignalled WRs after the last signalled one
+        uint64_t next_seq = 1;
+        std::deque<Mark> marks;
+        std::deque<Part> waiting;
+        uint64_t waiting_wrs = 0;
+        bool dead = false;
+    };
+    using Deliveries = std::vector<std::pair<uint64_t, int>>;
+
+    VerbsPeer(const BackendContext &ctx, std::shared_ptr<Device> dev, std::shared_ptr<Progress> progress,
+              const PeerConfig &cfg, const PeerContext &pc);
+    void setup_channels();
+    void connect_qp(const BackendContext &ctx, const PeerContext &pc, size_t index);
+    void on_event(int tag) override;
+    void on_cq_event();
+    void on_cm_event();
+    void handle_wc(const ibv_wc &wc, Deliveries &out);
+    void post_ready(Qp &q, Deliveries &out);
+    void fail_op(const OpRef &op, int status, Deliveries &out);
+    void fail_waiting(Qp &q, int status, Deliveries &out);
+    void fail_inflight(Qp &q, int status, Deliveries &out);
+    void set_broken(int status);
+    void to_error(Qp &q);
+    void deliver(std::unique_lock<std::mutex> &lk, Deliveries &out);
+    void teardown();
+    uint64_t wrs_for(const std::vector<Run> &runs) const;
+
+    std::shared_ptr<Device> dev_;
+    std::shared_ptr<Progress> progress_;
+    PeerConfig cfg_;
+    std::string peer_id_;
+    std::string where_;  // "peer 'x' at 1.2.3.4:5" for messages
+    CompletionSink *sink_;
+    uint64_t remote_addr_ = 0;
+    uint32_t rkey_ = 0;
+
+    rdma_event_channel *cm_ch_ = nullptr;
+    ibv_comp_channel *comp_ch_ = nullptr;
+    ibv_cq *cq_ = nullptr;
+    unsigned cq_unacked_ = 0;
+    uint64_t tok_cq_ = 0, tok_cm_ = 0;
+    std::vector<Qp> qps_;
+
+    std::mutex mu_;  // guards everything below and the Qp queues
+    std::condition_variable cv_;
+    int delivering_ = 0;  // threads calling the sink right now
+    bool broken_ = false;
+    bool stopping_ = false;
+    int break_status_ = 0;
+    std::atomic<bool> broken_flag_{false};
+    std::vector<ibv_send_wr> wr_buf_;
+    std::vector<ibv_sge> sge_buf_;
+    std::once_flag shutdown_once_;
+};
+
+// Maps a CM event that ended a connect attempt to a KVX_E* code.
+int connect_failure_code(rdma_cm_event_type type, int status);
+
+// Sets O_NONBLOCK; throws Error(KVX_EBACKEND).
+void set_nonblocking(int fd, const char *what);
+
+}  // namespace kvx::verbs

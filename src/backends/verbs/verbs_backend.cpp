@@ -1,0 +1,483 @@
+// Target side of the verbs backend: the rdma_cm listener, the challenge-
+// response handshake done entirely in connect/reject private data, and the
+// passive QPs through which peers write into our region. All of it runs on
+// the progress thread; the application never calls anything for data to land.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <unordered_map>
+
+#include "backends/verbs/verbs.h"
+#include "backends/verbs/verbs_wire.h"
+#include "core/options.h"
+#include "util/error.h"
+#include "util/log.h"
+#include "util/net.h"
+
+namespace kvx {
+
+namespace verbs {
+
+namespace {
+
+constexpr size_t kMaxChallenges = 1024;  // outstanding HELLOs; the oldest is evicted first
+constexpr int kListenBacklog = 128;
+
+std::string opt(const Options &o, const char *key) {
+    auto it = o.backend_specific.find(key);
+    return it == o.backend_specific.end() ? std::string() : it->second;
+}
+
+bool is_wildcard(const sockaddr_storage &ss) {
+    if (ss.ss_family == AF_INET) return reinterpret_cast<const sockaddr_in &>(ss).sin_addr.s_addr == htonl(INADDR_ANY);
+    const auto &a = reinterpret_cast<const sockaddr_in6 &>(ss).sin6_addr;
+    return IN6_IS_ADDR_UNSPECIFIED(&a);
+}
+
+void set_port(sockaddr_storage &ss, uint16_t port) {
+    if (ss.ss_family == AF_INET) reinterpret_cast<sockaddr_in &>(ss).sin_port = htons(port);
+    else reinterpret_cast<sockaddr_in6 &>(ss).sin6_port = htons(port);
+}
+
+class VerbsBackend final : public Backend, private Progress::Source {
+public:
+    VerbsBackend(const BackendContext &ctx) : ctx_(ctx) {}
+    ~VerbsBackend() override {
+        shutdown();
+        if (listen_id_) rdma_destroy_id(listen_id_);
+        if (listen_ch_) rdma_destroy_event_channel(listen_ch_);
+    }
+
+    // false with *why when no usable device; throws for configuration errors.
+    bool init(std::string *why);
+
+    const char *name() const override { return "verbs"; }
+    BackendCaps caps() const override { return BackendCaps{true, false}; }
+    void describe(wire::AgentMetadata &m) const override {
+        m.backend = wire::BackendKind::verbs;
+        wire::VerbsInfo v;
+        v.cm = advertised_;
+        v.mr_addr = reinterpret_cast<uintptr_t>(dev_->region.base);
+        v.mr_len = dev_->region.size();
+        v.rkey = rkey_;
+        m.verbs = v;
+    }
+    std::unique_ptr<BackendPeer> connect(const PeerContext &pc) override;
+    void shutdown() override;
+
+private:
+    struct ChallengeEntry {
+        Challenge c;
+        Clock::time_point expires;
+    };
+
+    void on_event(int tag) override;
+    // Returns true when the request's id must be destroyed (refused).
+    bool on_request(rdma_cm_event *ev);
+    void refuse(rdma_cm_id *id, int status);
+    void challenge(rdma_cm_id *id);
+    bool take_challenge(uint32_t id, Challenge *out);
+    void destroy_conn(rdma_cm_id *id);
+
+    BackendContext ctx_;
+    std::array<uint8_t, kFingerprintBytes> fp_{};
+    std::shared_ptr<Device> dev_;
+    std::shared_ptr<Progress> progress_;
+    PeerConfig peer_cfg_;
+    rdma_event_channel *listen_ch_ = nullptr;
+    rdma_cm_id *listen_id_ = nullptr;
+    ibv_cq *passive_cq_ = nullptr;  // never signalled: RDMA WRITEs complete nothing at the target
+    uint64_t listen_tok_ = 0;
+    wire::Endpoint advertised_;
+    uint32_t rkey_ = 0;
+
+    // Progress thread only (or after it stopped).
+    std::unordered_map<rdma_cm_id *, bool> conns_;  // accepted ids -> established
+    std::deque<ChallengeEntry> challenges_;
+    uint32_t next_challenge_ = 0;
+
+    std::mutex mu_;  // guards closed_
+    bool closed_ = false;
+    std::once_flag shutdown_once_;
+};
+
+bool VerbsBackend::init(std::string *why) {
+    const Options &o = *ctx_.options;
+    fp_ = fingerprint_bytes(ctx_.fingerprint);
+    Selection sel;
+    sel.device = opt(o, "verbs.device");
+    if (std::string s = opt(o, "verbs.port"); !s.empty())
+        sel.port = static_cast<int>(parse_uint_option("verbs.port", s, 1, 255));
+    if (std::string s = opt(o, "verbs.gid_index"); !s.empty())
+        sel.gid_index = static_cast<int>(parse_uint_option("verbs.gid_index", s, 0, 65535));
+    std::string listen = opt(o, "verbs.listen");
+    sockaddr_storage bind_ss{};
+    bool explicit_host = false;
+    if (!listen.empty()) {
+        bind_ss = net::parse_hostport(listen, "option verbs.listen", true);
+        explicit_host = !is_wildcard(bind_ss);
+    }
+
+    // Where to listen and what to advertise (the first ACTIVE port's address
+    // unless verbs.listen names a host). The host without an RDMA stack ends here.
+    Placement pl;
+    if (!explicit_host) {
+        if (!find_placement(sel, &pl, why)) return false;
+        uint16_t port = listen.empty() ? 0 : ntohs(reinterpret_cast<sockaddr_in &>(bind_ss).sin_port);
+        if (listen.empty()) bind_ss = pl.addr;
+        set_port(bind_ss, port);
+        KVX_LOG(info, "verbs: using %s", pl.how.c_str());
+    }
+
+    listen_ch_ = rdma_create_event_channel();
+    if (!listen_ch_) {
+        *why = strfmt("rdma_cm unavailable (/dev/infiniband/rdma_cm): %s", strerror(errno));
+        return false;
+    }
+    if (rdma_create_id(listen_ch_, &listen_id_, this, RDMA_PS_TCP) != 0) {
+        *why = strfmt("rdma_create_id: %s", strerror(errno));
+        return false;
+    }
+    if (rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr *>(&bind_ss)) != 0) {
+        int e = errno;
+        sockaddr_storage shown = bind_ss;
+        std::string s = net::to_endpoint(shown).str();
+        if (e == EADDRINUSE) fail(KVX_EBACKEND, "verbs: cannot listen on %s: %s", s.c_str(), strerror(e));
+        *why = strfmt("rdma_cm cannot bind %s: %s", s.c_str(), strerror(e));
+        return false;
+    }
+
+    auto dev = std::make_shared<Device>();
+    if (listen_id_->verbs) {
+        dev->ctx = listen_id_->verbs;
+        dev->port = listen_id_->port_num;
+    } else {
+        // Wildcard listen: use librdmacm's context of the discovered device,
+        // so that outgoing connections and the MR share one PD.
+        int n = 0;
+        ibv_context **list = rdma_get_devices(&n);
+        for (int i = 0; list && i < n; i++)
+            if (pl.device == ibv_get_device_name(list[i]->device)) dev->ctx = list[i];
+        if (list) rdma_free_devices(list);
+        dev->port = pl.port;
+        if (!dev->ctx) {
+            *why = strfmt("rdma_cm does not know device %s", pl.device.c_str());
+            return false;
+        }
+    }
+    dev->name = ibv_get_device_name(dev->ctx->device);
+    if (!sel.device.empty() && sel.device != dev->name) {
+        *why = strfmt("verbs.listen %s is on device %s, not verbs.device %s", listen.c_str(), dev->name.c_str(),
+                      sel.device.c_str());
+        return false;
+    }
+    if (sel.port && sel.port != dev->port) {
+        *why = strfmt("verbs.listen %s is on port %u of %s, not verbs.port %d", listen.c_str(), dev->port,
+                      dev->name.c_str(), sel.port);
+        return false;
+    }
+    if (ibv_query_device(dev->ctx, &dev->attr) != 0 || ibv_query_port(dev->ctx, dev->port, &dev->port_attr) != 0) {
+        *why = strfmt("cannot query %s port %u: %s", dev->name.c_str(), dev->port, strerror(errno));
+        return false;
+    }
+    if (dev->port_attr.state != IBV_PORT_ACTIVE) {
+        *why = strfmt("%s port %u is %s", dev->name.c_str(), dev->port, ibv_port_state_str(dev->port_attr.state));
+        return false;
+    }
+    // One WR carries at most max_msg_sz bytes (and an SGE length is 32-bit).
+    dev->max_msg = dev->port_attr.max_msg_sz ? dev->port_attr.max_msg_sz : (1u << 30);
+    dev->max_msg = std::min<uint64_t>(dev->max_msg, 1u << 30);
+    dev->region = ctx_.region;
+
+    sockaddr *local = rdma_get_local_addr(listen_id_);
+    sockaddr_storage bound{};
+    memcpy(&bound, local, local->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
+    advertised_ = net::to_endpoint(bound);
+    if (explicit_host) {
+        dev->addr = bound;
+    } else {
+        dev->addr = pl.addr;
+        wire::Endpoint e = net::to_endpoint(pl.addr);
+        e.port = advertised_.port;
+        advertised_ = e;
+    }
+    set_port(dev->addr, 0);
+
+    dev->pd = ibv_alloc_pd(dev->ctx);
+    if (!dev->pd) {
+        *why = strfmt("ibv_alloc_pd on %s: %s", dev->name.c_str(), strerror(errno));
+        return false;
+    }
+    // Exactly the region, writable by peers; nothing else is registered in this PD.
+    dev->mr = ibv_reg_mr(dev->pd, ctx_.region.base, ctx_.region.size(),
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!dev->mr) {
+        int e = errno;
+        rlimit rl{};
+        getrlimit(RLIMIT_MEMLOCK, &rl);
+        *why = strfmt("cannot register the %llu byte region with %s: %s%s", (unsigned long long)ctx_.region.size(),
+                      dev->name.c_str(), strerror(e),
+                      rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < ctx_.region.size()
+                          ? strfmt(" (RLIMIT_MEMLOCK is %llu bytes)", (unsigned long long)rl.rlim_cur).c_str()
+                          : "");
+        KVX_LOG(warn, "verbs: %s", why->c_str());
+        return false;
+    }
+    dev->lkey = dev->mr->lkey;
+    rkey_ = dev->mr->rkey;
+    dev_ = dev;
+    peer_cfg_ = peer_config(*dev_, o);
+
+    passive_cq_ = ibv_create_cq(dev_->ctx, 16, nullptr, nullptr, 0);
+    if (!passive_cq_) fail(KVX_EBACKEND, "verbs: ibv_create_cq: %s", strerror(errno));
+    if (rdma_listen(listen_id_, kListenBacklog) != 0)
+        fail(KVX_EBACKEND, "verbs: rdma_listen on %s: %s", advertised_.str().c_str(), strerror(errno));
+    set_nonblocking(listen_ch_->fd, "rdma_cm listener channel");
+    if (RAND_bytes(reinterpret_cast<unsigned char *>(&next_challenge_), sizeof next_challenge_) != 1)
+        fail(KVX_EINTERNAL, "RAND_bytes failed");
+
+    progress_ = std::make_shared<Progress>();
+    progress_->start();
+    listen_tok_ = progress_->attach(listen_ch_->fd, this, 0);
+    if (!listen_tok_) fail(KVX_EBACKEND, "verbs: cannot watch the rdma_cm listener");
+    KVX_LOG(info, "verbs: listening on %s (device %s port %u, MR %llu bytes rkey 0x%x, %u QP(s)/peer, SQ %u, signal every %u)",
+            advertised_.str().c_str(), dev_->name.c_str(), dev_->port, (unsigned long long)ctx_.region.size(), rkey_,
+            peer_cfg_.qps, peer_cfg_.sq_depth, peer_cfg_.signal_every);
+    return true;
+}
+
+std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (closed_) fail(KVX_ECLOSED, "peer '%s': the verbs backend is shut down", pc.peer_id.c_str());
+    }
+    std::unique_ptr<VerbsPeer> p = VerbsPeer::dial(ctx_, dev_, progress_, peer_cfg_, pc);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (closed_ || !p->start()) {
+        p->shutdown();
+        fail(KVX_ECLOSED, "peer '%s': the verbs backend was shut down while connecting", pc.peer_id.c_str());
+    }
+    return p;
+}
+
+void VerbsBackend::on_event(int) {
+    for (;;) {
+        rdma_cm_event *ev = nullptr;
+        if (rdma_get_cm_event(listen_ch_, &ev) != 0) {
+            if (errno != EAGAIN && errno != EINTR) KVX_LOG(error, "verbs: rdma_get_cm_event: %s", strerror(errno));
+            return;
+        }
+        rdma_cm_id *doomed = nullptr;
+        switch (ev->event) {
+        case RDMA_CM_EVENT_CONNECT_REQUEST:
+            if (on_request(ev)) doomed = ev->id;
+            break;
+        case RDMA_CM_EVENT_ESTABLISHED:
+            if (auto it = conns_.find(ev->id); it != conns_.end()) it->second = true;
+            KVX_LOG(debug, "verbs: inbound connection established (qp %u)", ev->id->qp ? ev->id->qp->qp_num : 0);
+            break;
+        case RDMA_CM_EVENT_DISCONNECTED:
+        case RDMA_CM_EVENT_CONNECT_ERROR:
+        case RDMA_CM_EVENT_UNREACHABLE:
+        case RDMA_CM_EVENT_REJECTED:
+            if (conns_.erase(ev->id)) {
+                KVX_LOG(debug, "verbs: inbound connection closed (%s)", rdma_event_str(ev->event));
+                doomed = ev->id;
+            }
+            break;
+        case RDMA_CM_EVENT_DEVICE_REMOVAL:
+            KVX_LOG(error, "verbs: device %s removed: peers can no longer write here", dev_->name.c_str());
+            if (ev->id != listen_id_ && conns_.erase(ev->id)) doomed = ev->id;
+            break;
+        default:  // TIMEWAIT_EXIT, ADDR_CHANGE: nothing to do
+            KVX_LOG(debug, "verbs: listener event %s", rdma_event_str(ev->event));
+            break;
+        }
+        rdma_ack_cm_event(ev);  // before rdma_destroy_id, which waits for it
+        if (doomed) destroy_conn(doomed);
+    }
+}
+
+void VerbsBackend::destroy_conn(rdma_cm_id *id) {
+    if (id->qp) rdma_destroy_qp(id);
+    rdma_destroy_id(id);
+}
+
+void VerbsBackend::refuse(rdma_cm_id *id, int status) {
+    RefuseBytes b = encode(Refuse{status});
+    if (rdma_reject(id, b.data(), static_cast<uint8_t>(b.size())) != 0)
+        KVX_LOG(debug, "verbs: rdma_reject: %s", strerror(errno));
+}
+
+void VerbsBackend::challenge(rdma_cm_id *id) {
+    auto now = Clock::now();
+    while (!challenges_.empty() && (challenges_.front().expires <= now || challenges_.size() >= kMaxChallenges))
+        challenges_.pop_front();
+    ChallengeEntry e;
+    e.c.challenge_id = next_challenge_++;
+    if (RAND_bytes(e.c.nonce.data(), static_cast<int>(e.c.nonce.size())) != 1) {
+        refuse(id, KVX_ECONNREFUSED);
+        return;
+    }
+    // The initiator needs two CM round trips within its connect timeout; ours bounds the wait.
+    e.expires = now + std::chrono::milliseconds(ctx_.options->connect_timeout_ms);
+    challenges_.push_back(e);
+    ChallengeBytes b = encode(e.c);
+    if (rdma_reject(id, b.data(), static_cast<uint8_t>(b.size())) != 0)
+        KVX_LOG(debug, "verbs: rdma_reject (challenge): %s", strerror(errno));
+}
+
+bool VerbsBackend::take_challenge(uint32_t cid, Challenge *out) {
+    auto now = Clock::now();
+    for (auto it = challenges_.begin(); it != challenges_.end(); ++it) {
+        if (it->c.challenge_id != cid) continue;
+        bool live = it->expires > now;
+        *out = it->c;
+        challenges_.erase(it);  // single use: a replayed AUTH finds nothing
+        return live;
+    }
+    return false;
+}
+
+bool VerbsBackend::on_request(rdma_cm_event *ev) {
+    rdma_cm_id *id = ev->id;
+    Message m;
+    try {
+        m = decode(ev->param.conn.private_data, ev->param.conn.private_data_len);
+    } catch (const Error &e) {
+        KVX_LOG(warn, "verbs: refused a connect request: %s", e.what());
+        refuse(id, e.code() == KVX_EVERSION ? KVX_EVERSION : KVX_EAUTH);
+        return true;
+    }
+    if (m.kind == Kind::hello) {
+        if (m.hello.instance_id != ctx_.instance_id) {
+            KVX_LOG(warn, "verbs: refused a connection meant for another transport");
+            refuse(id, KVX_ECONNREFUSED);
+        } else {
+            challenge(id);
+        }
+        return true;
+    }
+    if (m.kind != Kind::auth) {
+        KVX_LOG(warn, "verbs: refused a connect request of kind %u", static_cast<unsigned>(m.kind));
+        refuse(id, KVX_EAUTH);
+        return true;
+    }
+    const Auth &a = m.auth;
+    Challenge ch;
+    if (a.instance_id != ctx_.instance_id) {
+        KVX_LOG(warn, "verbs: refused an AUTH meant for another transport");
+        refuse(id, KVX_EAUTH);
+        return true;
+    }
+    if (!take_challenge(a.challenge_id, &ch)) {
+        // Expired or evicted: a fresh challenge lets an honest initiator retry.
+        KVX_LOG(debug, "verbs: AUTH with unknown or expired challenge %u, challenging again", a.challenge_id);
+        challenge(id);
+        return true;
+    }
+    if (CRYPTO_memcmp(client_proof(ctx_.secret, ch, a).data(), a.mac.data(), kProofLen) != 0) {
+        KVX_LOG(warn, "verbs: refused a connection without a valid proof of the secret");
+        refuse(id, KVX_EAUTH);
+        return true;
+    }
+    if (!fingerprints_compatible(fp_, a.fingerprint)) {
+        KVX_LOG(warn, "verbs: refused a connection with another config fingerprint (ours %s)", ctx_.fingerprint.c_str());
+        refuse(id, KVX_EFINGERPRINT);
+        return true;
+    }
+    if (id->verbs != dev_->ctx) {  // wildcard listener, request on another device: no MR there
+        KVX_LOG(warn, "verbs: refused a connection arriving on device %s (the region is registered on %s)",
+                id->verbs ? ibv_get_device_name(id->verbs->device) : "?", dev_->name.c_str());
+        refuse(id, KVX_ECONNREFUSED);
+        return true;
+    }
+
+    // Authenticated: only now does a QP exist that can reach the region.
+    ibv_qp_init_attr qa{};
+    qa.send_cq = passive_cq_;
+    qa.recv_cq = passive_cq_;
+    qa.qp_type = IBV_QPT_RC;
+    qa.cap.max_send_wr = 1;
+    qa.cap.max_recv_wr = 1;
+    qa.cap.max_send_sge = 1;
+    qa.cap.max_recv_sge = 1;
+    if (rdma_create_qp(id, dev_->pd, &qa) != 0) {
+        KVX_LOG(error, "verbs: rdma_create_qp for an inbound connection: %s", strerror(errno));
+        refuse(id, KVX_ECONNREFUSED);
+        return true;
+    }
+    AcceptBytes b = encode(Accept{server_proof(ctx_.secret, ch, a)});
+    rdma_conn_param cp{};
+    cp.private_data = b.data();
+    cp.private_data_len = static_cast<uint8_t>(b.size());
+    // Write-only protocol: no RDMA READ/atomic resources, so the passive QP
+    // is not even granted remote read access by rdma_cm.
+    cp.responder_resources = 0;
+    cp.initiator_depth = 0;
+    cp.rnr_retry_count = 7;
+    if (rdma_accept(id, &cp) != 0) {
+        KVX_LOG(warn, "verbs: rdma_accept: %s", strerror(errno));
+        rdma_destroy_qp(id);
+        return true;
+    }
+    conns_[id] = false;
+    KVX_LOG(info, "verbs: accepted an authenticated connection (qp %u)", id->qp->qp_num);
+    return false;
+}
+
+void VerbsBackend::shutdown() {
+    std::call_once(shutdown_once_, [this] {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            closed_ = true;
+        }
+        if (!progress_) return;  // init failed before the listener ran
+        progress_->detach(listen_tok_);
+        progress_->stop();
+        // The loop is gone: the passive ids are ours alone.
+        for (auto &[id, est] : conns_) {
+            if (est) rdma_disconnect(id);
+            destroy_conn(id);
+        }
+        conns_.clear();
+        if (listen_id_) {
+            rdma_destroy_id(listen_id_);
+            listen_id_ = nullptr;
+        }
+        // Any events still queued for destroyed ids were dropped with them.
+        dev_->deregister();  // from here on no byte can land in the region
+        if (passive_cq_) {
+            ibv_destroy_cq(passive_cq_);
+            passive_cq_ = nullptr;
+        }
+        if (listen_ch_) {
+            rdma_destroy_event_channel(listen_ch_);
+            listen_ch_ = nullptr;
+        }
+        KVX_LOG(info, "verbs: backend shut down");
+    });
+}
+
+}  // namespace
+
+}  // namespace verbs
+
+std::unique_ptr<Backend> make_verbs_backend(const BackendContext &ctx, std::string *why_not) {
+    std::string why;
+    auto b = std::make_unique<verbs::VerbsBackend>(ctx);
+    if (!b->init(&why)) {
+        KVX_LOG(info, "verbs: not usable: %s", why.c_str());
+        if (why_not) *why_not = why;
+        return nullptr;
+    }
+    return b;
+}
+
+}  // namespace kvx

@@ -1,0 +1,393 @@
+// Progress loop, device discovery and the registration of the region.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "backends/verbs/verbs.h"
+#include "core/options.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace kvx::verbs {
+
+void set_nonblocking(int fd, const char *what) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0)
+        fail(KVX_EBACKEND, "verbs: cannot make the %s non-blocking: %s", what, strerror(errno));
+}
+
+// ------------------------------------------------------------------ Progress
+
+Progress::Progress() {
+    epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (epfd_ < 0) fail(KVX_EBACKEND, "verbs: epoll_create1: %s", strerror(errno));
+    wakefd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wakefd_ < 0) {
+        int e = errno;
+        ::close(epfd_);
+        fail(KVX_EBACKEND, "verbs: eventfd: %s", strerror(e));
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = 0;  // token 0: the wake-up eventfd
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev);
+}
+
+Progress::~Progress() {
+    stop();
+    ::close(wakefd_);
+    ::close(epfd_);
+}
+
+void Progress::start() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (running_ || stop_) return;
+    running_ = true;
+    thread_ = std::thread([this] { loop(); });
+    thread_id_ = thread_.get_id();
+}
+
+void Progress::stop() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stop_) return;
+        stop_ = true;
+    }
+    uint64_t one = 1;
+    (void)!::write(wakefd_, &one, sizeof one);
+    if (thread_.joinable()) thread_.join();
+    std::lock_guard<std::mutex> lk(mu_);
+    running_ = false;
+    while (!cmds_.empty()) {  // queued before the loop saw stop_: finish them here
+        Cmd *c = cmds_.front();
+        cmds_.pop_front();
+        apply(*c);
+    }
+    cv_.notify_all();
+}
+
+void Progress::apply(Cmd &c) {
+    if (c.attach) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = c.token;
+        if (epoll_ctl(epfd_, EPOLL_CTL_ADD, c.entry.fd, &ev) == 0) entries_[c.token] = c.entry;
+        else c.token = 0;
+    } else {
+        auto it = entries_.find(c.token);
+        if (it != entries_.end()) {
+            epoll_ctl(epfd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
+            entries_.erase(it);
+        }
+    }
+    c.done = true;
+}
+
+uint64_t Progress::attach(int fd, Source *s, int tag) {
+    Cmd c{true, 0, Entry{fd, s, tag}};
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!running_ || stop_) return 0;
+    c.token = next_token_++;
+    if (std::this_thread::get_id() == thread_id_) {
+        apply(c);
+        return c.token;
+    }
+    cmds_.push_back(&c);
+    uint64_t one = 1;
+    (void)!::write(wakefd_, &one, sizeof one);
+    cv_.wait(lk, [&] { return c.done; });
+    return c.token;
+}
+
+void Progress::detach(uint64_t token) {
+    if (token == 0) return;
+    Cmd c{false, token, Entry{-1, nullptr, 0}};
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!running_ || std::this_thread::get_id() == thread_id_) {
+        apply(c);  // loop joined (or we are it): nobody else touches entries_
+        return;
+    }
+    cmds_.push_back(&c);
+    uint64_t one = 1;
+    (void)!::write(wakefd_, &one, sizeof one);
+    cv_.wait(lk, [&] { return c.done; });
+}
+
+void Progress::run_commands() {
+    std::lock_guard<std::mutex> lk(mu_);
+    while (!cmds_.empty()) {
+        Cmd *c = cmds_.front();
+        cmds_.pop_front();
+        apply(*c);
+    }
+    cv_.notify_all();
+}
+
+void Progress::loop() {
+    epoll_event evs[32];
+    for (;;) {
+        int n = epoll_wait(epfd_, evs, 32, -1);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            KVX_LOG(error, "verbs: progress thread: epoll_wait: %s", strerror(errno));
+            break;
+        }
+        bool woken = false;
+        for (int i = 0; i < n; i++) woken |= evs[i].data.u64 == 0;
+        if (woken) {
+            uint64_t v;
+            while (::read(wakefd_, &v, sizeof v) > 0) {
+            }
+            {
+                std::lock_guard<std::mutex> lk(mu_);
+                if (stop_) break;
+            }
+            // Detaches take effect before any event of this round is dispatched.
+            run_commands();
+        }
+        for (int i = 0; i < n; i++) {
+            uint64_t tok = evs[i].data.u64;
+            if (tok == 0) continue;
+            auto it = entries_.find(tok);
+            if (it == entries_.end()) continue;  // detached meanwhile
+            Entry e = it->second;
+            e.src->on_event(e.tag);
+            // A handler may attach/detach inline; re-lookup keeps us safe.
+        }
+    }
+}
+
+// ------------------------------------------------------------------ Device
+
+Device::~Device() {
+    deregister();
+    if (pd) ibv_dealloc_pd(pd);
+}
+
+void Device::deregister() {
+    if (!mr) return;
+    int rc = ibv_dereg_mr(mr);
+    if (rc != 0) KVX_LOG(error, "verbs: ibv_dereg_mr: %s", strerror(rc));
+    mr = nullptr;
+}
+
+PeerConfig peer_config(const Device &dev, const Options &o) {
+    PeerConfig c;
+    auto it = o.backend_specific.find("verbs.qps_per_peer");
+    if (it != o.backend_specific.end())
+        c.qps = static_cast<uint32_t>(parse_uint_option(it->first, it->second, 1, 16));
+    // 1024 WRs per QP: deep enough to keep a link busy with 4 KiB blocks,
+    // small enough that big transfers exercise the software queue.
+    uint32_t depth = 1024;
+    depth = std::min<uint32_t>(depth, static_cast<uint32_t>(std::max(dev.attr.max_qp_wr, 2)) - 1);  // +1: drain marker
+    // One CQ per peer holds a completion for every WR (flushes complete unsignalled WRs too).
+    uint32_t cqe = static_cast<uint32_t>(std::max(dev.attr.max_cqe, 2));
+    depth = std::min<uint32_t>(depth, cqe / c.qps - 1);
+    if (depth < 2) fail(KVX_EBACKEND, "verbs: device %s allows only %u WRs per queue", dev.name.c_str(), depth);
+    c.sq_depth = depth;
+    // As UCX's tx moderation: one CQE per 64 WRs. <= depth/2 guarantees a
+    // signalled WR is in flight whenever the queue is full.
+    c.signal_every = std::max<uint32_t>(1, std::min<uint32_t>(64, depth / 2));
+    return c;
+}
+
+// ------------------------------------------------------------------ discovery
+
+namespace {
+
+std::string read_line(const std::string &path) {
+    std::ifstream f(path);
+    std::string s;
+    std::getline(f, s);
+    return s;
+}
+
+// IPv4 addresses (in order) of the named interfaces that are up.
+std::vector<sockaddr_storage> ipv4_of(const std::vector<std::string> &ifnames) {
+    std::vector<sockaddr_storage> out;
+    ifaddrs *ifa = nullptr;
+    if (getifaddrs(&ifa) != 0) return out;
+    for (const std::string &want : ifnames)
+        for (ifaddrs *i = ifa; i; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
+            if (want != i->ifa_name) continue;
+            sockaddr_storage ss{};
+            memcpy(&ss, i->ifa_addr, sizeof(sockaddr_in));
+            out.push_back(ss);
+        }
+    freeifaddrs(ifa);
+    return out;
+}
+
+// Netdevs bound to device port p: from the GID table, then sysfs (IPoIB/iWARP).
+std::vector<std::string> netdevs_of(const std::string &dev, int port, const std::vector<ibv_gid_entry> &gids) {
+    std::vector<std::string> out;
+    auto add = [&](const std::string &n) {
+        if (!n.empty() && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+    };
+    for (const auto &g : gids) {
+        char name[IF_NAMESIZE] = {};
+        if (g.port_num == static_cast<uint32_t>(port) && g.ndev_ifindex && if_indextoname(g.ndev_ifindex, name))
+            add(name);
+    }
+    std::string dir = "/sys/class/infiniband/" + dev + "/device/net";
+    if (DIR *d = opendir(dir.c_str())) {
+        while (dirent *e = readdir(d)) {
+            if (e->d_name[0] == '.') continue;
+            std::string n = e->d_name;
+            // multi-port HCAs: dev_port is the 0-based port of the netdev
+            std::string dp = read_line("/sys/class/net/" + n + "/dev_port");
+            if (!dp.empty() && dp != std::to_string(port - 1)) continue;
+            add(n);
+        }
+        closedir(d);
+    }
+    return out;
+}
+
+bool ipv4_mapped(const ibv_gid &g) {
+    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return memcmp(g.raw, prefix, 12) == 0;
+}
+
+const char *gid_type_name(uint32_t t) {
+    switch (t) {
+    case IBV_GID_TYPE_IB: return "IB";
+    case IBV_GID_TYPE_ROCE_V1: return "RoCE v1";
+    case IBV_GID_TYPE_ROCE_V2: return "RoCE v2";
+    }
+    return "?";
+}
+
+std::string addr_str(const sockaddr_storage &ss) {
+    char b[INET6_ADDRSTRLEN] = "?";
+    if (ss.ss_family == AF_INET) inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in &>(ss).sin_addr, b, sizeof b);
+    else inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6 &>(ss).sin6_addr, b, sizeof b);
+    return b;
+}
+
+// Best address of one ACTIVE port; false if it has none.
+bool place_port(ibv_context *c, const std::string &name, int port, const ibv_port_attr &pa,
+                const std::vector<ibv_gid_entry> &gids, const Selection &sel, Placement *out) {
+    // RoCE: the GID table holds the IP addresses rdma_cm will pick the GID by.
+    const ibv_gid_entry *best = nullptr;
+    int best_score = 99;
+    for (const auto &g : gids) {
+        if (g.port_num != static_cast<uint32_t>(port)) continue;
+        if (sel.gid_index >= 0 && g.gid_index != static_cast<uint32_t>(sel.gid_index)) continue;
+        int score;
+        if (ipv4_mapped(g.gid)) score = g.gid_type == IBV_GID_TYPE_ROCE_V2 ? 0 : 1;
+        else if (g.gid_type != IBV_GID_TYPE_IB && !(g.gid.raw[0] == 0xfe && (g.gid.raw[1] & 0xc0) == 0x80)) score = 4;
+        else continue;  // IB GIDs and link-local ones carry no usable IP
+        if (score < best_score) best = &g, best_score = score;
+    }
+    if (best && best_score < 4) {
+        auto &sin = reinterpret_cast<sockaddr_in &>(out->addr);
+        sin.sin_family = AF_INET;
+        memcpy(&sin.sin_addr, best->gid.raw + 12, 4);
+    } else {
+        // IB (IPoIB) and iWARP: the address of the port's netdev.
+        std::vector<std::string> nds = netdevs_of(name, port, gids);
+        std::vector<sockaddr_storage> v4 = ipv4_of(nds);
+        if (!v4.empty() && sel.gid_index < 0) {
+            out->addr = v4.front();
+            out->netdev = nds.front();
+            for (const auto &n : nds)
+                if (!ipv4_of({n}).empty()) {
+                    out->netdev = n;
+                    break;
+                }
+            best = nullptr;
+        } else if (best) {
+            auto &sin6 = reinterpret_cast<sockaddr_in6 &>(out->addr);
+            sin6.sin6_family = AF_INET6;
+            memcpy(&sin6.sin6_addr, best->gid.raw, 16);
+        } else {
+            return false;
+        }
+    }
+    (void)c;
+    out->device = name;
+    out->port = static_cast<uint8_t>(port);
+    out->gid_index = best ? static_cast<int>(best->gid_index) : -1;
+    if (best && best->ndev_ifindex) {
+        char nd[IF_NAMESIZE] = {};
+        if (if_indextoname(best->ndev_ifindex, nd)) out->netdev = nd;
+    }
+    out->how = strfmt("%s port %d (%s, %s), %s%s%s%s", name.c_str(), port,
+                      pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand",
+                      best ? strfmt("GID %d %s", out->gid_index, gid_type_name(best->gid_type)).c_str() : "netdev address",
+                      addr_str(out->addr).c_str(), out->netdev.empty() ? "" : " on ", out->netdev.c_str(), "");
+    return true;
+}
+
+}  // namespace
+
+bool find_placement(const Selection &sel, Placement *out, std::string *why) {
+    int n = 0;
+    errno = 0;
+    ibv_device **list = ibv_get_device_list(&n);
+    if (!list) {
+        *why = strfmt("libibverbs cannot list RDMA devices: %s", strerror(errno ? errno : ENODEV));
+        return false;
+    }
+    std::string notes;
+    bool seen_device = false;
+    for (int i = 0; i < n; i++) {
+        std::string name = ibv_get_device_name(list[i]);
+        if (!sel.device.empty() && name != sel.device) continue;
+        seen_device = true;
+        ibv_context *c = ibv_open_device(list[i]);
+        if (!c) {
+            notes += strfmt("; %s: cannot open: %s", name.c_str(), strerror(errno));
+            continue;
+        }
+        ibv_device_attr da{};
+        bool found = false;
+        if (ibv_query_device(c, &da) == 0) {
+            size_t total = 0;
+            std::vector<ibv_port_attr> pas(da.phys_port_cnt + 1);
+            for (int p = 1; p <= da.phys_port_cnt; p++)
+                if (ibv_query_port(c, static_cast<uint8_t>(p), &pas[p]) == 0) total += pas[p].gid_tbl_len;
+            std::vector<ibv_gid_entry> gids(total);
+            ssize_t ng = total ? ibv_query_gid_table(c, gids.data(), gids.size(), 0) : 0;
+            gids.resize(ng > 0 ? static_cast<size_t>(ng) : 0);
+            for (int p = 1; p <= da.phys_port_cnt && !found; p++) {
+                if (sel.port && p != sel.port) continue;
+                if (pas[p].state != IBV_PORT_ACTIVE) {
+                    notes += strfmt("; %s port %d is %s", name.c_str(), p, ibv_port_state_str(pas[p].state));
+                    continue;
+                }
+                found = place_port(c, name, p, pas[p], gids, sel, out);
+                if (!found)
+                    notes += strfmt("; %s port %d has no IP address%s", name.c_str(), p,
+                                    sel.gid_index >= 0 ? strfmt(" at GID index %d", sel.gid_index).c_str() : "");
+            }
+        } else {
+            notes += strfmt("; %s: ibv_query_device failed", name.c_str());
+        }
+        ibv_close_device(c);
+        if (found) {
+            ibv_free_device_list(list);
+            return true;
+        }
+    }
+    ibv_free_device_list(list);
+    if (n == 0) *why = "no RDMA device found";
+    else if (!seen_device) *why = strfmt("verbs.device '%s' not found", sel.device.c_str());
+    else *why = "no ACTIVE RDMA port with an IP address" + notes;
+    return false;
+}
+
+}  // namespace kvx::verbs
