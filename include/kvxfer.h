@@ -118,8 +118,10 @@ KVX_API kvx_error_scope kvx_error_scope_of(int code);
 /**
  * @return the message of the calling thread's most recent failed kvxfer call,
  *         naming the bad value ("peer 'p1': remote index 70000 >= 65536 blocks"),
- *         or "" if none failed yet. Successful calls do not clear it.
- * Ownership: thread-local storage, valid until this thread's next kvxfer call.
+ *         or "" if none failed yet. Successful calls, destructors and getters
+ *         never change it.
+ * Ownership: thread-local storage, valid until the next kvxfer call on this
+ * thread that fails.
  */
 KVX_API const char *kvx_last_error_message(void);
 
@@ -243,10 +245,11 @@ KVX_API const char *kvx_transport_backend(const kvx_transport *t);
  * Copy the agent metadata (opaque bytes for the peer's kvx_add_remote_peer(),
  * format in docs/wire-format.md) into buf.
  * @param out_len  receives the metadata size, also when buf is too small.
- * @param buf      destination, may be NULL when cap is 0 (size query).
+ * @param buf      destination; NULL (with cap 0) asks for the size only and
+ *                 returns 0.
  * @param cap      bytes available at buf.
- * @return 0; KVX_ENOBUFS (cap < size; *out_len says how much is needed);
- *         KVX_EINVAL; KVX_ECLOSED.
+ * @return 0; KVX_ENOBUFS (buf given but cap < size; *out_len says how much is
+ *         needed); KVX_EINVAL; KVX_ECLOSED.
  * Security: the metadata contains the secret that lets a holder write into
  * this region. Hand it only to peers that may do so.
  */

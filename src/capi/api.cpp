@@ -195,6 +195,7 @@ KVX_API int kvx_get_agent_metadata(size_t *out_len, kvx_transport *t, void *buf,
         KVX_REQUIRE(buf != nullptr || cap == 0, "buf is NULL with cap %zu", cap);
         const std::vector<uint8_t> &m = t->impl.metadata();
         *out_len = m.size();
+        if (buf == nullptr) return;  // size query
         if (cap < m.size()) kvx::fail(KVX_ENOBUFS, "metadata needs %zu bytes, the buffer has %zu", m.size(), cap);
         memcpy(buf, m.data(), m.size());
     });

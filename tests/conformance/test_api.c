@@ -114,7 +114,7 @@ static void test_metadata_buffer(void **state) {
     region r = region_new(NB, BL, 0);
     kvx_transport *t = transport_new(&r, NULL, NULL);
     size_t need = 0;
-    CHECK_ERR(kvx_get_agent_metadata(&need, t, NULL, 0), KVX_ENOBUFS);
+    CHECK_OK(kvx_get_agent_metadata(&need, t, NULL, 0));
     assert_true(need > 16);
     uint8_t *buf = malloc(need);
     size_t got = 0;

@@ -1,0 +1,747 @@
+/*
+ * Initiator role: per block size, asks the target (over the control channel)
+ * for a region, creates its own transport, registers the target and writes
+ * blocks into it with kvx_write_blocks/kvx_poll, keeping up to --inflight
+ * transfers outstanding. Then tells the target what each remote block must
+ * contain and reports throughput, latency and the verification result.
+ *
+ * Verification contract: no two outstanding transfers ever target the same
+ * remote block, so "the last write submitted to remote block r" is well
+ * defined; expected[r] records its local block index. Local blocks never
+ * change during a run, so the target can recompute the expected bytes.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "ctl.h"
+
+#define PEER_ID "target"
+#define POLL_CAP 256
+#define MAX_SAMPLES (1u << 22)            /* reservoir: 32 MiB of samples at most */
+#define CTL_TIMEOUT_MS 300000             /* target work: region fill, verify, connect */
+#define STUCK_NS (120ull * 1000000000u)   /* no completion for this long: give up */
+#define PROGRESS_NS (200ull * 1000000u)
+/* Idle wait: ~200 sched_yield()s (tens of us) keep RDMA-class latencies
+ * unaffected; after that 20 us sleeps stop us from eating a core that the
+ * backend threads (and on one host, the target) need. */
+#define IDLE_YIELDS 200u
+#define IDLE_SLEEP_NS 20000u
+
+/* ------------------------------------------------------------ id -> slot map */
+
+/* Open addressing with linear probing; ids are never 0, so 0 marks empty. */
+struct idmap {
+    uint64_t *keys;
+    uint32_t *vals;
+    size_t mask;
+};
+
+static size_t idmap_home(const struct idmap *m, uint64_t id) { return (size_t)mix64(id) & m->mask; }
+
+static void idmap_put(struct idmap *m, uint64_t id, uint32_t v)
+{
+    size_t i = idmap_home(m, id);
+    while (m->keys[i]) {
+        if (m->keys[i] == id)
+            die("kvx_write_blocks returned transfer id %llu while it was still outstanding",
+                (unsigned long long)id);
+        i = (i + 1) & m->mask;
+    }
+    m->keys[i] = id;
+    m->vals[i] = v;
+}
+
+static bool idmap_take(struct idmap *m, uint64_t id, uint32_t *v)
+{
+    size_t i = idmap_home(m, id);
+    while (m->keys[i] != id) {
+        if (!m->keys[i])
+            return false;
+        i = (i + 1) & m->mask;
+    }
+    *v = m->vals[i];
+    /* Backward-shift deletion keeps probe chains intact without tombstones. */
+    for (size_t j = (i + 1) & m->mask; m->keys[j]; j = (j + 1) & m->mask) {
+        size_t h = idmap_home(m, m->keys[j]);
+        bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+        if (!stays) {
+            m->keys[i] = m->keys[j];
+            m->vals[i] = m->vals[j];
+            i = j;
+        }
+    }
+    m->keys[i] = 0;
+    return true;
+}
+
+/* ------------------------------------------------------------ engine */
+
+struct engine {
+    const struct bench_opts *o;
+    kvx_transport *t;
+    uint64_t nblocks, bs, batch, inflight;
+    enum bench_pattern pattern;
+    uint64_t *expected;      /* per remote block; NULL without --verify */
+    uint8_t *busy;           /* seq: remote block is in an outstanding transfer */
+    uint64_t *pool, pool_n;  /* random: remote blocks not in flight */
+    uint64_t cursor;
+    uint64_t rng;
+    /* outstanding transfers: slot s owns lidx/ridx[s*batch .. +batch) */
+    uint64_t *slot_t0;
+    uint64_t *lidx, *ridx;
+    uint32_t *free_slots, n_free;
+    struct idmap map;
+    uint64_t outstanding;
+    /* accounting of the current phase */
+    bool measure;
+    uint64_t n_done, n_failed, bytes, t_start, t_last;
+    uint64_t *samples;
+    size_t n_samples, cap_samples;
+    uint64_t seen_samples;
+    uint64_t first_failed;
+};
+
+static void *xcalloc(size_t n, size_t sz)
+{
+    void *p = calloc(n ? n : 1, sz);
+    if (!p)
+        die("out of memory (%zu x %zu bytes)", n, sz);
+    return p;
+}
+
+static void engine_init(struct engine *e, const struct bench_opts *o, kvx_transport *t,
+                        uint64_t nblocks, uint64_t bs, uint64_t batch, uint64_t seed)
+{
+    memset(e, 0, sizeof *e);
+    e->o = o;
+    e->t = t;
+    e->nblocks = nblocks;
+    e->bs = bs;
+    e->batch = batch;
+    e->inflight = o->inflight;
+    e->pattern = o->pattern;
+    e->rng = seed;
+    if (o->verify) {
+        e->expected = xcalloc(nblocks, sizeof *e->expected);
+        for (uint64_t i = 0; i < nblocks; i++)
+            e->expected[i] = EXP_UNWRITTEN;
+    }
+    if (o->pattern == PATTERN_SEQ) {
+        e->busy = xcalloc(nblocks, 1);
+    } else {
+        e->pool = xcalloc(nblocks, sizeof *e->pool);
+        for (uint64_t i = 0; i < nblocks; i++)
+            e->pool[i] = i;
+        e->pool_n = nblocks;
+    }
+    e->slot_t0 = xcalloc(e->inflight, sizeof *e->slot_t0);
+    e->lidx = xcalloc(e->inflight * batch, sizeof *e->lidx);
+    e->ridx = xcalloc(e->inflight * batch, sizeof *e->ridx);
+    e->free_slots = xcalloc(e->inflight, sizeof *e->free_slots);
+    for (uint32_t i = 0; i < e->inflight; i++)
+        e->free_slots[e->n_free++] = (uint32_t)(e->inflight - 1 - i);
+    size_t cap = 16;
+    while (cap < 4 * e->inflight)
+        cap *= 2;
+    e->map.keys = xcalloc(cap, sizeof *e->map.keys);
+    e->map.vals = xcalloc(cap, sizeof *e->map.vals);
+    e->map.mask = cap - 1;
+}
+
+static void engine_free(struct engine *e)
+{
+    free(e->expected);
+    free(e->busy);
+    free(e->pool);
+    free(e->slot_t0);
+    free(e->lidx);
+    free(e->ridx);
+    free(e->free_slots);
+    free(e->map.keys);
+    free(e->map.vals);
+    free(e->samples);
+    memset(e, 0, sizeof *e);
+}
+
+/* Choose the indexes of the next call into l/r; false if the remote blocks it
+ * needs are still in flight (wait for completions first). */
+static bool pick(struct engine *e, uint64_t *l, uint64_t *r)
+{
+    uint64_t n = e->batch, nb = e->nblocks;
+    if (e->pattern == PATTERN_SEQ) {
+        uint64_t c = e->cursor + n > nb ? 0 : e->cursor;
+        for (uint64_t k = 0; k < n; k++)
+            if (e->busy[c + k])
+                return false;
+        /* Local run starts half a region away from the remote one, so a
+         * library that confused local and remote indexes fails verification. */
+        uint64_t ls = (c + nb / 2) % nb;
+        if (ls + n > nb)
+            ls = 0;
+        for (uint64_t k = 0; k < n; k++) {
+            l[k] = ls + k;
+            r[k] = c + k;
+            e->busy[c + k] = 1;
+        }
+        e->cursor = c + n;
+        return true;
+    }
+    if (e->pool_n < n)
+        return false;
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t j = rng_below(&e->rng, e->pool_n);
+        r[k] = e->pool[j];
+        e->pool[j] = e->pool[--e->pool_n]; /* distinct remote indexes per call */
+        l[k] = rng_below(&e->rng, nb);     /* local may repeat: reads only */
+    }
+    return true;
+}
+
+static bool try_submit(struct engine *e)
+{
+    if (e->n_free == 0)
+        return false;
+    uint32_t s = e->free_slots[e->n_free - 1];
+    uint64_t *l = e->lidx + (size_t)s * e->batch, *r = e->ridx + (size_t)s * e->batch;
+    if (!pick(e, l, r))
+        return false;
+    e->n_free--;
+    uint64_t id = 0, t0 = now_ns();
+    int rc = kvx_write_blocks(&id, e->t, PEER_ID, l, r, (size_t)e->batch);
+    if (rc)
+        die_kvx("kvx_write_blocks", rc);
+    if (id == 0)
+        die("kvx_write_blocks returned transfer id 0");
+    if (e->measure && !e->t_start)
+        e->t_start = t0;
+    e->slot_t0[s] = t0;
+    if (e->expected)
+        for (uint64_t k = 0; k < e->batch; k++)
+            e->expected[r[k]] = l[k];
+    idmap_put(&e->map, id, s);
+    e->outstanding++;
+    return true;
+}
+
+static void add_sample(struct engine *e, uint64_t ns)
+{
+    e->seen_samples++;
+    if (e->n_samples < MAX_SAMPLES) {
+        if (e->n_samples == e->cap_samples) {
+            size_t cap = e->cap_samples ? e->cap_samples * 2 : 4096;
+            uint64_t *p = realloc(e->samples, cap * sizeof *p);
+            if (!p)
+                die("out of memory for latency samples");
+            e->samples = p;
+            e->cap_samples = cap;
+        }
+        e->samples[e->n_samples++] = ns;
+        return;
+    }
+    /* Reservoir sampling: bounded memory, unbiased percentiles. */
+    uint64_t j = rng_below(&e->rng, e->seen_samples);
+    if (j < MAX_SAMPLES)
+        e->samples[j] = ns;
+}
+
+static void complete(struct engine *e, uint64_t id, uint64_t t1, bool ok)
+{
+    uint32_t s;
+    if (!idmap_take(&e->map, id, &s))
+        die("kvx_poll reported transfer id %llu, which is not outstanding (reported twice?)",
+            (unsigned long long)id);
+    const uint64_t *r = e->ridx + (size_t)s * e->batch;
+    for (uint64_t k = 0; k < e->batch; k++) {
+        if (e->pattern == PATTERN_SEQ)
+            e->busy[r[k]] = 0;
+        else
+            e->pool[e->pool_n++] = r[k];
+        if (!ok && e->expected)
+            e->expected[r[k]] = EXP_UNKNOWN; /* no statement about failed bytes */
+    }
+    e->free_slots[e->n_free++] = s;
+    e->outstanding--;
+    if (!ok) {
+        if (!e->n_failed && !e->first_failed)
+            e->first_failed = id;
+        e->n_failed++;
+        return;
+    }
+    if (!e->measure)
+        return;
+    e->n_done++;
+    e->bytes += e->batch * e->bs;
+    e->t_last = t1;
+    add_sample(e, t1 - e->slot_t0[s]);
+}
+
+/* Collect everything finished; true if anything was. */
+static bool poll_all(struct engine *e)
+{
+    uint64_t done[POLL_CAP], failed[POLL_CAP];
+    size_t nd, nf;
+    bool any = false;
+    do {
+        nd = nf = 0;
+        int rc = kvx_poll(&nd, &nf, e->t, NULL, done, POLL_CAP, failed, POLL_CAP);
+        if (rc)
+            die_kvx("kvx_poll", rc);
+        if (nd > POLL_CAP || nf > POLL_CAP)
+            die("kvx_poll reported %zu done / %zu failed with room for %d", nd, nf, POLL_CAP);
+        uint64_t t1 = now_ns();
+        for (size_t i = 0; i < nd; i++)
+            complete(e, done[i], t1, true);
+        for (size_t i = 0; i < nf; i++)
+            complete(e, failed[i], t1, false);
+        any |= nd || nf;
+    } while (nd == POLL_CAP || nf == POLL_CAP);
+    return any;
+}
+
+static void show_progress(const struct engine *e, const char *label, uint64_t now)
+{
+    double secs = e->t_start && now > e->t_start ? (double)(now - e->t_start) / 1e9 : 0;
+    if (!e->measure) {
+        fprintf(stderr, "\r\033[K%s: warming up", label);
+    } else {
+        double gbps = secs > 0 ? (double)e->bytes / secs / 1e9 : 0;
+        double xps = secs > 0 ? (double)e->n_done / secs : 0;
+        fprintf(stderr, "\r\033[K%s: %5.1f s  %8.3f GB/s  %10.0f xfers/s  %llu in flight", label,
+                secs, gbps, xps, (unsigned long long)e->outstanding);
+    }
+    fflush(stderr);
+}
+
+/*
+ * Submit until the deadline (or total bytes), then drain. When nothing can be
+ * submitted and nothing completed, yield the CPU first (the backend threads
+ * may share our core), then sleep briefly so an idle wait costs little CPU.
+ */
+static void run_phase(struct engine *e, bool measure, uint64_t deadline, uint64_t total,
+                      const char *label, bool progress)
+{
+    e->measure = measure;
+    e->n_done = e->n_failed = e->bytes = e->t_start = e->t_last = 0;
+    e->n_samples = 0;
+    e->seen_samples = 0;
+    uint64_t submitted = 0, last_progress = now_ns(), last_show = 0;
+    bool stopping = false;
+    unsigned idle = 0;
+    for (;;) {
+        uint64_t now = now_ns();
+        if (!stopping && ((deadline && now >= deadline) || (total && submitted >= total)))
+            stopping = true;
+        if (stopping && e->outstanding == 0)
+            break;
+        bool progressed = false;
+        while (!stopping && e->outstanding < e->inflight && try_submit(e)) {
+            submitted += e->batch * e->bs;
+            progressed = true;
+            if (total && submitted >= total)
+                stopping = true;
+        }
+        if (poll_all(e))
+            progressed = true;
+        if (progressed) {
+            idle = 0;
+            last_progress = now;
+        } else if (now - last_progress > STUCK_NS) {
+            die("%s: no transfer completed for %llu s with %llu outstanding", label,
+                (unsigned long long)(STUCK_NS / 1000000000u), (unsigned long long)e->outstanding);
+        } else if (++idle < IDLE_YIELDS) {
+            sched_yield();
+        } else {
+            sleep_ns(IDLE_SLEEP_NS);
+        }
+        if (progress && now - last_show >= PROGRESS_NS) {
+            show_progress(e, label, now);
+            last_show = now;
+        }
+    }
+    if (progress) {
+        fprintf(stderr, "\r\033[K");
+        fflush(stderr);
+    }
+}
+
+/* One-off status on the progress line ("preparing", "verifying"). */
+static void show_status(bool progress, const char *label, const char *what)
+{
+    if (!progress)
+        return;
+    fprintf(stderr, "\r\033[K%s: %s", label, what);
+    fflush(stderr);
+}
+
+/* ------------------------------------------------------------ statistics */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile (permille: 500 = p50) of sorted samples, in us. */
+static double pct_us(const uint64_t *s, size_t n, unsigned permille)
+{
+    if (!n)
+        return 0;
+    size_t rank = (n * permille + 999) / 1000; /* ceil(n * q) without libm */
+    if (rank < 1)
+        rank = 1;
+    if (rank > n)
+        rank = n;
+    return (double)s[rank - 1] / 1e3;
+}
+
+/* ------------------------------------------------------------ control helpers */
+
+static int g_fd = -1;
+
+static void send_or_die(uint8_t type, const struct wbuf *b)
+{
+    if (ctl_send(g_fd, type, b) < 0)
+        die("control connection to target: send failed: %s", strerror(errno));
+}
+
+/* Receive the reply to a request; an ERR reply or anything unexpected is fatal. */
+static uint8_t *expect(uint8_t want, struct rbuf *r, const char *what)
+{
+    uint8_t type, *p = NULL;
+    size_t len = 0;
+    if (ctl_recv(g_fd, CTL_TIMEOUT_MS, &type, &p, &len) < 0)
+        die("control connection to target: %s while waiting for the reply to %s",
+            errno == EPROTO ? "bad frame length" : errno == ECONNRESET ? "target closed the connection"
+                                                                        : strerror(errno),
+            what);
+    *r = (struct rbuf){.p = p, .len = len};
+    if (type == CTL_ERR) {
+        int code = (int)rb_u32(r);
+        char *msg = rb_str(r, CTL_MAX_STR);
+        char buf[1200];
+        snprintf(buf, sizeof buf, "%s", msg ? msg : "(malformed error)");
+        free(msg);
+        free(p);
+        (void)code; /* the message already names it */
+        die("target: %s (answering %s)", buf, what);
+    }
+    if (type != want) {
+        free(p);
+        die("control protocol: reply 0x%02x to %s, expected 0x%02x", type, what, want);
+    }
+    return p;
+}
+
+/* ------------------------------------------------------------ one block size */
+
+struct result {
+    const char *backend;
+    uint64_t block_size, batch, blocks, bytes, transfers, failed;
+    double seconds, gbps, xps, p50, p99, p999, max_us;
+    const char *verified;
+    char problem[600];
+};
+
+static const char *pattern_name(enum bench_pattern p) { return p == PATTERN_SEQ ? "seq" : "random"; }
+
+/* Append text to res->problem ("a; b"), truncating what does not fit. */
+static void add_problem(struct result *res, const char *text)
+{
+    size_t have = strlen(res->problem), room = sizeof res->problem - 1 - have;
+    if (have && room >= 2) {
+        memcpy(res->problem + have, "; ", 2);
+        have += 2;
+        room -= 2;
+    }
+    size_t n = strlen(text);
+    if (n > room)
+        n = room;
+    memcpy(res->problem + have, text, n);
+    res->problem[have + n] = '\0';
+}
+
+static void verify_remote(const struct engine *e, struct result *res)
+{
+    struct wbuf b = {0};
+    for (uint64_t first = 0; first < e->nblocks; first += CTL_VERIFY_CHUNK) {
+        uint64_t n = e->nblocks - first < CTL_VERIFY_CHUNK ? e->nblocks - first : CTL_VERIFY_CHUNK;
+        wb_reset(&b);
+        wb_u64(&b, first);
+        wb_u32(&b, (uint32_t)n);
+        for (uint64_t i = 0; i < n; i++)
+            wb_u64(&b, e->expected[first + i]);
+        send_or_die(CTL_VERIFY, &b);
+    }
+    wb_free(&b);
+    send_or_die(CTL_VERIFY_END, NULL);
+    struct rbuf r;
+    uint8_t *p = expect(CTL_VERIFY_RESULT, &r, "VERIFY");
+    uint64_t checked = rb_u64(&r), written = rb_u64(&r), bad = rb_u64(&r);
+    char *problem = rb_str(&r, CTL_MAX_STR);
+    if (!rb_done(&r))
+        die("control protocol: malformed VERIFY_RESULT");
+    uint64_t want_written = 0, want_checked = 0;
+    for (uint64_t i = 0; i < e->nblocks; i++) {
+        want_checked += e->expected[i] != EXP_UNKNOWN;
+        want_written += e->expected[i] < e->nblocks;
+    }
+    if (bad || checked != want_checked || written != want_written) {
+        char msg[sizeof res->problem];
+        res->verified = "no";
+        snprintf(msg, sizeof msg, "%llu of %llu blocks bad (target checked %llu, %llu written): %.400s",
+                 (unsigned long long)bad, (unsigned long long)want_checked,
+                 (unsigned long long)checked, (unsigned long long)written,
+                 problem && *problem ? problem : "count mismatch");
+        add_problem(res, msg);
+    } else {
+        res->verified = "yes";
+    }
+    free(problem);
+    free(p);
+}
+
+static void run_size(const struct bench_opts *o, uint32_t run, uint64_t bs, uint64_t base_seed,
+                     struct result *res)
+{
+    char sz[32], label[64];
+    fmt_size(sz, sizeof sz, bs);
+    snprintf(label, sizeof label, "%s blocks", sz);
+    uint64_t batch, nblocks;
+    char err[1024];
+    if (plan_size(o, bs, &batch, &nblocks, err, sizeof err) < 0)
+        die("%s", err); /* checked in main already */
+    uint64_t seed = mix64(base_seed + run);
+
+    bool progress = o->progress && isatty(2);
+    show_status(progress, label, "preparing regions and connections");
+
+    /* 1. target creates its region + transport and sends metadata + geometry */
+    struct wbuf b = {0};
+    wb_u32(&b, run);
+    wb_u64(&b, bs);
+    wb_u64(&b, nblocks);
+    wb_u64(&b, seed);
+    wb_u8(&b, o->verify);
+    wb_str(&b, o->backend);
+    wb_u8(&b, o->config != NULL);
+    wb_str(&b, o->config ? o->config : "");
+    send_or_die(CTL_RUN, &b);
+    struct rbuf r;
+    uint8_t *p = expect(CTL_RUN_OK, &r, "RUN");
+    uint64_t rbase = rb_u64(&r), rnb = rb_u64(&r), rbl = rb_u64(&r);
+    char *rbackend = rb_str(&r, 64);
+    size_t rmeta_len;
+    const uint8_t *rmeta = rb_blob(&r, CTL_MAX_META, &rmeta_len);
+    if (!rb_done(&r))
+        die("control protocol: malformed RUN_OK");
+    if (rnb != nblocks || rbl != bs)
+        die("target created %llu blocks of %llu bytes, asked for %llu of %llu", (unsigned long long)rnb,
+            (unsigned long long)rbl, (unsigned long long)nblocks, (unsigned long long)bs);
+
+    /* 2. our region, with the pattern the target will check against */
+    uint64_t bytes = bs * nblocks;
+    void *local = region_alloc(bytes);
+    if (!local)
+        die("cannot map a local region of %llu bytes: %s", (unsigned long long)bytes, strerror(errno));
+    if (o->verify)
+        for (uint64_t i = 0; i < nblocks; i++)
+            pattern_fill((uint8_t *)local + i * bs, bs, seed, i);
+    else
+        memset(local, 0x5a, bytes); /* fault pages in; never send the shared zero page */
+
+    /* 3. our transport; register the target, then let it register us */
+    kvx_options *opts = NULL;
+    if (make_kvx_options(o, o->backend, &opts, err, sizeof err) < 0)
+        die("%s", err);
+    kvx_transport *t = NULL;
+    int rc = kvx_transport_create(&t, local, nblocks, bs, o->config, opts);
+    if (rc) {
+        fmt_kvx_error(err, sizeof err, "kvx_transport_create", rc);
+        kvx_options_destroy(opts);
+        die("%s", err);
+    }
+    kvx_options_destroy(opts);
+    res->backend = kvx_transport_backend(t);
+    if (rbackend && strcmp(rbackend, res->backend) != 0)
+        warnx_("%s: target uses backend '%s', this side '%s'", sz, rbackend, res->backend);
+    rc = kvx_add_remote_peer(t, PEER_ID, rmeta, rmeta_len, rbase, rnb, rbl);
+    if (rc)
+        die_kvx("kvx_add_remote_peer(target)", rc);
+    free(rbackend);
+    free(p);
+
+    size_t mlen = 0;
+    rc = kvx_get_agent_metadata(&mlen, t, NULL, 0);
+    if (rc && rc != KVX_ENOBUFS)
+        die_kvx("kvx_get_agent_metadata(size)", rc);
+    uint8_t *meta = xcalloc(mlen, 1);
+    if ((rc = kvx_get_agent_metadata(&mlen, t, meta, mlen)) != 0)
+        die_kvx("kvx_get_agent_metadata", rc);
+    uint64_t base = 0;
+    if ((rc = kvx_transport_base_addr(&base, t)) != 0)
+        die_kvx("kvx_transport_base_addr", rc);
+    wb_reset(&b);
+    wb_u64(&b, base);
+    wb_u64(&b, nblocks);
+    wb_u64(&b, bs);
+    wb_blob(&b, meta, mlen);
+    free(meta);
+    send_or_die(CTL_PEER, &b);
+    wb_free(&b);
+    free(expect(CTL_OK, &r, "PEER"));
+
+    /* 4. warm up (connections, caches), then measure */
+    struct engine e;
+    engine_init(&e, o, t, nblocks, bs, batch, seed ^ 0x72616e646f6dull);
+    if (o->warmup > 0)
+        run_phase(&e, false, now_ns() + (uint64_t)(o->warmup * 1e9), 0, label, progress);
+    uint64_t warm_failed = e.n_failed, first_failed = e.first_failed;
+    run_phase(&e, true, o->total ? 0 : now_ns() + (uint64_t)(o->duration * 1e9), o->total, label,
+              progress);
+
+    res->block_size = bs;
+    res->batch = batch;
+    res->blocks = nblocks;
+    res->bytes = e.bytes;
+    res->transfers = e.n_done;
+    res->failed = e.n_failed + warm_failed;
+    res->seconds = e.t_last > e.t_start ? (double)(e.t_last - e.t_start) / 1e9 : 0;
+    res->gbps = res->seconds > 0 ? (double)e.bytes / res->seconds / 1e9 : 0;
+    res->xps = res->seconds > 0 ? (double)e.n_done / res->seconds : 0;
+    qsort(e.samples, e.n_samples, sizeof *e.samples, cmp_u64);
+    res->p50 = pct_us(e.samples, e.n_samples, 500);
+    res->p99 = pct_us(e.samples, e.n_samples, 990);
+    res->p999 = pct_us(e.samples, e.n_samples, 999);
+    res->max_us = e.n_samples ? (double)e.samples[e.n_samples - 1] / 1e3 : 0;
+    res->verified = "off";
+    if (res->failed)
+        snprintf(res->problem, sizeof res->problem, "%llu transfers failed (first id %llu)",
+                 (unsigned long long)res->failed,
+                 (unsigned long long)(first_failed ? first_failed : e.first_failed));
+
+    /* 5. target checks every block; then both sides tear down */
+    if (o->verify) {
+        show_status(progress, label, "target is verifying");
+        verify_remote(&e, res);
+    }
+    engine_free(&e);
+    if ((rc = kvx_remove_remote_peer(t, PEER_ID)) != 0)
+        die_kvx("kvx_remove_remote_peer(target)", rc);
+    send_or_die(CTL_END_RUN, NULL);
+    free(expect(CTL_OK, &r, "END_RUN"));
+    kvx_transport_destroy(t);
+    region_free(local, bytes);
+    if (progress) {
+        fprintf(stderr, "\r\033[K");
+        fflush(stderr);
+    }
+}
+
+/* ------------------------------------------------------------ output */
+
+static void print_header(void)
+{
+    printf("%8s  %-7s %5s  %-7s %8s %9s %10s %9s %9s  %s\n", "block", "backend", "batch",
+           "pattern", "blocks", "GB/s", "xfers/s", "p50_us", "p99_us", "verified");
+}
+
+static void print_row(const struct bench_opts *o, const struct result *r)
+{
+    char sz[32];
+    fmt_size(sz, sizeof sz, r->block_size);
+    printf("%8s  %-7s %5llu  %-7s %8llu %9.3f %10.0f %9.1f %9.1f  %s\n", sz, r->backend,
+           (unsigned long long)r->batch, pattern_name(o->pattern), (unsigned long long)r->blocks,
+           r->gbps, r->xps, r->p50, r->p99, r->verified);
+    fflush(stdout);
+}
+
+static void print_json(const struct bench_opts *o, const struct result *r)
+{
+    /* Every string printed here is from a fixed set or the library's backend
+     * name; escape anyway so the line stays valid JSON whatever it holds. */
+    char be[64];
+    size_t j = 0;
+    for (const char *s = r->backend; *s && j + 7 < sizeof be; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            be[j++] = '\\', be[j++] = (char)c;
+        else if (c < 0x20)
+            j += (size_t)snprintf(be + j, sizeof be - j, "\\u%04x", c);
+        else
+            be[j++] = (char)c;
+    }
+    be[j] = '\0';
+    printf("{\"backend\":\"%s\",\"block_size\":%llu,\"batch\":%llu,\"pattern\":\"%s\","
+           "\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f,\"xfers_per_s\":%.1f,"
+           "\"p50_us\":%.2f,\"p99_us\":%.2f,\"verified\":\"%s\","
+           "\"blocks\":%llu,\"inflight\":%llu,\"transfers\":%llu,\"failed\":%llu,"
+           "\"p999_us\":%.2f,\"max_us\":%.2f}\n",
+           be, (unsigned long long)r->block_size, (unsigned long long)r->batch,
+           pattern_name(o->pattern), (unsigned long long)r->bytes, r->seconds, r->gbps, r->xps,
+           r->p50, r->p99, r->verified, (unsigned long long)r->blocks,
+           (unsigned long long)o->inflight, (unsigned long long)r->transfers,
+           (unsigned long long)r->failed, r->p999, r->max_us);
+    fflush(stdout);
+}
+
+int run_initiator(const struct bench_opts *o, int ctl_fd, const char *target_desc)
+{
+    g_fd = ctl_fd;
+    struct wbuf b = {0};
+    wb_u32(&b, CTL_MAGIC);
+    wb_u32(&b, CTL_VERSION);
+    wb_str(&b, kvx_version_string());
+    send_or_die(CTL_HELLO, &b);
+    wb_free(&b);
+    struct rbuf r;
+    uint8_t *p = expect(CTL_HELLO, &r, "HELLO");
+    uint32_t magic = rb_u32(&r), ver = rb_u32(&r);
+    char *tlib = rb_str(&r, 64);
+    if (!rb_done(&r) || magic != CTL_MAGIC || ver != CTL_VERSION)
+        die("%s is not a kvxfer-bench target speaking control protocol %u", target_desc, CTL_VERSION);
+    free(p);
+
+    uint64_t base_seed = o->seed_given ? o->seed : mix64(now_ns() ^ ((uint64_t)getpid() << 32));
+    if (!o->json) {
+        char dur[64];
+        if (o->total)
+            fmt_size(dur, sizeof dur, o->total), strcat(dur, " per size");
+        else
+            snprintf(dur, sizeof dur, "%g s per size", o->duration);
+        printf("kvxfer-bench %s: target %s, library %s; backend %s, inflight %llu, %s, "
+               "verify %s\n",
+               kvx_version_string(), target_desc, tlib, o->backend,
+               (unsigned long long)o->inflight, dur, o->verify ? "on" : "off");
+        print_header();
+        fflush(stdout);
+    }
+    free(tlib);
+
+    int failures = 0;
+    for (size_t i = 0; i < o->n_sizes; i++) {
+        struct result res;
+        memset(&res, 0, sizeof res);
+        run_size(o, (uint32_t)(i + 1), o->block_sizes[i], base_seed, &res);
+        if (o->json)
+            print_json(o, &res);
+        else
+            print_row(o, &res);
+        if (res.problem[0]) {
+            char sz[32];
+            fmt_size(sz, sizeof sz, res.block_size);
+            warnx_("%s blocks: FAILED: %s", sz, res.problem);
+        }
+        if (res.failed || strcmp(res.verified, "no") == 0)
+            failures++;
+    }
+    send_or_die(CTL_DONE, NULL);
+    free(expect(CTL_OK, &r, "DONE"));
+    g_fd = -1;
+    return failures ? 1 : 0;
+}

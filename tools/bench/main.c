@@ -1,0 +1,469 @@
+/*
+ * kvxfer-bench: measure and verify kvxfer block transfers.
+ * main.c: command line, roles (local / --serve / --connect), local target spawn.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "ctl.h"
+
+/* Split in parts: ISO C only promises 4095-character string literals. */
+static const char usage_text[] =
+    "Usage: kvxfer-bench [OPTIONS]                      local: spawn a target, measure\n"
+    "       kvxfer-bench --serve [HOST:]PORT [OPTIONS]  target of a two-host run\n"
+    "       kvxfer-bench --connect HOST:PORT [OPTIONS]  initiator of a two-host run\n"
+    "\n"
+    "Moves blocks with kvx_write_blocks from an initiator's region into a target's\n"
+    "region and prints one line per block size: GB/s (10^9 bytes/s of block data),\n"
+    "transfers/s (write_blocks calls completed per second), p50/p99 latency in us\n"
+    "(from just before kvx_write_blocks to the kvx_poll call that reports the id)\n"
+    "and whether the data verified (yes/no/off). Exit status 0 only if every\n"
+    "transfer completed and every verification passed; 1 on failure, 2 on bad usage.\n"
+    "\n"
+    "Without --serve/--connect the program starts its own target process\n"
+    "(itself with --serve 127.0.0.1:0) and connects to it: the same path as a\n"
+    "two-host run, over loopback.\n"
+    "\n"
+    "Transfer options:\n"
+    "  --backend auto|tcp|verbs|shm  kvxfer backend (default auto: verbs if an RDMA\n"
+    "                             device is usable, else tcp)\n"
+    "  --block-size N[,N...]      block sizes, e.g. 4K,64K,1M (binary suffixes K M G;\n"
+    "                             repeatable; default 4K,64K,1M)\n"
+    "  --blocks N                 blocks in the region of each side (default: 256 MiB\n"
+    "                             worth, at most 1Mi blocks, at least 2 x batch)\n"
+    "  --batch N                  blocks per kvx_write_blocks call (default: enough\n"
+    "                             for 64 KiB per call, at most 256: 16 for 4K, 1 for\n"
+    "                             >= 64K)\n"
+    "  --inflight N               max outstanding transfers (default 8)\n"
+    "  --pattern seq|random       seq (default): each call writes consecutive local\n"
+    "                             and consecutive remote blocks, so runs coalesce;\n"
+    "                             random: distinct random remote blocks, random\n"
+    "                             local blocks (the scattered KV-cache case)\n"
+    "  --duration SECS            measured time per block size (default 3)\n"
+    "  --total BYTES              measure this many bytes per size instead (4G, ...)\n"
+    "  --warmup SECS              unmeasured transfers before each size (default 0.2)\n"
+    "  --verify / --no-verify     check the data (default on), see below\n"
+    "  --option KEY=VALUE         kvx_options_set() KEY VALUE, repeatable, e.g.\n"
+    "                             --option tcp.streams=2 (local mode: both sides)\n"
+    "  --config JSON              model config JSON for the config fingerprint,\n"
+    "                             used by both sides\n"
+    "  --seed N                   seed of data pattern and random indexes\n"
+    "  --json                     one JSON object per block size on stdout, keys:\n"
+    "                             backend block_size batch pattern bytes seconds\n"
+    "                             gb_per_s xfers_per_s p50_us p99_us verified, and\n"
+    "                             blocks inflight transfers failed p999_us max_us\n"
+    "  --no-progress              no progress line (shown only if stderr is a tty)\n"
+    "\n";
+
+static const char usage_text2[] =
+    "Two hosts:\n"
+    "  --serve [HOST:]PORT        be the target: listen on the bench's control port\n"
+    "                             (PORT only: all interfaces), serve initiators one\n"
+    "                             after another. It takes block size and count from\n"
+    "                             the initiator, and backend and config too unless\n"
+    "                             given on its own command line; --option applies\n"
+    "                             to the process it is given to.\n"
+    "  --once                     with --serve: exit after one session\n"
+    "  --connect HOST:PORT        be the initiator against a --serve target\n"
+    "  The control channel is the bench's own small TCP protocol (tools/bench/ctl.h):\n"
+    "  it carries agent metadata, which contains the secret that allows writing\n"
+    "  into the target's region; use --serve only on a trusted network.\n"
+    "  As in a vLLM deployment the metadata goes both ways: the target registers\n"
+    "  the initiator as a peer too, so each host must reach the other's kvxfer\n"
+    "  address (options tcp.listen / tcp.advertise).\n"
+    "\n"
+    "Examples:\n"
+    "  kvxfer-bench\n"
+    "  kvxfer-bench --backend tcp --block-size 4K --pattern random --json\n"
+    "  host A: kvxfer-bench --serve 7400\n"
+    "  host B: kvxfer-bench --connect A:7400 --backend verbs --duration 10\n"
+    "\n"
+    "What is verified: before a run the initiator fills local block i with a\n"
+    "pattern derived from (run seed, i, byte offset), the target fills its blocks\n"
+    "with a distinct poison pattern. No two outstanding transfers write the same\n"
+    "remote block, so after the run the initiator knows which local block each\n"
+    "remote block must hold; it sends that list, and the target checks every\n"
+    "block of its region byte for byte: written blocks must hold exactly the\n"
+    "expected local block, unwritten blocks must still hold their poison.\n"
+    "The local run of a seq call starts half a region away from the remote run,\n"
+    "so swapped local/remote indexes are caught too.\n"
+    "\n"
+    "  -h, --help                 this text\n"
+    "  --version                  print library and bench version\n";
+
+static void usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+static void usage_error(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s: %s\nTry 'kvxfer-bench --help'.\n", g_prog, buf);
+    exit(2);
+}
+
+static int parse_seconds(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= 0) || v > 1e6)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static void add_sizes(struct bench_opts *o, const char *arg)
+{
+    char buf[512];
+    if (strlen(arg) >= sizeof buf)
+        usage_error("--block-size: list too long");
+    strcpy(buf, arg);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (parse_size(tok, &v) < 0 || v == 0)
+            usage_error("--block-size: '%s' is not a size like 4096, 4K, 1M", tok);
+        if (o->n_sizes == BENCH_MAX_SIZES)
+            usage_error("--block-size: at most %d sizes", BENCH_MAX_SIZES);
+        o->block_sizes[o->n_sizes++] = v;
+    }
+}
+
+/* Options that take a value: "--name VALUE" or "--name=VALUE". */
+static const char *opt_value(int argc, char **argv, int *i, const char *name)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0)
+        return NULL;
+    if (a[n] == '=')
+        return a + n + 1;
+    if (a[n] != '\0')
+        return NULL;
+    if (*i + 1 >= argc)
+        usage_error("%s needs a value", name);
+    return argv[++*i];
+}
+
+static void parse_args(int argc, char **argv, struct bench_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->backend = "auto";
+    o->inflight = 8;
+    o->pattern = PATTERN_SEQ;
+    o->duration = 3;
+    o->warmup = 0.2;
+    o->verify = true;
+    o->progress = true;
+    o->port_fd = -1;
+    bool have_duration = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        uint64_t u;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage_text, stdout);
+            fputs(usage_text2, stdout);
+            exit(0);
+        } else if (!strcmp(a, "--version")) {
+            printf("kvxfer-bench (library %s, built against %d.%d.%d)\n", kvx_version_string(),
+                   KVX_VERSION_MAJOR, KVX_VERSION_MINOR, KVX_VERSION_PATCH);
+            exit(0);
+        } else if ((v = opt_value(argc, argv, &i, "--backend"))) {
+            if (strcmp(v, "auto") && strcmp(v, "tcp") && strcmp(v, "verbs") && strcmp(v, "shm"))
+                usage_error("--backend: '%s' is not auto, tcp, verbs or shm", v);
+            o->backend = v;
+            o->backend_given = true;
+        } else if ((v = opt_value(argc, argv, &i, "--block-size"))) {
+            add_sizes(o, v);
+        } else if ((v = opt_value(argc, argv, &i, "--blocks"))) {
+            if (parse_size(v, &u) < 0 || u == 0)
+                usage_error("--blocks: '%s' is not a positive count", v);
+            o->blocks = u;
+        } else if ((v = opt_value(argc, argv, &i, "--batch"))) {
+            if (parse_u64(v, &u) < 0 || u == 0 || u > (1u << 20))
+                usage_error("--batch: '%s' is not a count in 1..1048576", v);
+            o->batch = u;
+        } else if ((v = opt_value(argc, argv, &i, "--inflight"))) {
+            if (parse_u64(v, &u) < 0 || u == 0 || u > (1u << 16))
+                usage_error("--inflight: '%s' is not a count in 1..65536", v);
+            o->inflight = u;
+        } else if ((v = opt_value(argc, argv, &i, "--pattern"))) {
+            if (!strcmp(v, "seq"))
+                o->pattern = PATTERN_SEQ;
+            else if (!strcmp(v, "random"))
+                o->pattern = PATTERN_RANDOM;
+            else
+                usage_error("--pattern: '%s' is not seq or random", v);
+        } else if ((v = opt_value(argc, argv, &i, "--duration"))) {
+            if (parse_seconds(v, &o->duration) < 0 || o->duration <= 0)
+                usage_error("--duration: '%s' is not a positive number of seconds", v);
+            have_duration = true;
+        } else if ((v = opt_value(argc, argv, &i, "--total"))) {
+            if (parse_size(v, &o->total) < 0 || o->total == 0)
+                usage_error("--total: '%s' is not a size like 1G", v);
+        } else if ((v = opt_value(argc, argv, &i, "--warmup"))) {
+            if (parse_seconds(v, &o->warmup) < 0)
+                usage_error("--warmup: '%s' is not a number of seconds", v);
+        } else if (!strcmp(a, "--verify")) {
+            o->verify = true;
+        } else if (!strcmp(a, "--no-verify")) {
+            o->verify = false;
+        } else if (!strcmp(a, "--json")) {
+            o->json = true;
+        } else if (!strcmp(a, "--no-progress")) {
+            o->progress = false;
+        } else if ((v = opt_value(argc, argv, &i, "--option"))) {
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v || eq - v >= 256)
+                usage_error("--option: '%s' is not KEY=VALUE", v);
+            if (!strncmp(v, "backend=", 8))
+                usage_error("--option backend=...: use --backend");
+            if (o->n_options == BENCH_MAX_OPTIONS)
+                usage_error("--option: at most %d", BENCH_MAX_OPTIONS);
+            o->options[o->n_options++] = v;
+        } else if ((v = opt_value(argc, argv, &i, "--config"))) {
+            o->config = v;
+            o->config_given = true;
+        } else if ((v = opt_value(argc, argv, &i, "--seed"))) {
+            if (parse_u64(v, &o->seed) < 0)
+                usage_error("--seed: '%s' is not a number", v);
+            o->seed_given = true;
+        } else if ((v = opt_value(argc, argv, &i, "--serve"))) {
+            o->serve = v;
+        } else if ((v = opt_value(argc, argv, &i, "--connect"))) {
+            o->connect = v;
+        } else if (!strcmp(a, "--once")) {
+            o->once = true;
+        } else if ((v = opt_value(argc, argv, &i, "--port-fd"))) { /* hidden: local mode */
+            if (parse_u64(v, &u) < 0 || u < 3 || u > 1024)
+                usage_error("--port-fd: bad descriptor '%s'", v);
+            o->port_fd = (int)u;
+        } else {
+            usage_error("unknown argument '%s'", a);
+        }
+    }
+    if (o->serve && o->connect)
+        usage_error("--serve and --connect exclude each other");
+    if (o->once && !o->serve)
+        usage_error("--once needs --serve");
+    if (o->total && have_duration)
+        usage_error("--duration and --total exclude each other");
+    if (o->n_sizes == 0) {
+        o->block_sizes[0] = 4u << 10;
+        o->block_sizes[1] = 64u << 10;
+        o->block_sizes[2] = 1u << 20;
+        o->n_sizes = 3;
+    }
+    if (o->config) { /* fail early, on this side, with the library's message */
+        char fp[KVX_FINGERPRINT_LEN + 1];
+        char err[1024];
+        int rc = kvx_config_fingerprint(fp, o->config);
+        if (rc) {
+            fmt_kvx_error(err, sizeof err, "--config: kvx_config_fingerprint", rc);
+            usage_error("%s", err);
+        }
+    }
+    for (size_t i = 0; i < o->n_sizes && !o->serve; i++) {
+        uint64_t batch, nblocks;
+        char err[512];
+        if (plan_size(o, o->block_sizes[i], &batch, &nblocks, err, sizeof err) < 0)
+            usage_error("%s", err);
+    }
+    /* Same for --option: kvx_options_set validates key and value syntax. */
+    kvx_options *opts = NULL;
+    char err[1024];
+    if (make_kvx_options(o, o->backend_given ? o->backend : NULL, &opts, err, sizeof err) < 0)
+        usage_error("%s", err);
+    kvx_options_destroy(opts);
+}
+
+/* ------------------------------------------------------------ local mode */
+
+static pid_t g_child = -1;
+
+static void kill_child(void)
+{
+    if (g_child > 0) {
+        kill(g_child, SIGTERM);
+        waitpid(g_child, NULL, 0);
+        g_child = -1;
+    }
+}
+
+/* Our own executable. The resolved path rather than /proc/self/exe itself,
+ * so the target also starts under valgrind and similar wrappers. */
+static void self_exe(char *buf, size_t cap)
+{
+    ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+    if (n <= 0 || (size_t)n >= cap - 1) {
+        snprintf(buf, cap, "/proc/self/exe");
+        return;
+    }
+    buf[n] = '\0';
+    if (strstr(buf, " (deleted)") || access(buf, X_OK) != 0)
+        snprintf(buf, cap, "/proc/self/exe"); /* rebuilt or removed meanwhile */
+}
+
+/* Start "<self> --serve 127.0.0.1:0 --once --port-fd N ..." and return its port. */
+static int spawn_target(const struct bench_opts *o)
+{
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) < 0)
+        die("pipe: %s", strerror(errno));
+    char fdarg[16];
+    snprintf(fdarg, sizeof fdarg, "%d", pfd[1]);
+    const char *args[16 + 2 * BENCH_MAX_OPTIONS];
+    size_t n = 0;
+    args[n++] = "kvxfer-bench";
+    args[n++] = "--serve";
+    args[n++] = "127.0.0.1:0";
+    args[n++] = "--once";
+    args[n++] = "--port-fd";
+    args[n++] = fdarg;
+    if (o->backend_given) {
+        args[n++] = "--backend";
+        args[n++] = o->backend;
+    }
+    if (o->config_given) {
+        args[n++] = "--config";
+        args[n++] = o->config;
+    }
+    for (size_t i = 0; i < o->n_options; i++) {
+        args[n++] = "--option";
+        args[n++] = o->options[i];
+    }
+    args[n] = NULL;
+    char exe[4096];
+    self_exe(exe, sizeof exe);
+
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        /* The target must not outlive us, even if we are killed. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() == 1)
+            _exit(1);
+        fcntl(pfd[1], F_SETFD, 0); /* keep only the write end across exec */
+        execv(exe, (char *const *)args);
+        fprintf(stderr, "kvxfer-bench: exec %s: %s\n", exe, strerror(errno));
+        _exit(127);
+    }
+    g_child = pid;
+    g_die_hook = kill_child;
+    close(pfd[1]);
+
+    char buf[32];
+    size_t got = 0;
+    uint64_t deadline = now_ns() + 30ull * 1000000000u;
+    while (got < sizeof buf - 1 && !memchr(buf, '\n', got)) {
+        uint64_t now = now_ns();
+        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+        int ms = now < deadline ? (int)((deadline - now) / 1000000u) + 1 : 0;
+        int r = poll(&p, 1, ms);
+        if (r == 0)
+            die("local target did not report its port within 30 s");
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            die("poll: %s", strerror(errno));
+        }
+        ssize_t k = read(pfd[0], buf + got, sizeof buf - 1 - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    close(pfd[0]);
+    buf[got] = '\0';
+    uint64_t port;
+    char *nl = strchr(buf, '\n');
+    if (nl)
+        *nl = '\0';
+    if (!nl || parse_u64(buf, &port) < 0 || port == 0 || port > 65535)
+        die("local target failed to start (see its message above)");
+    return (int)port;
+}
+
+/* Ctrl-C during a run: wipe the progress line so the shell prompt is clean,
+ * then die of the signal as usual (the local target gets it too). */
+static void on_interrupt(int sig)
+{
+    static const char clear[] = "\r\033[K";
+    if (write(2, clear, sizeof clear - 1) < 0) {
+        /* nothing to do: we are dying anyway */
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+int main(int argc, char **argv)
+{
+    struct bench_opts o;
+    signal(SIGPIPE, SIG_IGN); /* a dead peer is reported by send(), not a signal */
+    if (kvx_version_number() / 10000 != KVX_VERSION_MAJOR)
+        fprintf(stderr, "kvxfer-bench: warning: built against kvxfer %d.x, running with %s\n",
+                KVX_VERSION_MAJOR, kvx_version_string());
+    parse_args(argc, argv, &o);
+    /* Short sleeps in the idle path should be short: 1 us timer slack. */
+    prctl(PR_SET_TIMERSLACK, 1000UL);
+
+    if (o.serve) {
+        if (o.port_fd >= 0)
+            g_prog = "kvxfer-bench target";
+        return run_target(&o);
+    }
+
+    if (o.progress && isatty(2)) {
+        signal(SIGINT, on_interrupt);
+        signal(SIGTERM, on_interrupt);
+    }
+    char err[512], desc[300];
+    int fd;
+    if (o.connect) {
+        fd = ctl_connect(o.connect, 10000, err, sizeof err);
+        if (fd < 0)
+            die("--connect %s: %s", o.connect, err);
+        snprintf(desc, sizeof desc, "%s", o.connect);
+        int rc = run_initiator(&o, fd, desc);
+        close(fd);
+        return rc;
+    }
+
+    int port = spawn_target(&o);
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    fd = ctl_connect(addr, 10000, err, sizeof err);
+    if (fd < 0)
+        die("local target at %s: %s", addr, err);
+    snprintf(desc, sizeof desc, "%s (local, pid %d)", addr, (int)g_child);
+    int rc = run_initiator(&o, fd, desc);
+    close(fd);
+    int status = 0;
+    pid_t child = g_child;
+    g_child = -1;
+    g_die_hook = NULL;
+    if (waitpid(child, &status, 0) < 0)
+        die("waitpid: %s", strerror(errno));
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        warnx_("local target exited abnormally (status 0x%x)", status);
+        rc = 1;
+    }
+    return rc;
+}
