@@ -263,28 +263,41 @@ int TcpPeer::send_part(Stream *s, const Part &p) {
 }
 
 void TcpPeer::ack_loop(Stream *s) {
+    // Acks are read in batches: one recv returns every ack that has arrived.
+    constexpr size_t kBatch = 64;
+    uint8_t buf[kBatch * wire::kAckLen];
+    size_t have = 0;
+    std::vector<Part> done;
     for (;;) {
-        uint8_t b[wire::kAckLen];
-        int rc = net::read_full(s->fd.get(), b, sizeof b);
-        if (rc != 0) {
-            if (!stop_flag_seen()) KVX_LOG(warn, "tcp: peer '%s': connection lost: %s", peer_id_.c_str(), strerror(-rc));
+        ssize_t r = ::recv(s->fd.get(), buf + have, sizeof buf - have, 0);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR) continue;
+            if (!stop_flag_seen())
+                KVX_LOG(warn, "tcp: peer '%s': connection lost: %s", peer_id_.c_str(), r == 0 ? "closed" : strerror(errno));
             fail_all(KVX_ECONNRESET);
             return;
         }
-        Part done;
+        have += static_cast<size_t>(r);
+        size_t used = 0;
         try {
-            wire::Ack a = wire::decode_ack(b);
             std::lock_guard<std::mutex> lk(s->mu);
-            if (s->awaiting.empty() || s->awaiting.front().seq != a.seq || a.status != 0)
-                fail(KVX_ECONNRESET, "unexpected acknowledgement %llu", (unsigned long long)a.seq);
-            done = std::move(s->awaiting.front());
-            s->awaiting.pop_front();
+            for (; have - used >= wire::kAckLen; used += wire::kAckLen) {
+                wire::Ack a = wire::decode_ack(buf + used);
+                if (s->awaiting.empty() || s->awaiting.front().seq != a.seq || a.status != 0)
+                    fail(KVX_ECONNRESET, "unexpected acknowledgement %llu", (unsigned long long)a.seq);
+                done.push_back(std::move(s->awaiting.front()));
+                s->awaiting.pop_front();
+            }
         } catch (const Error &e) {
+            for (auto &p : done) finish_part(p, 0);  // acknowledged before the bad one
             KVX_LOG(warn, "tcp: peer '%s': %s", peer_id_.c_str(), e.what());
             fail_all(KVX_ECONNRESET);
             return;
         }
-        finish_part(done, 0);
+        memmove(buf, buf + used, have - used);
+        have -= used;
+        for (auto &p : done) finish_part(p, 0);
+        done.clear();
     }
 }
 

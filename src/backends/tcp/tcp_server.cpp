@@ -215,15 +215,17 @@ void TcpServer::serve(Conn *c) {
     net::set_nodelay(fd);
     const uint64_t block_len = ctx_.region.block_len;
     const uint64_t region_len = ctx_.region.size();
-    uint8_t hdr[wire::kFrameHeaderLen];
-    std::vector<uint8_t> segbuf(wire::kFrameMaxSegs * wire::kSegLen);
+    // header and segment table in one buffer; every frame has at least one
+    // segment, so header + first segment is always safe to read at once
+    std::vector<uint8_t> head(wire::kFrameHeaderLen + wire::kFrameMaxSegs * wire::kSegLen);
+    uint8_t *const segbuf = head.data() + wire::kFrameHeaderLen;
     std::vector<iovec> iov(wire::kFrameMaxSegs);
     for (;;) {
-        if (net::read_full(fd, hdr, sizeof hdr) != 0) break;
+        if (net::read_full(fd, head.data(), wire::kFrameHeaderLen + wire::kSegLen) != 0) break;
         try {
-            wire::FrameHeader h = wire::decode_frame_header(hdr, block_len);
-            if (net::read_full(fd, segbuf.data(), h.nseg * wire::kSegLen) != 0) break;
-            std::vector<wire::Segment> segs = wire::decode_segments(segbuf.data(), h, block_len, region_len);
+            wire::FrameHeader h = wire::decode_frame_header(head.data(), block_len);
+            if (h.nseg > 1 && net::read_full(fd, segbuf + wire::kSegLen, (h.nseg - 1) * wire::kSegLen) != 0) break;
+            std::vector<wire::Segment> segs = wire::decode_segments(segbuf, h, block_len, region_len);
             for (size_t i = 0; i < segs.size(); i++)
                 iov[i] = iovec{ctx_.region.base + segs[i].offset, segs[i].len};
             if (readv_full(fd, iov.data(), static_cast<int>(segs.size())) != 0) break;
