@@ -327,16 +327,20 @@ KVX_API int kvx_poll(size_t *out_n_done, size_t *out_n_failed, kvx_transport *t,
                      size_t failed_cap);
 
 typedef enum kvx_cancel_mode {
-    /** Forget the ids: they are never reported. Bytes of a transfer already
-     *  on the wire may still land in the peer's region afterwards. */
+    /** Forget the ids, including ids that finished but were not yet polled:
+     *  they are never reported. Bytes of a transfer already on the wire may
+     *  still land in the peer's region afterwards. */
     KVX_CANCEL_IMMEDIATE = 0,
-    /** Drop what has not started (never reported); ids already on the wire
-     *  are returned and will surface in kvx_poll() as done or failed. */
+    /** Drop what has not started (never reported); ids already on the wire,
+     *  or finished but not yet polled, are returned and surface in kvx_poll()
+     *  exactly once as done or failed. */
     KVX_CANCEL_WAIT = 1
 } kvx_cancel_mode;
 
 /**
- * Cancel transfers. Unknown or already reported ids are ignored.
+ * Cancel transfers. Unknown or already reported ids are ignored; an id
+ * given twice counts once. Thread-safe; may race kvx_poll() (an id is then
+ * either reported by that poll or cancelled, never both).
  * @param out_n_inflight  receives how many ids were written to inflight
  *                        (always 0 for KVX_CANCEL_IMMEDIATE).
  * @param ids, n          ids to cancel (ids may be NULL when n is 0).

@@ -75,6 +75,9 @@ private:
     std::unordered_set<std::string> connecting_;
     std::unordered_map<uint64_t, Tracked> inflight_;
     std::map<std::string, Completions> completions_;
+    // Ids sitting in completions_ that are still to be reported. Cancel of a
+    // finished-but-unpolled id erases it here; poll skips such queue entries.
+    std::unordered_set<uint64_t> unreported_;
     std::thread watchdog_;
 };
 

@@ -89,7 +89,6 @@ private:
     bool stop_flag_seen();
 
     Region region_;
-    uint64_t remote_block_len_;
     std::string peer_id_;
     CompletionSink *sink_;
     std::vector<std::unique_ptr<Stream>> streams_;

@@ -85,9 +85,15 @@ net::Fd open_stream(const BackendContext &ctx, const PeerContext &pc) {
                         } catch (const Error &e) {
                             fail(KVX_EAUTH, "peer '%s' at %s: %s", pc.peer_id.c_str(), ep.str().c_str(), e.what());
                         }
-                        if (v.status != 0)
-                            fail(v.status, "peer '%s' at %s refused the connection: %s", pc.peer_id.c_str(),
-                                 ep.str().c_str(), kvx_strerror(v.status));
+                        if (v.status != 0) {
+                            // Untrusted (the refusal carries no proof): only the
+                            // codes a server may send pass through; anything else
+                            // reads as an authentication failure.
+                            int code = v.status == KVX_EFINGERPRINT || v.status == KVX_EVERSION ? v.status
+                                                                                                  : KVX_EAUTH;
+                            fail(code, "peer '%s' at %s refused the connection (status %d: %s)", pc.peer_id.c_str(),
+                                 ep.str().c_str(), (int)v.status, kvx_strerror(v.status));
+                        }
                         if (CRYPTO_memcmp(wire::server_mac(m.secret, sh, ch).data(), v.mac.data(), wire::kMacLen) != 0)
                             fail(KVX_EAUTH, "peer '%s' at %s could not prove it holds the metadata's secret",
                                  pc.peer_id.c_str(), ep.str().c_str());
@@ -123,7 +129,7 @@ std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerC
 }
 
 TcpPeer::TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<net::Fd> fds)
-    : region_(ctx.region), remote_block_len_(pc.meta->block_len), peer_id_(pc.peer_id), sink_(pc.sink) {
+    : region_(ctx.region), peer_id_(pc.peer_id), sink_(pc.sink) {
     for (auto &fd : fds) {
         auto s = std::make_unique<Stream>();
         s->fd = std::move(fd);
