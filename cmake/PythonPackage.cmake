@@ -1,0 +1,54 @@
+# The Python module (bindings/python: a setuptools + SWIG build) as install
+# component "python", packaged as python3-kvxfer. Only for the .deb tree
+# (KVX_PACKAGE=DEB): the module is built for this machine's /usr/bin/python3,
+# and an RPM built here could not match the Python of an RPM distribution.
+# -DKVX_PACKAGE_PYTHON=OFF leaves it out.
+option(KVX_PACKAGE_PYTHON "Package bindings/python as python3-kvxfer (.deb trees only)" ON)
+
+if(NOT (KVX_PACKAGE STREQUAL "DEB" AND KVX_PACKAGE_PYTHON
+        AND EXISTS ${CMAKE_SOURCE_DIR}/bindings/python/setup.py))
+  return()
+endif()
+
+# Debian's interpreter on purpose: the package targets its ABI, not a pyenv one.
+find_program(KVX_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
+find_program(KVX_SWIG NAMES swig swig4.0)
+find_program(KVX_STRIP strip)
+if(NOT KVX_PYTHON3 OR NOT KVX_SWIG)
+  message(FATAL_ERROR "python3-kvxfer needs /usr/bin/python3, python3-dev, python3-setuptools "
+    "and swig (or configure with -DKVX_PACKAGE_PYTHON=OFF)")
+endif()
+execute_process(COMMAND ${KVX_PYTHON3} -c "import sys; print('%d.%d' % sys.version_info[:2])"
+  OUTPUT_VARIABLE KVX_PY_VERSION OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
+string(REGEX REPLACE "^([0-9]+)\\.([0-9]+)$" "\\2" _kvx_py_minor "${KVX_PY_VERSION}")
+math(EXPR _kvx_py_next "${_kvx_py_minor} + 1")
+# An extension module works with this Python minor version only.
+set(KVX_PY_DEPENDS "python3 (>= ${KVX_PY_VERSION}), python3 (<< 3.${_kvx_py_next})")
+
+file(GLOB_RECURSE _kvx_py_sources CONFIGURE_DEPENDS
+  ${CMAKE_SOURCE_DIR}/bindings/python/setup.py
+  ${CMAKE_SOURCE_DIR}/bindings/python/kvxfer/*.py
+  ${CMAKE_SOURCE_DIR}/bindings/python/swig/*.i)
+set(_py ${CMAKE_BINARY_DIR}/python-package)
+# setup.py finds the library through KVXFER_PREFIX (include/kvxfer.h and
+# lib/libkvxfer.so): a small prefix of links into this tree. It builds from a
+# copy, so the source tree stays clean; KVXFER_RPATH=0 since the package's
+# library is on the loader's default path.
+add_custom_command(OUTPUT ${_py}/stamp
+  COMMAND ${CMAKE_COMMAND} -E rm -rf ${_py}
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${_py}/prefix/include ${_py}/prefix/lib
+  COMMAND ${CMAKE_COMMAND} -E copy_directory ${CMAKE_SOURCE_DIR}/bindings/python ${_py}/src
+  COMMAND ${CMAKE_COMMAND} -E create_symlink ${CMAKE_SOURCE_DIR}/include/kvxfer.h ${_py}/prefix/include/kvxfer.h
+  COMMAND ${CMAKE_COMMAND} -E create_symlink $<TARGET_LINKER_FILE:kvxfer> ${_py}/prefix/lib/libkvxfer.so
+  COMMAND ${CMAKE_COMMAND} -E chdir ${_py}/src
+          ${CMAKE_COMMAND} -E env KVXFER_PREFIX=${_py}/prefix KVXFER_RPATH=0 SWIG=${KVX_SWIG}
+          "CFLAGS=${CMAKE_C_FLAGS}" "LDFLAGS=${CMAKE_SHARED_LINKER_FLAGS}"
+          ${KVX_PYTHON3} setup.py -q build --build-base ${_py}/build --build-lib ${_py}/lib
+  COMMAND sh -c "${KVX_STRIP} --strip-unneeded --remove-section=.comment --remove-section=.note \"$0\"/kvxfer/*.so" ${_py}/lib
+  COMMAND ${CMAKE_COMMAND} -E touch ${_py}/stamp
+  DEPENDS kvxfer ${_kvx_py_sources}
+  COMMENT "Building the Python module for python3-kvxfer"
+  VERBATIM)
+add_custom_target(kvxfer-python-package ALL DEPENDS ${_py}/stamp)
+install(DIRECTORY ${_py}/lib/kvxfer DESTINATION lib/python3/dist-packages COMPONENT python
+  PATTERN __pycache__ EXCLUDE)

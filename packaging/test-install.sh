@@ -1,0 +1,207 @@
+#!/bin/sh
+# Install test: build the .debs, unpack them into a throwaway root (nothing on
+# the running system changes), then build and run consumers against that root
+# only:
+#   - a C program through pkg-config (PKG_CONFIG_LIBDIR = the root's pkgconfig
+#     directory, so no other kvxfer.pc can be seen),
+#   - a C++ program through find_package(kvxfer) (CMAKE_PREFIX_PATH=ROOT/usr),
+#   - kvxfer-bench from the root,
+#   - the Go package (#cgo pkg-config) and the Rust crates (pkg-config), when
+#     bindings/go and bindings/rust exist and the toolchains are installed,
+#   - the Python module from the python3-kvxfer package, when it was built.
+# Each consumer moves blocks between two tcp transports in one process and
+# checks the bytes, and must be running the root's libkvxfer.so.0.
+#
+#   packaging/test-install.sh [BUILD_DIR]
+#
+# BUILD_DIR is the packaging build tree (packaging/build-deb.sh BUILD_DIR);
+# default: a temporary directory, removed afterwards. Exits non-zero on the
+# first failure.
+set -eu
+. "$(dirname "$0")/common.sh"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/kvxfer-install-test.XXXXXX")
+keep=${KVX_KEEP_TEST_DIR:-}
+cleanup() { [ -n "$keep" ] || rm -rf "$work"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+build=${1:-$work/build-deb}
+
+step() { echo "=== test-install: $*"; }
+fail() { echo "test-install: FAIL: $*" >&2; exit 1; }
+
+# run OUT WHAT CMD...: runs CMD with the root's library directory on the
+# loader path, output to OUT and shown; fails if CMD fails.
+run() {
+    out=$1 what=$2
+    shift 2
+    rc=0
+    LD_LIBRARY_PATH=$libdir "$@" >"$out" 2>&1 || rc=$?
+    cat "$out"
+    [ "$rc" -eq 0 ] || fail "$what exited with $rc"
+}
+
+# Fails unless the program's output names a libkvxfer.so.0 inside the root.
+expect_root_library() { # output-file what
+    grep -q "^library: $libdir/libkvxfer\.so\.0" "$1" ||
+        fail "$2 did not run the root's library: $(grep '^library:' "$1" || echo 'no library line')"
+}
+
+step "packages (packaging/build-deb.sh $build)"
+"$kvx_src/packaging/build-deb.sh" "$build" >"$work/build-deb.log" 2>&1 ||
+    { tail -n 40 "$work/build-deb.log" >&2; fail "packaging/build-deb.sh"; }
+grep -E '^(W|E|I): ' "$work/build-deb.log" || true
+
+root=$work/root
+mkdir -p "$root"
+for d in "$build"/packages/*.deb; do
+    echo "unpacking $(basename "$d")"
+    dpkg-deb -x "$d" "$root"
+done
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+libdir=$root/usr/lib/$multiarch
+version=$(kvx_version)
+
+step "layout"
+for f in usr/include/kvxfer.h "usr/lib/$multiarch/libkvxfer.so.$version" \
+         "usr/lib/$multiarch/pkgconfig/kvxfer.pc" "usr/lib/$multiarch/cmake/kvxfer/kvxferConfig.cmake" \
+         "usr/lib/$multiarch/cmake/kvxfer/kvxferConfigVersion.cmake" usr/bin/kvxfer-bench \
+         usr/share/man/man7/kvxfer.7.gz usr/share/man/man1/kvxfer-bench.1.gz; do
+    [ -f "$root/$f" ] || fail "missing /$f"
+done
+[ "$(readlink "$libdir/libkvxfer.so.0")" = "libkvxfer.so.$version" ] || fail "libkvxfer.so.0 link"
+[ "$(readlink "$libdir/libkvxfer.so")" = "libkvxfer.so.0" ] || fail "libkvxfer.so link"
+readelf -d "$libdir/libkvxfer.so.$version" | grep -q 'SONAME.*\[libkvxfer\.so\.0\]' || fail "SONAME is not libkvxfer.so.0"
+readelf -d "$libdir/libkvxfer.so.$version" | grep -Eq 'RPATH|RUNPATH' && fail "library has an RPATH/RUNPATH"
+readelf -d "$root/usr/bin/kvxfer-bench" | grep -Eq 'RPATH|RUNPATH' && fail "kvxfer-bench has an RPATH/RUNPATH"
+for f in "$libdir/libkvxfer.so.$version" "$root/usr/bin/kvxfer-bench"; do
+    file -L "$f" | grep -q ', stripped' || fail "$f is not stripped"
+done
+for fn in $(sed -n 's/^ *\(kvx_[a-z_]*\);$/\1/p' "$kvx_src/src/kvxfer.map"); do
+    [ -e "$root/usr/share/man/man3/$fn.3.gz" ] || fail "no man page for $fn"
+done
+# An alias page is a symlink to its group's page.
+man -M "$root/usr/share/man" -w kvx_transport_destroy | grep -q "^$root/usr/share/man/man3/kvx_transport_close.3.gz" ||
+    fail "man kvx_transport_destroy does not resolve to kvx_transport_close(3) in the root"
+echo "ok: header, library $version (SONAME libkvxfer.so.0), links, kvxfer.pc, CMake package, kvxfer-bench, man pages"
+
+step "the exported interface carries no private dependency"
+if grep -v '^ *#' "$libdir"/cmake/kvxfer/*.cmake | grep -Ei 'openssl|crypto|ibverbs|rdmacm|nlohmann|kvxfer_core|Threads'; then
+    fail "a private dependency leaks into the CMake package (lines above)"
+fi
+grep -q '^Libs: -L${libdir} -lkvxfer$' "$libdir/pkgconfig/kvxfer.pc" || fail "kvxfer.pc Libs is not just -lkvxfer"
+grep -q '^libdir=${prefix}/lib/'"$multiarch"'$' "$libdir/pkgconfig/kvxfer.pc" || fail "kvxfer.pc libdir is not \${prefix}/lib/$multiarch"
+echo "ok"
+
+# ------------------------------------------------------------------ C via pkg-config
+step "C consumer via pkg-config"
+unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR KVXFER_LIB_DIR KVXFER_INCLUDE_DIR
+export PKG_CONFIG_LIBDIR="$libdir/pkgconfig"
+pc_version=$(pkg-config --modversion kvxfer)
+[ "$pc_version" = "$version" ] || fail "pkg-config --modversion says $pc_version, not $version"
+cflags=$(pkg-config --cflags kvxfer)
+libs=$(pkg-config --libs kvxfer)
+echo "pkg-config --cflags: $cflags"
+echo "pkg-config --libs:   $libs"
+case "$cflags" in *"-I$root/"*) ;; *) fail "--cflags does not point into the root" ;; esac
+case "$libs" in *"-L$root/"*) ;; *) fail "--libs does not point into the root" ;; esac
+case "$libs" in *crypto*) fail "--libs exposes a private dependency" ;; esac
+pkg-config --static --libs kvxfer | grep -q -- '-lcrypto' || fail "--static --libs lacks Libs.private"
+mkdir -p "$work/c"
+# shellcheck disable=SC2086
+cc -std=c11 -Wall -Wextra -Werror $cflags -o "$work/c/consumer" \
+    "$kvx_src/packaging/consumers/c/consumer.c" $libs
+readelf -d "$work/c/consumer" | grep NEEDED
+readelf -d "$work/c/consumer" | grep NEEDED | grep -Eq 'crypto|ibverbs|rdmacm|stdc\+\+' &&
+    fail "the C consumer links a private dependency of libkvxfer"
+run "$work/c/out" "the C consumer" "$work/c/consumer"
+expect_root_library "$work/c/out" "the C consumer"
+
+# ------------------------------------------------------------------ C++ via CMake
+step "C++ consumer via find_package(kvxfer)"
+cmake -S "$kvx_src/packaging/consumers/cxx" -B "$work/cxx" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$root/usr" \
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF \
+    -DCMAKE_CXX_FLAGS="-Wall -Wextra -Werror" >"$work/cxx.log" 2>&1 ||
+    { cat "$work/cxx.log" >&2; fail "cmake configure of the C++ consumer"; }
+grep 'kvxfer .* from' "$work/cxx.log"
+kvxfer_dir=$(sed -n 's/^kvxfer_DIR:PATH=//p' "$work/cxx/CMakeCache.txt")
+case "$kvxfer_dir" in "$root"/*) ;; *) fail "find_package found kvxfer in $kvxfer_dir, not in the root" ;; esac
+cmake --build "$work/cxx" >"$work/cxx-build.log" 2>&1 || { cat "$work/cxx-build.log" >&2; fail "C++ consumer build"; }
+run "$work/cxx/out" "the C++ consumer" "$work/cxx/consumer-cxx"
+expect_root_library "$work/cxx/out" "the C++ consumer"
+
+# A newer major version must be refused (SameMajorVersion).
+mkdir -p "$work/cxx-major"
+cat >"$work/cxx-major/CMakeLists.txt" <<EOT
+cmake_minimum_required(VERSION 3.16)
+project(major NONE)
+find_package(kvxfer 1 CONFIG QUIET)
+if(kvxfer_FOUND)
+  message(FATAL_ERROR "kvxfer $version accepted a request for major version 1")
+endif()
+EOT
+cmake -S "$work/cxx-major" -B "$work/cxx-major/b" -DCMAKE_PREFIX_PATH="$root/usr" >/dev/null ||
+    fail "find_package(kvxfer 1) was not refused"
+echo "ok: find_package(kvxfer 1) refused by version $version"
+
+# ------------------------------------------------------------------ kvxfer-bench
+step "kvxfer-bench from the root"
+run "$work/bench.out" "kvxfer-bench" "$root/usr/bin/kvxfer-bench" --backend tcp --block-size 64K \
+    --duration 0.3 --warmup 0 --no-progress --option tcp.listen=127.0.0.1:0
+
+# ------------------------------------------------------------------ Go
+step "Go package via #cgo pkg-config"
+go_dir=$kvx_src/bindings/go
+if [ ! -f "$go_dir/go.mod" ]; then
+    echo "SKIP: bindings/go does not exist"
+elif ! command -v go >/dev/null; then
+    echo "SKIP: go is not installed (apt-get install golang-go)"
+else
+    # The test binary of package kvxfer, built through its #cgo pkg-config
+    # line (PKG_CONFIG_LIBDIR is the root's), then run against the root.
+    (cd "$go_dir" && GOCACHE="$work/go-cache" GOPATH="$work/go-path" GOFLAGS=-mod=mod GOPROXY=off \
+        CGO_ENABLED=1 go test -c -o "$work/go.test" .) || fail "go test -c in bindings/go"
+    LD_LIBRARY_PATH=$libdir ldd "$work/go.test" | grep -q "libkvxfer.so.0 => $libdir/libkvxfer.so.0" ||
+        fail "the Go test binary does not resolve libkvxfer.so.0 in the root"
+    (cd "$go_dir" && run "$work/go.out" "the Go package's tests" "$work/go.test" -test.count=1) || exit 1
+fi
+
+# ------------------------------------------------------------------ Rust
+step "Rust crates via pkg-config"
+rust_dir=$kvx_src/bindings/rust
+if [ ! -f "$rust_dir/kvxfer-sys/Cargo.toml" ]; then
+    echo "SKIP: bindings/rust does not exist"
+elif ! command -v cargo >/dev/null; then
+    echo "SKIP: cargo is not installed"
+else
+    # kvxfer-sys's build script links through `pkg-config --libs kvxfer`.
+    (cd "$rust_dir" && CARGO_TARGET_DIR="$work/rust-target" CARGO_HOME="$work/cargo-home" \
+        LD_LIBRARY_PATH=$libdir cargo test --offline --locked >"$work/rust.out" 2>&1) ||
+        { cat "$work/rust.out"; fail "cargo test in bindings/rust"; }
+    grep '^test result' "$work/rust.out" | awk '{ p += $4; f += $6 } END { print p " Rust tests passed, " f " failed" }'
+    n=0
+    for t in "$work"/rust-target/debug/deps/link-*; do
+        [ -x "$t" ] || continue
+        LD_LIBRARY_PATH=$libdir ldd "$t" | grep -q "libkvxfer.so.0 => $libdir/libkvxfer.so.0" ||
+            fail "the Rust test binary $t does not resolve libkvxfer.so.0 in the root"
+        n=$((n + 1))
+    done
+    [ "$n" -gt 0 ] || fail "no kvxfer-sys link test binary found"
+    echo "ok: kvxfer-sys's link test resolves libkvxfer.so.0 in the root"
+fi
+
+# ------------------------------------------------------------------ Python
+step "Python module (python3-kvxfer)"
+if ls "$build"/packages/python3-kvxfer_*.deb >/dev/null 2>&1; then
+    run "$work/python.out" "the Python consumer" env KVXFER_NO_VLLM=1 PYTHONDONTWRITEBYTECODE=1 \
+        PYTHONNOUSERSITE=1 PYTHONPATH="$root/usr/lib/python3/dist-packages" \
+        /usr/bin/python3 "$kvx_src/packaging/consumers/python/consumer.py"
+    grep -q "^module: $root/usr/lib/python3/dist-packages/kvxfer/" "$work/python.out" ||
+        fail "the Python consumer did not import the root's module"
+    expect_root_library "$work/python.out" "the Python consumer"
+else
+    echo "SKIP: no python3-kvxfer package (bindings/python absent, or -DKVX_PACKAGE_PYTHON=OFF)"
+fi
+
+step "all passed"
