@@ -186,8 +186,8 @@ private:
     };
     using Deliveries = std::vector<std::pair<uint64_t, int>>;
 
-    VerbsPeer(const BackendContext &ctx, std::shared_ptr<Device> dev, std::shared_ptr<Progress> progress,
-              const PeerConfig &cfg, const PeerContext &pc);
+    VerbsPeer(std::shared_ptr<Device> dev, std::shared_ptr<Progress> progress, const PeerConfig &cfg,
+              const PeerContext &pc);
     void setup_channels();
     void connect_qp(const BackendContext &ctx, const PeerContext &pc, size_t index);
     void on_event(int tag) override;

@@ -154,6 +154,10 @@ bool VerbsBackend::init(std::string *why) {
     }
 
     auto dev = std::make_shared<Device>();
+    if (!listen_id_->verbs && explicit_host) {
+        *why = strfmt("verbs.listen %s is not an address of an RDMA device", listen.c_str());
+        return false;
+    }
     if (listen_id_->verbs) {
         dev->ctx = listen_id_->verbs;
         dev->port = listen_id_->port_num;
@@ -438,9 +442,10 @@ void VerbsBackend::shutdown() {
             std::lock_guard<std::mutex> lk(mu_);
             closed_ = true;
         }
-        if (!progress_) return;  // init failed before the listener ran
-        progress_->detach(listen_tok_);
-        progress_->stop();
+        if (progress_) {
+            progress_->detach(listen_tok_);
+            progress_->stop();
+        }
         // The loop is gone: the passive ids are ours alone.
         for (auto &[id, est] : conns_) {
             if (est) rdma_disconnect(id);
@@ -452,7 +457,7 @@ void VerbsBackend::shutdown() {
             listen_id_ = nullptr;
         }
         // Any events still queued for destroyed ids were dropped with them.
-        dev_->deregister();  // from here on no byte can land in the region
+        if (dev_) dev_->deregister();  // from here on no byte can land in the region
         if (passive_cq_) {
             ibv_destroy_cq(passive_cq_);
             passive_cq_ = nullptr;

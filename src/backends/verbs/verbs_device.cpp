@@ -278,7 +278,7 @@ std::string addr_str(const sockaddr_storage &ss) {
 }
 
 // Best address of one ACTIVE port; false if it has none.
-bool place_port(ibv_context *c, const std::string &name, int port, const ibv_port_attr &pa,
+bool place_port(const std::string &name, int port, const ibv_port_attr &pa,
                 const std::vector<ibv_gid_entry> &gids, const Selection &sel, Placement *out) {
     // RoCE: the GID table holds the IP addresses rdma_cm will pick the GID by.
     const ibv_gid_entry *best = nullptr;
@@ -317,7 +317,6 @@ bool place_port(ibv_context *c, const std::string &name, int port, const ibv_por
             return false;
         }
     }
-    (void)c;
     out->device = name;
     out->port = static_cast<uint8_t>(port);
     out->gid_index = best ? static_cast<int>(best->gid_index) : -1;
@@ -363,13 +362,15 @@ bool find_placement(const Selection &sel, Placement *out, std::string *why) {
             std::vector<ibv_gid_entry> gids(total);
             ssize_t ng = total ? ibv_query_gid_table(c, gids.data(), gids.size(), 0) : 0;
             gids.resize(ng > 0 ? static_cast<size_t>(ng) : 0);
+            if (sel.port > da.phys_port_cnt)
+                notes += strfmt("; %s has %u port(s), verbs.port is %d", name.c_str(), da.phys_port_cnt, sel.port);
             for (int p = 1; p <= da.phys_port_cnt && !found; p++) {
                 if (sel.port && p != sel.port) continue;
                 if (pas[p].state != IBV_PORT_ACTIVE) {
                     notes += strfmt("; %s port %d is %s", name.c_str(), p, ibv_port_state_str(pas[p].state));
                     continue;
                 }
-                found = place_port(c, name, p, pas[p], gids, sel, out);
+                found = place_port(name, p, pas[p], gids, sel, out);
                 if (!found)
                     notes += strfmt("; %s port %d has no IP address%s", name.c_str(), p,
                                     sel.gid_index >= 0 ? strfmt(" at GID index %d", sel.gid_index).c_str() : "");

@@ -80,10 +80,9 @@ int connect_failure_code(rdma_cm_event_type type, int status) {
 
 // ------------------------------------------------------------------ connect
 
-VerbsPeer::VerbsPeer(const BackendContext &ctx, std::shared_ptr<Device> dev, std::shared_ptr<Progress> progress,
-                     const PeerConfig &cfg, const PeerContext &pc)
+VerbsPeer::VerbsPeer(std::shared_ptr<Device> dev, std::shared_ptr<Progress> progress, const PeerConfig &cfg,
+                     const PeerContext &pc)
     : dev_(std::move(dev)), progress_(std::move(progress)), cfg_(cfg), peer_id_(pc.peer_id), sink_(pc.sink) {
-    (void)ctx;
     const wire::VerbsInfo &v = *pc.meta->verbs;
     where_ = strfmt("peer '%s' at %s", peer_id_.c_str(), v.cm.str().c_str());
     remote_addr_ = v.mr_addr;
@@ -104,7 +103,7 @@ std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx, std::share
     if (m.verbs->mr_addr > UINT64_MAX - m.verbs->mr_len)
         fail(KVX_EBADMETA, "peer '%s': verbs MR at 0x%llx + %llu bytes wraps around", pc.peer_id.c_str(),
              (unsigned long long)m.verbs->mr_addr, (unsigned long long)m.verbs->mr_len);
-    std::unique_ptr<VerbsPeer> p(new VerbsPeer(ctx, std::move(dev), std::move(progress), cfg, pc));
+    std::unique_ptr<VerbsPeer> p(new VerbsPeer(std::move(dev), std::move(progress), cfg, pc));
     try {
         p->setup_channels();
         for (uint32_t i = 0; i < cfg.qps; i++) p->connect_qp(ctx, pc, i);
@@ -112,7 +111,8 @@ std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx, std::share
         p->shutdown();  // not started: tears down what exists, calls no sink
         throw;
     }
-    KVX_LOG(info, "verbs: connected to %s with %u QP(s) on %s", p->where_.c_str(), cfg.qps, p->dev_->name.c_str());
+    KVX_LOG(info, "verbs: connected to %s with %u QP(s) on %s port %u", p->where_.c_str(), cfg.qps,
+            p->dev_->name.c_str(), p->qps_.front().id->port_num);
     return p;
 }
 
@@ -381,7 +381,7 @@ void VerbsPeer::post_ready(Qp &q, Deliveries &out) {
     while (!broken_ && !q.dead && !q.waiting.empty() && q.used < depth) {
         Part &p = q.waiting.front();
         const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(depth - q.used, p.wrs_left));
-        std::vector<Mark> new_marks;
+        const size_t marks_before = q.marks.size();
         uint32_t since = q.since_signal;
         uint64_t seq = q.next_seq;
         size_t run = p.run;
@@ -411,7 +411,7 @@ void VerbsPeer::post_ready(Qp &q, Deliveries &out) {
             if (part_end || since >= cfg_.signal_every) {
                 w.send_flags = IBV_SEND_SIGNALED;
                 w.wr_id = seq;
-                new_marks.push_back(Mark{seq, since, part_end ? p.op : nullptr});
+                q.marks.push_back(Mark{seq, since, part_end ? p.op : nullptr});
                 seq++;
                 since = 0;
             }
@@ -419,7 +419,8 @@ void VerbsPeer::post_ready(Qp &q, Deliveries &out) {
         ibv_send_wr *bad = nullptr;
         int rc = ibv_post_send(q.qp, wr_buf_.data(), &bad);
         if (rc != 0) {
-            // Nothing we track is posted past bad; the QP is unusable either way.
+            // Whatever was posted before bad flushes with the QP; track none of it.
+            q.marks.erase(q.marks.begin() + static_cast<std::ptrdiff_t>(marks_before), q.marks.end());
             KVX_LOG(warn, "verbs: %s: ibv_post_send of %u WRs: %s", where_.c_str(), n, strerror(rc));
             set_broken(KVX_ECONNRESET);
             q.dead = true;
@@ -433,7 +434,6 @@ void VerbsPeer::post_ready(Qp &q, Deliveries &out) {
         q.used += n;
         q.since_signal = since;
         q.next_seq = seq;
-        for (Mark &mk : new_marks) q.marks.push_back(std::move(mk));
         p.run = run;
         p.off = off;
         p.wrs_left -= n;
