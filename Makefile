@@ -7,7 +7,8 @@ PREFIX     ?= /usr/local
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build run test test-unit test-asan test-tsan test-fuzz test-vm bench-compare install clean
+.PHONY: all deps build run test test-unit test-asan test-tsan test-fuzz test-bindings test-interop test-vm \
+        bench-compare bench-compare-verbs deb rpm test-install abi-check install clean
 
 all: build
 
@@ -41,14 +42,38 @@ test-tsan: deps
 test-fuzz: deps
 	scripts/test.sh fuzz
 
+test-bindings: deps build
+	scripts/test.sh bindings
+
+# needs the bindings built (test-bindings)
+test-interop: deps build
+	scripts/test.sh interop
+
 test-vm: deps build
 	scripts/test.sh vm
 
+# Packages land in build-deb/packages and build-rpm/packages.
+deb: deps
+	packaging/build-deb.sh build-deb
+
+rpm: deps
+	packaging/build-rpm.sh build-rpm
+
+test-install: deb
+	packaging/test-install.sh build-deb
+
+abi-check: deps build
+	packaging/abi-check.sh $(BUILD)
+
 bench-compare: deps build
 	bench/compare-tcp.sh
+
+# ib_write_bw vs kvxfer-bench on the VM's Soft-RoCE device, one VM boot
+bench-compare-verbs: deps build
+	bench/compare-verbs.sh $(BUILD)
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-deb build-rpm

@@ -331,9 +331,10 @@ typedef enum kvx_cancel_mode {
      *  they are never reported. Bytes of a transfer already on the wire may
      *  still land in the peer's region afterwards. */
     KVX_CANCEL_IMMEDIATE = 0,
-    /** Drop what has not started (never reported); ids already on the wire,
-     *  or finished but not yet polled, are returned and surface in kvx_poll()
-     *  exactly once as done or failed. */
+    /** Release what can be released: ids not started yet and ids finished
+     *  but not yet polled are forgotten (never reported); ids on the wire are
+     *  returned in inflight and surface in kvx_poll() exactly once as done or
+     *  failed (the seed's "wait" mode). */
     KVX_CANCEL_WAIT = 1
 } kvx_cancel_mode;
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs kvxfer's test stages; `make test` runs them all. Each stage prints a
 # ctest summary; the script stops at the first failing stage.
-# Usage: scripts/test.sh all|unit|asan|tsan|fuzz|vm
+# Usage: scripts/test.sh all|unit|asan|tsan|fuzz|bindings|interop|packaging|vm
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -42,6 +42,39 @@ fuzz() {
     (cd build-fuzz && ctest --output-on-failure -L fuzz)
 }
 
+bindings() {
+    stage "bindings: Python (SWIG), Go (SWIG + cgo), Rust (bindgen)"
+    configure "$BUILD"
+    bindings/python/test.sh "$BUILD"
+    bindings/go/test.sh "$BUILD"
+    bindings/rust/test.sh "$BUILD"
+}
+
+interop() {
+    stage "cross-language interop (separate processes over tcp)"
+    configure "$BUILD"
+    local b
+    b=$(cd "$BUILD" && pwd)
+    [ -x "$b/go/bin/interop" ] && [ -f "$b/rust/KVX_INTEROP_RS" ] && [ -d "$b/python/lib" ] || {
+        echo "interop: the bindings are not built in $b (run scripts/test.sh bindings first)" >&2
+        return 1
+    }
+    KVX_INTEROP_PY="env PYTHONPATH=$b/python/lib /usr/bin/python3 $PWD/bindings/python/examples/interop.py" \
+    KVX_INTEROP_GO="$b/go/bin/interop" \
+    KVX_INTEROP_RS="$(cat "$b/rust/KVX_INTEROP_RS")" \
+    KVX_INTEROP_PAIRS="py:go go:py rs:c c:rs go:rs rs:py py:c c:go" \
+        tests/interop/run.sh "$b"
+}
+
+packaging() {
+    stage "packages: .deb (lintian) + install test, .rpm (rpmlint), ABI check"
+    configure "$BUILD"
+    packaging/build-deb.sh build-deb
+    packaging/test-install.sh build-deb
+    packaging/build-rpm.sh build-rpm
+    packaging/abi-check.sh "$BUILD"
+}
+
 vm() {
     stage "verbs backend inside the Soft-RoCE VM"
     configure "$BUILD"
@@ -56,7 +89,7 @@ vm() {
 }
 
 case "${1:-all}" in
-    all) unit; asan; tsan; fuzz; vm ;;
-    unit|asan|tsan|fuzz|vm) "$1" ;;
-    *) echo "usage: $0 all|unit|asan|tsan|fuzz|vm" >&2; exit 2 ;;
+    all) unit; asan; tsan; fuzz; bindings; interop; packaging; vm ;;
+    unit|asan|tsan|fuzz|bindings|interop|packaging|vm) "$1" ;;
+    *) echo "usage: $0 all|unit|asan|tsan|fuzz|bindings|interop|packaging|vm" >&2; exit 2 ;;
 esac

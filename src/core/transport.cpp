@@ -314,12 +314,9 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
             if (!seen.insert(ids[i]).second) continue;  // an id given twice counts once
             auto it = inflight_.find(ids[i]);
             if (it == inflight_.end()) {
-                // Finished but not yet polled: immediate forgets it, wait
-                // returns it (it will surface in poll).
-                if (unreported_.count(ids[i])) {
-                    if (mode == KVX_CANCEL_IMMEDIATE) unreported_.erase(ids[i]);
-                    else inflight[still++] = ids[i];
-                }
+                // Finished but not yet polled: released, never reported (the
+                // seed's handle release succeeds for a finished transfer).
+                unreported_.erase(ids[i]);
                 continue;
             }
             targets.emplace_back(ids[i], it->second.peer);
@@ -332,8 +329,10 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
         std::lock_guard<std::mutex> lk(mu_);
         if (dropped) {
             inflight_.erase(id);
-        } else if (inflight_.count(id) || unreported_.count(id)) {
-            inflight[still++] = id;  // on the wire, or finished meanwhile: poll reports it
+        } else if (inflight_.count(id)) {
+            inflight[still++] = id;  // on the wire: poll reports it
+        } else {
+            unreported_.erase(id);  // finished meanwhile: released like any finished id
         }
     }
     return still;

@@ -443,9 +443,9 @@ static void test_cancel_immediate(void **state) {
     pair_down(&p);
 }
 
-/* Cancel of ids that finished but were not polled yet: immediate forgets
- * them, wait returns them and poll reports them once. Deterministic whatever
- * the timing: an id is either still in flight or finished-unpolled. */
+/* Cancel of ids that finished but were not polled yet: both modes release
+ * them (never reported); wait returns only ids still on the wire, which poll
+ * then reports once. Holds whatever the timing. */
 static void test_cancel_finished_unpolled(void **state) {
     (void)state;
     pair p;
@@ -499,10 +499,10 @@ static void test_cancel_wait(void **state) {
     size_t nd = 0;
     uint64_t d[N], f[N];
     CHECK_OK(kvx_poll(&nd, &nf, a, NULL, d, N, f, N));
-    /* every id that will still be reported was returned by the cancel (even
-     * one that finished before it): nothing else surfaces */
+    /* ids not returned were released (not started, or finished before the
+     * cancel): none of them surfaces */
     assert_int_equal(nd + nf, 0);
-    print_message("cancel wait: %zu of %d returned (on the wire or finished), the rest dropped\n", n_in, N);
+    print_message("cancel wait: %zu of %d still on the wire, the rest released\n", n_in, N);
     kvx_transport_destroy(a);
     kvx_transport_destroy(b);
     region_free(&ra);

@@ -1,0 +1,3 @@
+module kvxfer.dev/kvxfer
+
+go 1.19

@@ -1,0 +1,72 @@
+/* SWIG interface for the internal Go layer over include/kvxfer.h.
+ *
+ * Regenerate with ./generate.sh (needs swig 4.1). The output (capi.go,
+ * capi_wrap.c) is committed; TestGeneratedFilesUpToDate fails when it is
+ * stale. This layer is deliberately raw: every pointer parameter becomes a Go
+ * slice that C reads or writes during the call only, every handle a uintptr.
+ * The public package kvxfer.dev/kvxfer is the only intended user; it checks
+ * lengths, keeps the region out of the Go heap and turns codes into errors.
+ */
+%module capi
+
+%{
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <kvxfer.h>
+
+/* size_t out-parameters travel as []uint64. */
+typedef char kvx_go_size_t_is_64_bit[sizeof(size_t) == sizeof(uint64_t) ? 1 : -1];
+%}
+
+typedef unsigned long size_t;
+typedef unsigned long uint64_t;
+
+/* Handles are plain uintptr values on the Go side. */
+%typemap(gotype) kvx_transport *, const kvx_transport *, kvx_options *, const kvx_options * "uintptr"
+%typemap(in) kvx_transport *, const kvx_transport *, kvx_options *, const kvx_options *
+%{ $1 = ($1_ltype)$input; %}
+
+/* A Go slice whose backing array C uses during the call only (NULL if empty). */
+%define KVX_SLICE(CTYPE, GOTYPE)
+%typemap(gotype) CTYPE *KVX_SLICE "[]GOTYPE"
+%typemap(in) CTYPE *KVX_SLICE %{ $1 = ($1_ltype)($input.len ? $input.array : NULL); %}
+%typemap(argout) CTYPE *KVX_SLICE ""
+%typemap(freearg) CTYPE *KVX_SLICE ""
+%enddef
+KVX_SLICE(uint64_t, uint64)
+KVX_SLICE(const uint64_t, uint64)
+KVX_SLICE(size_t, uint64)
+KVX_SLICE(char, byte)
+KVX_SLICE(void, byte)
+KVX_SLICE(const void, byte)
+KVX_SLICE(kvx_transport *, uintptr)
+KVX_SLICE(kvx_options *, uintptr)
+
+%apply uint64_t *KVX_SLICE { uint64_t *out, uint64_t *out_id, uint64_t *done, uint64_t *failed, uint64_t *inflight };
+%apply const uint64_t *KVX_SLICE { const uint64_t *local_idxs, const uint64_t *remote_idxs, const uint64_t *ids };
+%apply size_t *KVX_SLICE { size_t *out_len, size_t *out_n_done, size_t *out_n_failed, size_t *out_n_inflight };
+%apply char *KVX_SLICE { char *out };
+%apply void *KVX_SLICE { void *buf };
+%apply const void *KVX_SLICE { const void *metadata };
+%apply kvx_transport **KVX_SLICE { kvx_transport **out };
+%apply kvx_options **KVX_SLICE { kvx_options **out };
+
+/* Strings that may be NULL: the empty Go string becomes NULL. */
+%typemap(gotype) const char *KVX_NULLABLE "string"
+%typemap(in) const char *KVX_NULLABLE
+%{
+  $1 = NULL;
+  if ($input.n > 0) {
+    $1 = ($1_ltype)malloc($input.n + 1);
+    if (!$1) {
+      _swig_gopanic("kvxfer: out of memory copying a string argument");
+    }
+    memcpy($1, $input.p, $input.n);
+    $1[$input.n] = '\0';
+  }
+%}
+%typemap(freearg) const char *KVX_NULLABLE %{ free($1); %}
+%apply const char *KVX_NULLABLE { const char *config_json, const char *peer_id };
+
+%include "kvxfer.h"

@@ -1,0 +1,76 @@
+package kvxfer
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"kvxfer.dev/kvxfer/internal/capi"
+)
+
+// A Go-heap []byte must never back a transport: peers write into the
+// region after the C call returned, which cgo forbids for Go memory (and
+// the SWIG layer would not notice). The exported API cannot build such a
+// Region; this test forges one.
+func TestGoHeapRegionRefused(t *testing.T) {
+	heap := make([]byte, 4*4096)
+	r := &Region{mem: heap, numBlocks: 4, blockLen: 4096}
+	tr, err := NewTransport(r, WithBackend("tcp"), WithTCPListen("127.0.0.1:0"))
+	if err == nil {
+		tr.Close()
+		t.Fatal("a Go-heap region was accepted")
+	}
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "Go-heap []byte") {
+		t.Fatalf("unexpected error: %v", err)
+	}
+	if r.users != 0 {
+		t.Fatal("refused region counted as used")
+	}
+	// Nor a slice of a real mapping with a different geometry.
+	real, err := AllocRegion(4, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer real.Free()
+	shifted := &Region{mem: real.mem[4096:], numBlocks: 3, blockLen: 4096}
+	if _, err := NewTransport(shifted); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("sub-slice of a mapping: %v", err)
+	}
+}
+
+// The Go constants must equal the header's (the SWIG layer reads them from C).
+func TestCodesMatchHeader(t *testing.T) {
+	pairs := []struct {
+		goc Code
+		c   capi.Enum_SS_kvx_error
+	}{
+		{CodeOK, capi.KVX_OK}, {CodePermission, capi.KVX_EPERM}, {CodeUnknownPeer, capi.KVX_ENOENT},
+		{CodeNoMemory, capi.KVX_ENOMEM}, {CodeBusy, capi.KVX_EBUSY}, {CodePeerExists, capi.KVX_EEXIST},
+		{CodeInvalid, capi.KVX_EINVAL}, {CodeOutOfRange, capi.KVX_ERANGE}, {CodeBufferTooSmall, capi.KVX_ENOBUFS},
+		{CodeNotSupported, capi.KVX_ENOTSUP}, {CodeOverflow, capi.KVX_EOVERFLOW},
+		{CodeConnRefused, capi.KVX_ECONNREFUSED}, {CodeTimeout, capi.KVX_ETIMEDOUT},
+		{CodeConnReset, capi.KVX_ECONNRESET}, {CodeHostUnreachable, capi.KVX_EHOSTUNREACH},
+		{errnoLimit, capi.KVX_ERRNO_OFFSET}, {CodeClosed, capi.KVX_ECLOSED}, {CodeBadMetadata, capi.KVX_EBADMETA},
+		{CodeVersion, capi.KVX_EVERSION}, {CodeFingerprint, capi.KVX_EFINGERPRINT},
+		{CodeGeometry, capi.KVX_EGEOMETRY}, {CodePeerBroken, capi.KVX_EPEERBROKEN}, {CodeAuth, capi.KVX_EAUTH},
+		{CodeConfig, capi.KVX_ECONFIG}, {CodeBackend, capi.KVX_EBACKEND}, {CodeInternal, capi.KVX_EINTERNAL},
+	}
+	for _, p := range pairs {
+		if int(p.goc) != int(p.c) {
+			t.Errorf("Go code %d (%v) != C %d", p.goc, p.goc, p.c)
+		}
+	}
+	if int(ScopeNone) != int(capi.KVX_SCOPE_NONE) || int(ScopeRequest) != int(capi.KVX_SCOPE_REQUEST) ||
+		int(ScopePeer) != int(capi.KVX_SCOPE_PEER) || int(ScopeTransport) != int(capi.KVX_SCOPE_TRANSPORT) {
+		t.Error("scopes differ from the header")
+	}
+	if int(CancelImmediate) != int(capi.KVX_CANCEL_IMMEDIATE) || int(CancelWait) != int(capi.KVX_CANCEL_WAIT) {
+		t.Error("cancel modes differ from the header")
+	}
+	if PeerIDMax != capi.KVX_PEER_ID_MAX || FingerprintLen != capi.KVX_FINGERPRINT_LEN {
+		t.Error("limits differ from the header")
+	}
+	if uint(capi.KVX_VERSION_NUMBER) != capi.Kvx_version_number() {
+		t.Errorf("header version %d, library %d", capi.KVX_VERSION_NUMBER, capi.Kvx_version_number())
+	}
+}

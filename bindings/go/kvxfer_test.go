@@ -1,0 +1,811 @@
+package kvxfer_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"kvxfer.dev/kvxfer"
+)
+
+const (
+	testBlocks = 16
+	testLen    = 4096
+	canary     = 0xEE
+)
+
+func tcpOpts(extra ...kvxfer.Option) []kvxfer.Option {
+	return append([]kvxfer.Option{
+		kvxfer.WithBackend("tcp"),
+		kvxfer.WithTCPListen("127.0.0.1:0"),
+		kvxfer.WithTimeouts(5*time.Second, 10*time.Second),
+	}, extra...)
+}
+
+// newTransport creates a tcp transport over a fresh region filled with fill.
+func newTransport(t *testing.T, numBlocks uint64, fill byte, opts ...kvxfer.Option) *kvxfer.Transport {
+	t.Helper()
+	r, err := kvxfer.AllocRegion(numBlocks, testLen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range r.Bytes() {
+		r.Bytes()[i] = fill
+	}
+	tr, err := kvxfer.NewTransport(r, tcpOpts(opts...)...)
+	if err != nil {
+		r.Free()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := tr.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := r.Free(); err != nil {
+			t.Error(err)
+		}
+	})
+	return tr
+}
+
+// connect registers dst as peer id of src.
+func connect(t *testing.T, src *kvxfer.Transport, id string, dst *kvxfer.Transport) {
+	t.Helper()
+	meta, err := dst.AgentMetadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.AddRemotePeer(id, meta, dst.BaseAddr(), dst.NumBlocks(), dst.BlockLen()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitAll polls peer until every id in ids surfaced; it returns the failed
+// ones and fails the test on ids it did not expect or on a timeout.
+func waitAll(t *testing.T, tr *kvxfer.Transport, peer string, ids ...uint64) (failed []uint64) {
+	t.Helper()
+	want := map[uint64]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(want) > 0 {
+		res, err := tr.Poll(peer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range res.Done {
+			if !want[id] {
+				t.Fatalf("unexpected done id %d", id)
+			}
+			delete(want, id)
+		}
+		for _, id := range res.Failed {
+			if !want[id] {
+				t.Fatalf("unexpected failed id %d", id)
+			}
+			delete(want, id)
+			failed = append(failed, id)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ids %v not reported within 20 s", want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return failed
+}
+
+func pattern(block uint64, salt byte) byte { return byte(block*37+11) ^ salt }
+
+func fillBlock(b []byte, block uint64, salt byte) {
+	for i := range b {
+		b[i] = pattern(block, salt) + byte(i%251)
+	}
+}
+
+func checkBlock(t *testing.T, what string, got []byte, block uint64, salt byte) {
+	t.Helper()
+	want := make([]byte, len(got))
+	fillBlock(want, block, salt)
+	if !bytes.Equal(got, want) {
+		i := 0
+		for got[i] == want[i] {
+			i++
+		}
+		t.Fatalf("%s: byte %d is %#x, want %#x", what, i, got[i], want[i])
+	}
+}
+
+func checkCanary(t *testing.T, what string, got []byte) {
+	t.Helper()
+	for i, c := range got {
+		if c != canary {
+			t.Fatalf("%s: byte %d is %#x, want the canary %#x", what, i, c, canary)
+		}
+	}
+}
+
+func isErr(t *testing.T, err error, target error, scope kvxfer.Scope, msgPart string) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("got error %v, want %v", err, target)
+	}
+	var ke *kvxfer.Error
+	if !errors.As(err, &ke) {
+		t.Fatalf("%v is not a *kvxfer.Error", err)
+	}
+	if ke.Scope != scope {
+		t.Errorf("%v: scope %v, want %v", err, ke.Scope, scope)
+	}
+	if !strings.Contains(err.Error(), msgPart) {
+		t.Errorf("error %q does not mention %q", err, msgPart)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	if v := kvxfer.Version(); v != "0.1.0" {
+		t.Errorf("Version() = %q", v)
+	}
+}
+
+func TestProperties(t *testing.T) {
+	cfg := `{"model":"interop","layers":2}`
+	a := newTransport(t, testBlocks, 0, kvxfer.WithConfigJSON(cfg))
+	if got := uintptr(a.BaseAddr()); got != a.Region().Addr() || got == 0 {
+		t.Errorf("BaseAddr %#x, region at %#x", got, a.Region().Addr())
+	}
+	if a.NumBlocks() != testBlocks || a.BlockLen() != testLen {
+		t.Errorf("geometry %d x %d", a.NumBlocks(), a.BlockLen())
+	}
+	if a.ConfigFingerprint() != "cba5ae8625a9ca0f" {
+		t.Errorf("ConfigFingerprint %q", a.ConfigFingerprint())
+	}
+	if a.Backend() != "tcp" {
+		t.Errorf("Backend %q", a.Backend())
+	}
+	m1, err := a.AgentMetadata()
+	if err != nil || len(m1) == 0 {
+		t.Fatalf("AgentMetadata: %d bytes, %v", len(m1), err)
+	}
+	m2, _ := a.AgentMetadata()
+	if !bytes.Equal(m1, m2) {
+		t.Error("AgentMetadata changed between calls")
+	}
+	b := newTransport(t, testBlocks, 0)
+	if b.ConfigFingerprint() != "" {
+		t.Errorf("no config: fingerprint %q", b.ConfigFingerprint())
+	}
+}
+
+// Python: json.dumps(d, sort_keys=True, separators=(",", ":")) -> sha256 hex[:16].
+var pythonFingerprints = []struct {
+	json, want string
+}{
+	{`{"model":"interop","layers":2}`, "cba5ae8625a9ca0f"},
+	{"{ \"layers\" : 2,\n \"model\" : \"interop\" }", "cba5ae8625a9ca0f"},
+	{`{"model_name": "meta-llama/Llama-3-8B", "num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "block_size": 16}`, "ddf8aecc95fc0d08"},
+	{`{"rope_theta": 10000.0, "eps": 1e-05, "scale": 0.125, "big": 1e16, "small": 1.5e-7, "mid": 1000000.0}`, "31701ee13cf9a9a5"},
+	{`{"b": [1, 2.5, {"c": null, "d": true}], "a": "é<>&\u2603"}`, "758c9bcc1726faed"},
+	{`{"big": 12345678901234567890, "neg": -3, "f": 1e300, "z": false}`, "fe47bf6e0f0cdd4f"},
+	{`{"a":1}`, "015abd7f5cc57a2d"},
+	{`{"a":1.0}`, "c29a44abc114a1d7"},
+	{"", ""},
+	{"null", ""},
+	{"{}", ""},
+}
+
+func TestFingerprintMatchesPython(t *testing.T) {
+	for _, c := range pythonFingerprints {
+		got, err := kvxfer.Fingerprint(c.json)
+		if err != nil || got != c.want {
+			t.Errorf("Fingerprint(%q) = %q, %v; want %q", c.json, got, err, c.want)
+		}
+	}
+	// The same configs as Go values: floats must stay floats.
+	maps := []struct {
+		fields map[string]any
+		want   string
+	}{
+		{map[string]any{"model": "interop", "layers": 2}, "cba5ae8625a9ca0f"},
+		{map[string]any{"model_name": "meta-llama/Llama-3-8B", "num_layers": 32, "num_kv_heads": 8,
+			"head_dim": 128, "dtype": "bfloat16", "block_size": 16}, "ddf8aecc95fc0d08"},
+		{map[string]any{"rope_theta": 10000.0, "eps": 1e-05, "scale": 0.125, "big": 1e16,
+			"small": 1.5e-7, "mid": 1000000.0}, "31701ee13cf9a9a5"},
+		{map[string]any{"b": []any{1, 2.5, map[string]any{"c": nil, "d": true}}, "a": "é<>&\u2603"}, "758c9bcc1726faed"},
+		{map[string]any{"big": uint64(12345678901234567890), "neg": -3, "f": 1e300, "z": false}, "fe47bf6e0f0cdd4f"},
+		{map[string]any{"a": 1}, "015abd7f5cc57a2d"},
+		{map[string]any{"a": 1.0}, "c29a44abc114a1d7"},
+		{map[string]any{"a": float32(1)}, "c29a44abc114a1d7"},
+		{nil, ""},
+		{map[string]any{}, ""},
+	}
+	for _, c := range maps {
+		got, err := kvxfer.FingerprintOf(c.fields)
+		if err != nil || got != c.want {
+			text, _ := kvxfer.ConfigJSON(c.fields)
+			t.Errorf("FingerprintOf(%v) [%s] = %q, %v; want %q", c.fields, text, got, err, c.want)
+		}
+		r, _ := kvxfer.AllocRegion(1, 64)
+		tr, err := kvxfer.NewTransport(r, tcpOpts(kvxfer.WithConfig(c.fields))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tr.ConfigFingerprint() != c.want {
+			t.Errorf("WithConfig(%v): fingerprint %q, want %q", c.fields, tr.ConfigFingerprint(), c.want)
+		}
+		tr.Close()
+		r.Free()
+	}
+	if text, _ := kvxfer.ConfigJSON(map[string]any{"x": 10000.0, "y": []float64{1, 0.5}}); text != `{"x":10000.0,"y":[1.0,0.5]}` {
+		t.Errorf("ConfigJSON: %s", text)
+	}
+}
+
+func TestFingerprintErrors(t *testing.T) {
+	for _, bad := range []string{"[1]", "{", `{"a":NaN}`, "\"text\"", "{\"a\":1}\x00"} {
+		_, err := kvxfer.Fingerprint(bad)
+		isErr(t, err, kvxfer.ErrConfig, kvxfer.ScopeRequest, "Fingerprint")
+	}
+	_, err := kvxfer.FingerprintOf(map[string]any{"x": make(chan int)})
+	isErr(t, err, kvxfer.ErrConfig, kvxfer.ScopeRequest, "chan")
+}
+
+func TestRegion(t *testing.T) {
+	r, err := kvxfer.AllocRegion(4, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.NumBlocks() != 4 || r.BlockLen() != 100 || r.Len() != 400 || len(r.Bytes()) != 400 {
+		t.Fatalf("geometry %d x %d, %d bytes", r.NumBlocks(), r.BlockLen(), len(r.Bytes()))
+	}
+	for i, c := range r.Bytes() {
+		if c != 0 {
+			t.Fatalf("byte %d not zero", i)
+		}
+	}
+	blk := r.Block(2)
+	if len(blk) != 100 || cap(blk) != 100 || &blk[0] != &r.Bytes()[200] {
+		t.Fatal("Block(2) is not bytes 200..300")
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("Block(4) did not panic")
+			}
+		}()
+		r.Block(4)
+	}()
+	if err := r.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Free(); err != nil {
+		t.Fatal("second Free:", err)
+	}
+	if r.Bytes() != nil || r.Block(0) != nil || r.Addr() != 0 {
+		t.Error("freed region still exposes memory")
+	}
+	_, err = kvxfer.AllocRegion(0, 10)
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "empty")
+	_, err = kvxfer.AllocRegion(1<<40, 1<<40)
+	isErr(t, err, kvxfer.ErrOverflow, kvxfer.ScopeRequest, "too large")
+}
+
+func TestForeignRegionRefused(t *testing.T) {
+	_, err := kvxfer.NewTransport(nil, tcpOpts()...)
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "nil region")
+	_, err = kvxfer.NewTransport(&kvxfer.Region{}, tcpOpts()...)
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "AllocRegion")
+	r, _ := kvxfer.AllocRegion(1, 64)
+	r.Free()
+	_, err = kvxfer.NewTransport(r, tcpOpts()...)
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "freed")
+	// A Go-heap []byte dressed up as a Region: see region_internal_test.go.
+}
+
+// TestWriteBlocks moves real data both ways over tcp and checks every byte,
+// including that blocks nobody wrote keep their canary.
+func TestWriteBlocks(t *testing.T) {
+	a := newTransport(t, testBlocks, 0)
+	b := newTransport(t, testBlocks+4, canary) // peers may differ in num_blocks
+	connect(t, a, "b", b)
+	connect(t, b, "a", a)
+	for i := uint64(0); i < a.NumBlocks(); i++ {
+		fillBlock(a.Region().Block(i), i, 0)
+	}
+	// A run (0..3 -> 10..13), singles out of order, and the last block.
+	local := []uint64{0, 1, 2, 3, 7, 5, 15}
+	remote := []uint64{10, 11, 12, 13, 2, 19, 0}
+	id1, err := a.WriteBlocks("b", local, remote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id2, err := a.WriteBlocks("b", nil, nil) // empty transfer: done at the next poll
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id1 == 0 || id2 == 0 || id1 == id2 {
+		t.Fatalf("ids %d, %d", id1, id2)
+	}
+	if failed := waitAll(t, a, "b", id1, id2); len(failed) > 0 {
+		t.Fatalf("failed: %v", failed)
+	}
+	written := map[uint64]uint64{}
+	for i := range local {
+		written[remote[i]] = local[i]
+	}
+	for blk := uint64(0); blk < b.NumBlocks(); blk++ {
+		what := fmt.Sprintf("b block %d", blk)
+		if src, ok := written[blk]; ok {
+			checkBlock(t, what, b.Region().Block(blk), src, 0)
+		} else {
+			checkCanary(t, what, b.Region().Block(blk))
+		}
+	}
+	// And back: b's block 12 (a's 2) into a's block 9, with all peers polled.
+	id3, err := b.WriteBlocks("a", []uint64{12}, []uint64{9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if failed := waitAll(t, b, "", id3); len(failed) > 0 {
+		t.Fatalf("failed: %v", failed)
+	}
+	checkBlock(t, "a block 9", a.Region().Block(9), 2, 0)
+	checkBlock(t, "a block 8", a.Region().Block(8), 8, 0)
+	checkBlock(t, "a block 10", a.Region().Block(10), 10, 0)
+}
+
+// TestManyTransfersOnePoll makes one Poll call loop past its batch size.
+func TestManyTransfersOnePoll(t *testing.T) {
+	a := newTransport(t, testBlocks, 0)
+	b := newTransport(t, testBlocks, 0)
+	connect(t, a, "b", b)
+	const n = 700
+	ids := make([]uint64, 0, n)
+	for i := 0; i < n; i++ {
+		id, err := a.WriteBlocks("b", nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	res, err := a.Poll("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Done) != n || len(res.Failed) != 0 {
+		t.Fatalf("one Poll returned %d done, %d failed; want %d done", len(res.Done), len(res.Failed), n)
+	}
+	if res, _ := a.Poll(""); res.Done != nil || res.Failed != nil {
+		t.Fatalf("second Poll returned %v", res)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	a := newTransport(t, testBlocks, 0, kvxfer.WithConfigJSON(`{"m":1}`))
+	b := newTransport(t, testBlocks, 0, kvxfer.WithConfigJSON(`{"m":1}`))
+	connect(t, a, "b", b)
+
+	_, err := a.WriteBlocks("nobody", []uint64{0}, []uint64{0})
+	isErr(t, err, kvxfer.ErrUnknownPeer, kvxfer.ScopeRequest, "nobody")
+	if !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("%v is not syscall.ENOENT", err)
+	}
+	_, err = a.WriteBlocks("b", []uint64{0}, []uint64{16})
+	isErr(t, err, kvxfer.ErrOutOfRange, kvxfer.ScopeRequest, "16")
+	_, err = a.WriteBlocks("b", []uint64{70000}, []uint64{0})
+	isErr(t, err, kvxfer.ErrOutOfRange, kvxfer.ScopeRequest, "70000")
+	_, err = a.WriteBlocks("b", []uint64{0, 1}, []uint64{0})
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "2 local indexes but 1 remote")
+	_, err = a.WriteBlocks("b", []uint64{0, 1}, []uint64{3, 3})
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "WriteBlocks")
+	_, err = a.WriteBlocks("", []uint64{0}, []uint64{0})
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "peer id")
+	_, err = a.WriteBlocks("b\x00c", []uint64{0}, []uint64{0})
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "NUL")
+
+	err = a.RemoveRemotePeer("nobody")
+	isErr(t, err, kvxfer.ErrUnknownPeer, kvxfer.ScopeRequest, "RemoveRemotePeer")
+
+	meta, _ := b.AgentMetadata()
+	err = a.AddRemotePeer("b", meta, b.BaseAddr(), b.NumBlocks(), b.BlockLen())
+	isErr(t, err, kvxfer.ErrPeerExists, kvxfer.ScopeRequest, "AddRemotePeer")
+	err = a.AddRemotePeer("b2", meta[:len(meta)/2], b.BaseAddr(), b.NumBlocks(), b.BlockLen())
+	isErr(t, err, kvxfer.ErrBadMetadata, kvxfer.ScopeRequest, "AddRemotePeer")
+	err = a.AddRemotePeer("b2", meta, b.BaseAddr(), b.NumBlocks()+1, b.BlockLen())
+	isErr(t, err, kvxfer.ErrGeometry, kvxfer.ScopeRequest, "AddRemotePeer")
+	err = a.AddRemotePeer("", meta, b.BaseAddr(), b.NumBlocks(), b.BlockLen())
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "AddRemotePeer")
+	err = a.AddRemotePeer(strings.Repeat("x", kvxfer.PeerIDMax+1), meta, b.BaseAddr(), b.NumBlocks(), b.BlockLen())
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "AddRemotePeer")
+
+	c := newTransport(t, testBlocks, 0, kvxfer.WithConfigJSON(`{"m":2}`))
+	cmeta, _ := c.AgentMetadata()
+	err = a.AddRemotePeer("c", cmeta, c.BaseAddr(), c.NumBlocks(), c.BlockLen())
+	isErr(t, err, kvxfer.ErrFingerprint, kvxfer.ScopeRequest, "AddRemotePeer")
+
+	_, err = a.Cancel([]uint64{1}, kvxfer.CancelMode(7))
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "Cancel")
+
+	// A peer that went away: connection refused is a PEER-scope error.
+	d := newTransport(t, testBlocks, 0, kvxfer.WithConfigJSON(`{"m":1}`))
+	dmeta, _ := d.AgentMetadata()
+	d.Close()
+	err = a.AddRemotePeer("d", dmeta, d.BaseAddr(), d.NumBlocks(), d.BlockLen())
+	var ke *kvxfer.Error
+	if !errors.As(err, &ke) || ke.Scope != kvxfer.ScopePeer {
+		t.Errorf("adding a closed peer: %v, want a peer-scope error", err)
+	}
+}
+
+func TestOptionErrors(t *testing.T) {
+	r, _ := kvxfer.AllocRegion(2, 64)
+	defer r.Free()
+	cases := []struct {
+		opts   []kvxfer.Option
+		target error
+		msg    string
+	}{
+		{[]kvxfer.Option{kvxfer.WithOption("no.such.key", "1")}, kvxfer.ErrInvalid, "no.such.key"},
+		{[]kvxfer.Option{kvxfer.WithTCPStreams(99)}, kvxfer.ErrInvalid, "tcp.streams"},
+		{[]kvxfer.Option{kvxfer.WithConnectTimeout(0)}, kvxfer.ErrInvalid, "positive"},
+		{[]kvxfer.Option{kvxfer.WithTransferTimeout(2 * time.Hour)}, kvxfer.ErrInvalid, "transfer_timeout_ms"},
+		{[]kvxfer.Option{kvxfer.WithBackend("carrier-pigeon")}, kvxfer.ErrInvalid, "carrier-pigeon"},
+		{[]kvxfer.Option{kvxfer.WithConfigJSON("[1,2]")}, kvxfer.ErrConfig, "object"},
+		{[]kvxfer.Option{kvxfer.WithConfig(map[string]any{"f": func() {}})}, kvxfer.ErrConfig, "func"},
+		{[]kvxfer.Option{kvxfer.WithOption("tcp.listen", "a\x00b")}, kvxfer.ErrInvalid, "NUL"},
+	}
+	for _, c := range cases {
+		tr, err := kvxfer.NewTransport(r, c.opts...)
+		if err == nil {
+			tr.Close()
+			t.Errorf("options accepted, want %v", c.target)
+			continue
+		}
+		isErr(t, err, c.target, kvxfer.ScopeRequest, c.msg)
+	}
+	// The region is released after each failure: it can be freed.
+	tr, err := kvxfer.NewTransport(r, tcpOpts(kvxfer.WithTCPAdvertise("127.0.0.1:0"), kvxfer.WithTCPStreams(2))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Close()
+}
+
+func TestClose(t *testing.T) {
+	r, _ := kvxfer.AllocRegion(testBlocks, testLen)
+	a, err := kvxfer.NewTransport(r, tcpOpts(kvxfer.WithConfigJSON(`{"m":1}`))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newTransport(t, testBlocks, 0, kvxfer.WithConfigJSON(`{"m":1}`))
+	connect(t, a, "b", b)
+	isErr(t, r.Free(), kvxfer.ErrBusy, kvxfer.ScopeRequest, "open transport")
+	if _, err := a.WriteBlocks("b", []uint64{1, 2, 3}, []uint64{4, 5, 6}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal("second Close:", err)
+	}
+	_, err = a.AgentMetadata()
+	isErr(t, err, kvxfer.ErrClosed, kvxfer.ScopeTransport, "AgentMetadata")
+	_, err = a.WriteBlocks("b", []uint64{0}, []uint64{0})
+	isErr(t, err, kvxfer.ErrClosed, kvxfer.ScopeTransport, "WriteBlocks")
+	_, err = a.Poll("")
+	isErr(t, err, kvxfer.ErrClosed, kvxfer.ScopeTransport, "Poll")
+	_, err = a.Cancel([]uint64{1}, kvxfer.CancelImmediate)
+	isErr(t, err, kvxfer.ErrClosed, kvxfer.ScopeTransport, "Cancel")
+	err = a.RemoveRemotePeer("b")
+	isErr(t, err, kvxfer.ErrClosed, kvxfer.ScopeTransport, "RemoveRemotePeer")
+	err = a.AddRemotePeer("x", []byte{1}, 1, 1, 1)
+	isErr(t, err, kvxfer.ErrClosed, kvxfer.ScopeTransport, "AddRemotePeer")
+	if a.NumBlocks() != testBlocks || a.BlockLen() != testLen || a.BaseAddr() == 0 || a.ConfigFingerprint() == "" {
+		t.Error("properties not readable after Close")
+	}
+	if err := r.Free(); err != nil {
+		t.Fatal("Free after Close:", err)
+	}
+	// The closed peer's own side: b still works, and sees a as unknown.
+	if _, err := b.Poll("a"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCancel(t *testing.T) {
+	a := newTransport(t, testBlocks, 0)
+	b := newTransport(t, testBlocks, 0)
+	connect(t, a, "b", b)
+	var ids []uint64
+	for i := uint64(0); i < 40; i++ {
+		id, err := a.WriteBlocks("b", []uint64{i % testBlocks}, []uint64{(i * 7) % testBlocks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	// Immediate: the first half is forgotten. (The C library still reports
+	// ids that had completed before the cancel, as the seed's "transfers
+	// that already completed are ignored" says; the header's "never
+	// reported" does not hold for those. Accept either, but at most once.)
+	got, err := a.Cancel(ids[:20], kvxfer.CancelImmediate)
+	if err != nil || got != nil {
+		t.Fatalf("Cancel immediate = %v, %v", got, err)
+	}
+	// Wait: what is returned is still tracked and will surface.
+	inflight, err := a.Cancel(ids[20:30], kvxfer.CancelWait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inflight) > 10 {
+		t.Fatalf("Cancel wait returned %d of 10 ids", len(inflight))
+	}
+	must := map[uint64]bool{}
+	may := map[uint64]bool{}
+	for _, id := range ids[:30] {
+		may[id] = true
+	}
+	for _, id := range append(append([]uint64{}, inflight...), ids[30:]...) {
+		must[id] = true
+		delete(may, id)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for settle := 0; len(must) > 0 || settle < 20; {
+		res, err := a.Poll("b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Failed) > 0 {
+			t.Fatalf("failed: %v", res.Failed)
+		}
+		for _, id := range res.Done {
+			switch {
+			case must[id]:
+				delete(must, id)
+			case may[id]:
+				delete(may, id)
+			default:
+				t.Fatalf("id %d reported unexpectedly or twice", id)
+			}
+		}
+		if len(must) == 0 {
+			settle++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ids %v never reported", must)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got, err := a.Cancel(nil, kvxfer.CancelWait); err != nil || len(got) != 0 {
+		t.Fatalf("Cancel(nil) = %v, %v", got, err)
+	}
+	if got, err := a.Cancel([]uint64{1 << 60}, kvxfer.CancelWait); err != nil || len(got) != 0 {
+		t.Fatalf("Cancel(unknown) = %v, %v", got, err)
+	}
+	if kvxfer.CancelWait.String() != "wait" || kvxfer.CancelImmediate.String() != "immediate" {
+		t.Error("CancelMode.String")
+	}
+}
+
+func TestRemoveAndReAddPeer(t *testing.T) {
+	a := newTransport(t, testBlocks, 0)
+	b := newTransport(t, testBlocks, canary)
+	connect(t, a, "b", b)
+	for i := uint64(0); i < testBlocks; i++ {
+		fillBlock(a.Region().Block(i), i, 0x5A)
+	}
+	var ids []uint64
+	for i := uint64(0); i < 8; i++ {
+		id, err := a.WriteBlocks("b", []uint64{i}, []uint64{i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := a.RemoveRemotePeer("b"); err != nil {
+		t.Fatal(err)
+	}
+	// Every id surfaces exactly once, done or failed, when polling all
+	// peers (polling "b" may yield nothing once it is removed).
+	waitAll(t, a, "", ids...)
+	if _, err := a.WriteBlocks("b", []uint64{0}, []uint64{0}); !errors.Is(err, kvxfer.ErrUnknownPeer) {
+		t.Fatalf("write to removed peer: %v", err)
+	}
+	if res, err := a.Poll("b"); err != nil || res.Done != nil || res.Failed != nil {
+		t.Fatalf("Poll(removed peer) = %v, %v", res, err)
+	}
+	connect(t, a, "b", b)
+	id, err := a.WriteBlocks("b", []uint64{9}, []uint64{15})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if failed := waitAll(t, a, "b", id); len(failed) > 0 {
+		t.Fatal("write after re-adding failed")
+	}
+	checkBlock(t, "b block 15", b.Region().Block(15), 9, 0x5A)
+	// Blocks 0..7 may or may not have landed; 8..14 were never written.
+	for blk := uint64(8); blk < 15; blk++ {
+		checkCanary(t, fmt.Sprintf("b block %d", blk), b.Region().Block(blk))
+	}
+}
+
+// TestConcurrent drives one transport from many goroutines: each has its own
+// peer id (all reaching the same remote transport) and its own remote
+// blocks, writes, polls its peer, and verifies; meanwhile other goroutines
+// read properties and metadata, and finally Close races with callers.
+func TestConcurrent(t *testing.T) {
+	const workers = 8
+	const rounds = 20
+	a := newTransport(t, workers*2, 0)
+	b := newTransport(t, workers*2, canary)
+	for w := 0; w < workers; w++ {
+		connect(t, a, fmt.Sprintf("b%d", w), b)
+	}
+	for i := uint64(0); i < a.NumBlocks(); i++ {
+		fillBlock(a.Region().Block(i), i, 0x33)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*rounds)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			peer := fmt.Sprintf("b%d", w)
+			for r := 0; r < rounds; r++ {
+				src := uint64((w + r) % (workers * 2))
+				dst := uint64(w * 2)
+				id, err := a.WriteBlocks(peer, []uint64{src, (src + 1) % (workers * 2)}, []uint64{dst, dst + 1})
+				if err != nil {
+					errs <- err
+					return
+				}
+				deadline := time.Now().Add(20 * time.Second)
+				for {
+					res, err := a.Poll(peer)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if len(res.Failed) > 0 {
+						errs <- fmt.Errorf("%s: transfer failed", peer)
+						return
+					}
+					if len(res.Done) == 1 && res.Done[0] == id {
+						break
+					}
+					if len(res.Done) > 0 {
+						errs <- fmt.Errorf("%s: got ids %v, want %d", peer, res.Done, id)
+						return
+					}
+					if time.Now().After(deadline) {
+						errs <- fmt.Errorf("%s: timeout", peer)
+						return
+					}
+					time.Sleep(100 * time.Microsecond)
+				}
+				want := make([]byte, testLen)
+				fillBlock(want, src, 0x33)
+				if !bytes.Equal(b.Region().Block(dst), want) {
+					errs <- fmt.Errorf("%s round %d: block %d differs", peer, r, dst)
+					return
+				}
+			}
+		}(w)
+	}
+	stop := make(chan struct{})
+	var readers sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := a.AgentMetadata(); err != nil {
+					errs <- err
+					return
+				}
+				_ = a.ConfigFingerprint() + a.Backend()
+				_ = a.NumBlocks() + a.BlockLen() + a.BaseAddr()
+				_, _ = a.Cancel([]uint64{1 << 62}, kvxfer.CancelWait)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	readers.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+
+	// Close while other goroutines keep calling: they get results or
+	// ErrClosed, nothing else, and no crash.
+	var racers sync.WaitGroup
+	bad := make(chan error, 100)
+	for i := 0; i < 4; i++ {
+		racers.Add(1)
+		go func(i int) {
+			defer racers.Done()
+			for j := 0; j < 200; j++ {
+				_, err := a.WriteBlocks(fmt.Sprintf("b%d", i), []uint64{0}, []uint64{1})
+				if err == nil {
+					_, err = a.Poll("")
+				}
+				if err != nil {
+					if !errors.Is(err, kvxfer.ErrClosed) {
+						bad <- err
+					}
+					return
+				}
+			}
+		}(i)
+	}
+	time.Sleep(time.Millisecond)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	racers.Wait()
+	close(bad)
+	for err := range bad {
+		t.Error("racing Close:", err)
+	}
+}
+
+func TestErrorType(t *testing.T) {
+	if !errors.Is(kvxfer.ErrTimeout, syscall.ETIMEDOUT) || errors.Is(kvxfer.ErrClosed, syscall.Errno(1001)) {
+		t.Error("syscall.Errno matching")
+	}
+	if errors.Is(kvxfer.ErrClosed, kvxfer.ErrUnknownPeer) {
+		t.Error("different codes match")
+	}
+	if kvxfer.ErrPeerBroken.Scope != kvxfer.ScopePeer || kvxfer.ErrConfig.Scope != kvxfer.ScopeRequest ||
+		kvxfer.ErrBackend.Scope != kvxfer.ScopeTransport {
+		t.Error("sentinel scopes")
+	}
+	if s := kvxfer.ErrUnknownPeer.Error(); s != "kvxfer: unknown peer" {
+		t.Errorf("sentinel text %q", s)
+	}
+	if kvxfer.Code(-99999).String() == "" || kvxfer.Code(-99999).Scope() != kvxfer.ScopeTransport {
+		t.Error("unknown code")
+	}
+	if kvxfer.ScopePeer.String() != "peer" {
+		t.Error("Scope.String")
+	}
+	wrapped := fmt.Errorf("context: %w", &kvxfer.Error{Op: "X", Code: kvxfer.CodeClosed, Scope: kvxfer.ScopeTransport})
+	if !errors.Is(wrapped, kvxfer.ErrClosed) {
+		t.Error("wrapped error does not match")
+	}
+}
+
+// A transport dropped without Close is closed by its finalizer, which
+// releases the region.
+func TestFinalizerClosesTransport(t *testing.T) {
+	r, err := kvxfer.AllocRegion(1, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		if _, err := kvxfer.NewTransport(r, tcpOpts()...); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	for i := 0; i < 100; i++ {
+		runtime.GC()
+		if err := r.Free(); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("the dropped transport still holds its region")
+}

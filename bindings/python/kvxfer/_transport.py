@@ -1,0 +1,535 @@
+"""kvxfer.Transport: vLLM's DataTransport contract over libkvxfer."""
+
+import array
+import hashlib
+import json
+import operator
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Iterable, NamedTuple, Optional, Sequence
+
+from . import _native
+from ._errors import ArgumentError, ClosedError, ErrorInfo, last_error, make_error
+
+__all__ = ["Transport", "PollResult", "config_fingerprint", "CANCEL_MODES"]
+
+_U64_MAX = (1 << 64) - 1
+_POLL_CAP = 256
+CANCEL_MODES = {"immediate": _native.KVX_CANCEL_IMMEDIATE, "wait": _native.KVX_CANCEL_WAIT}
+# Keyword options whose first '_' stands for '.': tcp_listen -> "tcp.listen".
+_OPTION_PREFIXES = ("tcp", "verbs", "shm")
+
+
+class PollResult(NamedTuple):
+    """Result of polling inflight transfers (same fields as vLLM's PollResult).
+
+    done: transfer ids that completed successfully.
+    failed: transfer ids that failed (error, timeout, peer removed, ...).
+    """
+
+    done: Sequence[int]
+    failed: Sequence[int]
+
+
+# ------------------------------------------------------------------ arguments
+
+
+def _peer_arg(peer_id, what="peer_id"):
+    """A peer id as the C library takes it: str, 1..255 UTF-8 bytes, no NUL."""
+    if not isinstance(peer_id, str):
+        raise TypeError("%s must be a str, not %s" % (what, type(peer_id).__name__))
+    try:
+        n = len(peer_id.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise ArgumentError(_native.KVX_EINVAL, "%s %r is not encodable as UTF-8: %s" % (what, peer_id, e)) from None
+    if n == 0 or n > _native.KVX_PEER_ID_MAX or "\0" in peer_id:
+        raise ArgumentError(_native.KVX_EINVAL, "%s %r must be 1..%d UTF-8 bytes without NUL"
+                            % (what, peer_id, _native.KVX_PEER_ID_MAX))
+    return peer_id
+
+
+def _u64_arg(value, what):
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError("%s must be an int, not %s" % (what, type(value).__name__)) from None
+    if v < 0 or v > _U64_MAX:
+        raise ArgumentError(_native.KVX_ERANGE, "%s = %d is not in 0..2**64-1" % (what, v))
+    return v
+
+
+def _numpy():
+    return sys.modules.get("numpy")  # an ndarray argument implies numpy is imported
+
+
+def _bad_index(seq, what):
+    for pos, v in enumerate(seq):
+        try:
+            v = operator.index(v)
+        except TypeError:
+            raise TypeError("%s[%d] must be an int, not %s" % (what, pos, type(v).__name__)) from None
+        if v < 0:
+            return ArgumentError(_native.KVX_ERANGE, "%s[%d] = %d is negative" % (what, pos, v))
+        if v > _U64_MAX:
+            return ArgumentError(_native.KVX_ERANGE, "%s[%d] = %d does not fit in 64 bits" % (what, pos, v))
+    return TypeError("%s must be a sequence of ints" % what)
+
+
+def _as_u64(seq, what, drop_invalid=False):
+    """An object exporting a C-contiguous uint64 buffer with seq's values.
+
+    numpy integer arrays: zero-copy when C-contiguous uint64 (or int64 with no
+    negative value); other integer dtypes are converted. Python sequences and
+    iterables of ints become array('Q'). Negative or > 2**64-1 values raise
+    ArgumentError (a ValueError), or are dropped when drop_invalid."""
+    np = _numpy()
+    if np is not None and isinstance(seq, np.ndarray):
+        if seq.ndim != 1:
+            raise ArgumentError(_native.KVX_EINVAL, "%s must be a 1-D array, not %d-D" % (what, seq.ndim))
+        kind = seq.dtype.kind
+        if kind not in "iu":
+            raise TypeError("%s must be an integer array, not dtype %s" % (what, seq.dtype))
+        if kind == "i" and seq.size:
+            neg = seq < 0
+            if neg.any():
+                if drop_invalid:
+                    seq = seq[~neg]
+                else:
+                    pos = int(neg.argmax())
+                    raise ArgumentError(_native.KVX_ERANGE, "%s[%d] = %d is negative" % (what, pos, int(seq[pos])))
+        if seq.dtype.itemsize == 8 and seq.dtype.isnative and seq.flags.c_contiguous:
+            return seq if kind == "u" else seq.view(np.uint64)
+        return np.ascontiguousarray(seq, dtype=np.uint64)
+    if isinstance(seq, array.array) and seq.typecode in "QL" and seq.itemsize == 8:
+        return seq
+    if isinstance(seq, str):
+        raise TypeError("%s must be a sequence of ints, not str" % what)
+    if isinstance(seq, (bytes, bytearray, memoryview)) or not isinstance(seq, (list, tuple, range)):
+        try:
+            seq = list(seq)  # (array('Q', bytes) would reinterpret raw bytes)
+        except TypeError:
+            raise TypeError("%s must be a sequence of ints, not %s" % (what, type(seq).__name__)) from None
+    try:
+        return array.array("Q", seq)
+    except OverflowError:
+        if drop_invalid:
+            return array.array("Q", [v for v in map(operator.index, seq) if 0 <= v <= _U64_MAX])
+        raise _bad_index(seq, what) from None
+    except TypeError:
+        raise _bad_index(seq, what) from None
+
+
+def _geometry(view, num_blocks, block_len):
+    """(num_blocks, block_len) of the region, checking it can be lent as a
+    writable C-contiguous buffer of plain bytes."""
+    try:
+        mv = memoryview(view)
+    except TypeError:
+        raise TypeError("view must support the buffer protocol (memoryview, numpy array, bytearray, mmap), "
+                        "not %s" % type(view).__name__) from None
+    with mv:
+        if mv.readonly:
+            raise TypeError("view must be writable (got a read-only %s)" % type(view).__name__)
+        if not mv.c_contiguous:
+            raise ArgumentError(_native.KVX_EINVAL, "view must be C-contiguous")
+        if "O" in mv.format:
+            raise TypeError("view must hold plain data, not Python objects (format %r)" % mv.format)
+        nbytes = mv.nbytes
+        if num_blocks is None and block_len is None:
+            if mv.ndim != 2:
+                raise ArgumentError(_native.KVX_EINVAL,
+                                    "view must be 2-D (num_blocks x block_len) or num_blocks=/block_len= "
+                                    "must be given; got a %d-D buffer" % mv.ndim)
+            num_blocks, block_len = mv.shape[0], mv.shape[1] * mv.itemsize
+        elif num_blocks is None or block_len is None:
+            given = _u64_arg(num_blocks if block_len is None else block_len,
+                             "num_blocks" if block_len is None else "block_len")
+            if given == 0 or nbytes % given:
+                raise ArgumentError(_native.KVX_EINVAL, "a buffer of %d bytes is no whole number of %s = %d"
+                                    % (nbytes, "blocks, num_blocks" if block_len is None else "blocks of block_len",
+                                       given))
+            num_blocks, block_len = (given, nbytes // given) if block_len is None else (nbytes // given, given)
+        else:
+            num_blocks = _u64_arg(num_blocks, "num_blocks")
+            block_len = _u64_arg(block_len, "block_len")
+            if num_blocks * block_len > nbytes:
+                raise ArgumentError(_native.KVX_EINVAL, "a buffer of %d bytes cannot hold %d blocks of %d bytes"
+                                    % (nbytes, num_blocks, block_len))
+    if num_blocks == 0 or block_len == 0:
+        raise ArgumentError(_native.KVX_EINVAL, "empty region: num_blocks=%d, block_len=%d" % (num_blocks, block_len))
+    return num_blocks, block_len
+
+
+def _config_json(config_fields):
+    """(JSON text or None, expected fingerprint): the seed's computation."""
+    if config_fields is None:
+        return None, ""
+    if not isinstance(config_fields, Mapping):
+        raise TypeError("config_fields must be a dict or None, not %s" % type(config_fields).__name__)
+    if not config_fields:
+        return None, ""
+    if not isinstance(config_fields, dict):
+        config_fields = dict(config_fields)
+    canonical = json.dumps(config_fields, sort_keys=True, separators=(",", ":"))
+    return canonical, hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _c_fingerprint(text, expect):
+    rc, fp = _native.kvx_config_fingerprint(text)
+    if rc:
+        raise last_error(rc)
+    if fp != expect:
+        # Only non-str keys get here: json.dumps sorts them by value (2 < 10)
+        # before turning them into strings, the C library sorts strings ("10" < "2").
+        raise ArgumentError(_native.KVX_ECONFIG,
+                            "config_fields cannot be fingerprinted compatibly with vLLM (%s != %s); "
+                            "use str keys" % (fp, expect))
+    return fp
+
+
+def config_fingerprint(config_fields: Optional[dict]) -> str:
+    """The fingerprint a Transport gets for config_fields: the first 16 hex
+    digits of sha256(json.dumps(config_fields, sort_keys=True,
+    separators=(",", ":"))), "" for None or {}, computed by the C library
+    (and checked against Python's own result).
+
+    Raises TypeError for what json.dumps cannot serialize, and ArgumentError
+    (a ValueError, code KVX_ECONFIG) for what kvxfer refuses to hash: NaN and
+    infinities, lone surrogates, nesting deeper than 256, non-str keys whose
+    order differs from their string order."""
+    text, expect = _config_json(config_fields)
+    if text is None:
+        return ""
+    return _c_fingerprint(text, expect)
+
+
+def _option_items(backend, options):
+    items = []
+    if backend is not None:
+        if not isinstance(backend, str):
+            raise TypeError("backend must be a str, not %s" % type(backend).__name__)
+        items.append(("backend", backend))
+    for key, value in options.items():
+        if value is None:
+            continue
+        ckey = key
+        if "." not in key:
+            head, sep, rest = key.partition("_")
+            if sep and rest and head in _OPTION_PREFIXES:
+                ckey = head + "." + rest
+        if isinstance(value, bool):
+            raise TypeError("option %s: expected str or int, not bool" % key)
+        if isinstance(value, str):
+            cval = value
+        elif isinstance(value, int):
+            cval = str(int(value))
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            cval = ",".join(value)  # tcp_advertise=["10.0.0.1:0", "127.0.0.1:0"]
+        else:
+            raise TypeError("option %s: expected str or int, not %s" % (key, type(value).__name__))
+        if "\0" in ckey or "\0" in cval:
+            raise ArgumentError(_native.KVX_EINVAL, "option %s: NUL character" % key)
+        items.append((ckey, cval))
+    return items
+
+
+# ------------------------------------------------------------------ Transport
+
+
+class Transport:
+    """A kvxfer transport over a local region of num_blocks x block_len bytes:
+    a drop-in for vLLM's DataTransport
+    (vllm.v1.kv_offload.tiering.p2p.data.base).
+
+    Transport(view, config_fields=None, *, backend="auto", num_blocks=None,
+              block_len=None, **options)
+
+    view: the local KV block storage, written into by remote peers at any
+        time until close(): a 2-D memoryview (num_blocks x block_len bytes),
+        a 2-D C-contiguous numpy array (block_len = bytes per row, typically
+        uint8), or any writable C-contiguous buffer (bytearray, mmap, ...)
+        with num_blocks= and/or block_len= given. The buffer is held (not
+        copied) until close(): a bytearray/mmap cannot be resized or closed
+        meanwhile (BufferError).
+    config_fields: dict of model config values; its fingerprint must match
+        the peers'. None or {} -> "" (compatible with any peer).
+    backend: "auto" (verbs if an RDMA device is usable, else tcp), "tcp",
+        "verbs", "shm".
+    options: C library options as keywords; the first "_" after a backend
+        prefix becomes ".": tcp_listen="127.0.0.1:0" -> "tcp.listen",
+        tcp_advertise=[...], tcp_streams=4, verbs_device="rxe0",
+        connect_timeout_ms=5000, transfer_timeout_ms=30000. Dotted names
+        work too: **{"tcp.listen": "0.0.0.0:0"}.
+
+    Errors: argument mistakes raise TypeError or ArgumentError (a ValueError);
+    C failures raise kvxfer.Error subclasses (RequestError, PeerError,
+    TransportError, ClosedError) with .code and .message, except
+    write_blocks(), which returns None as the seed says (see last_error).
+    Thread safety: every method may be called from several threads at once;
+    the GIL is released while the C library works. A transport belongs to the
+    process that created it: in a fork()ed child its methods raise
+    ClosedError (close() there only releases the child's buffer).
+    """
+
+    def __init__(self, view, config_fields: Optional[dict] = None, *, backend: str = "auto",
+                 num_blocks: Optional[int] = None, block_len: Optional[int] = None, **options):
+        self._h = None
+        self._closed = True
+        self._tls = threading.local()
+        nb, bl = _geometry(view, num_blocks, block_len)
+        text, expect = _config_json(config_fields)
+        if text is not None:
+            _c_fingerprint(text, expect)  # refuse before creating anything
+        items = _option_items(backend, options)
+        rc, opts = _native.kvx_options_create()
+        if rc:
+            raise last_error(rc)
+        err = None
+        try:
+            for k, v in items:
+                rc = _native.kvx_options_set(opts, k, v)
+                if rc:
+                    err = last_error(rc)
+                    break
+            else:
+                rc, h = _native.kvxpy_open(view, nb, bl, text, opts)
+                if rc:
+                    err = last_error(rc)
+        finally:
+            _native.kvx_options_destroy(opts)
+        if err is not None:
+            raise err
+        self._h = h
+        self._pid = os.getpid()
+        self._closed = False
+        self._view = view  # as the seed does; the native handle holds the buffer itself
+        self._base_addr = self._prop(_native.kvx_transport_base_addr)
+        self._num_blocks = self._prop(_native.kvx_transport_num_blocks)
+        self._block_len = self._prop(_native.kvx_transport_block_len)
+        self._config_fingerprint = self._prop(_native.kvx_transport_config_fingerprint)
+        self._backend = _native.kvx_transport_backend(h)
+        if self._config_fingerprint != expect:  # cannot happen: checked above
+            self.close()
+            raise ArgumentError(_native.KVX_ECONFIG, "fingerprint %r != %r" % (self._config_fingerprint, expect))
+
+    @classmethod
+    def from_buffer(cls, buffer, num_blocks: int, block_len: int, config_fields: Optional[dict] = None,
+                    **kwargs) -> "Transport":
+        """A transport over the first num_blocks * block_len bytes of any
+        writable C-contiguous buffer (bytearray, mmap, numpy array...)."""
+        return cls(buffer, config_fields, num_blocks=num_blocks, block_len=block_len, **kwargs)
+
+    # -------------------------------------------------------------- internals
+
+    def _handle(self):
+        h = self._h
+        if h is None:
+            raise ClosedError(_native.KVX_ECLOSED, "transport is not open")
+        if self._pid != os.getpid():
+            raise ClosedError(_native.KVX_ECLOSED, "transport belongs to process %d, not to this fork()ed child; "
+                              "create a new transport here" % self._pid)
+        return h
+
+    def _prop(self, fn):
+        rc, value = fn(self._h)
+        if rc:
+            raise self._error(rc)
+        return value
+
+    def _error(self, rc):
+        """Exception for rc, recorded as this thread's last_error."""
+        err = last_error(rc)
+        self._tls.error = ErrorInfo(err.code, err.message)
+        return err
+
+    def _raise_local(self, err):
+        self._tls.error = ErrorInfo(err.code, err.message)
+        raise err
+
+    # -------------------------------------------------------------- properties
+
+    @property
+    def base_addr(self) -> int:
+        """Base address of the local block memory region."""
+        return self._base_addr
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of blocks in the local region."""
+        return self._num_blocks
+
+    @property
+    def block_len(self) -> int:
+        """Size of each block in bytes."""
+        return self._block_len
+
+    @property
+    def config_fingerprint(self) -> str:
+        """Content hash of the model configuration: 16 hex chars, or ""."""
+        return self._config_fingerprint
+
+    @property
+    def backend(self) -> str:
+        """The backend in use: "tcp", "verbs" or "shm"."""
+        return self._backend
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def last_error(self) -> Optional[ErrorInfo]:
+        """(code, message) of the calling thread's most recent failed call on
+        this transport (e.g. why write_blocks returned None), or None."""
+        return getattr(self._tls, "error", None)
+
+    # -------------------------------------------------------------- DataTransport
+
+    def get_agent_metadata(self) -> bytes:
+        """Opaque bytes for the peer's add_remote_peer(). They contain the
+        secret that lets a holder write into this region: hand them only to
+        peers that may do so."""
+        h = self._handle()
+        buf = None
+        while True:
+            rc, n = _native.kvx_get_agent_metadata(h, buf)
+            if rc == 0 and buf is not None:
+                return bytes(buf[:n])
+            if rc not in (0, _native.KVX_ENOBUFS):
+                raise self._error(rc)
+            buf = bytearray(n)
+
+    def add_remote_peer(self, peer_id: str, agent_metadata: bytes, base_addr: int, num_blocks: int,
+                        block_len: int) -> None:
+        """Register a remote peer and connect to it (authenticated); blocks up
+        to connect_timeout_ms. On failure nothing is registered and an
+        Error is raised: ArgumentError (bad metadata or geometry),
+        RequestError (KVX_EEXIST, KVX_EFINGERPRINT, KVX_EVERSION), PeerError
+        (refused, timed out, unreachable, authentication), ClosedError."""
+        h = self._handle()
+        try:
+            peer_id = _peer_arg(peer_id)
+            base_addr = _u64_arg(base_addr, "base_addr")
+            num_blocks = _u64_arg(num_blocks, "num_blocks")
+            block_len = _u64_arg(block_len, "block_len")
+        except ArgumentError as e:
+            self._raise_local(e)
+        if isinstance(agent_metadata, str):
+            raise TypeError("agent_metadata must be bytes, not str")
+        rc = _native.kvx_add_remote_peer(h, peer_id, agent_metadata, base_addr, num_blocks, block_len)
+        if rc:
+            raise self._error(rc)
+
+    def remove_remote_peer(self, peer_id: str) -> None:
+        """Unregister a peer: its transfers in flight fail (they surface in
+        poll()'s failed list), its connections are closed. The id may be
+        added again. Raises RequestError (KVX_ENOENT) for an unknown id."""
+        h = self._handle()
+        try:
+            peer_id = _peer_arg(peer_id)
+        except ArgumentError as e:
+            self._raise_local(e)
+        rc = _native.kvx_remove_remote_peer(h, peer_id)
+        if rc:
+            raise self._error(rc)
+
+    def write_blocks(self, peer_id: str, local_idxs: Sequence[int], remote_idxs: Sequence[int]) -> Optional[int]:
+        """Submit a WRITE: local block local_idxs[i] -> peer's block
+        remote_idxs[i]. Never blocks on the network.
+
+        Returns the transfer id (an int > 0, reported once by poll()), or
+        None if the peer is not registered, its connection failed earlier
+        (remove and re-add it) or submission failed otherwise; last_error
+        then says why. Argument mistakes raise: TypeError, or ArgumentError
+        (a ValueError) for different lengths, a negative or out-of-range
+        index, a remote index repeated in one call. ClosedError after close().
+        Index lists: sequences of ints or 1-D numpy integer arrays (uint64 /
+        non-negative int64 C-contiguous arrays are passed without a copy)."""
+        h = self._handle()
+        try:
+            peer_id = _peer_arg(peer_id)
+            loc = _as_u64(local_idxs, "local_idxs")
+            rem = _as_u64(remote_idxs, "remote_idxs")
+            if len(loc) != len(rem):
+                raise ArgumentError(_native.KVX_EINVAL, "local_idxs has %d entries, remote_idxs %d"
+                                    % (len(loc), len(rem)))
+        except ArgumentError as e:
+            self._raise_local(e)
+        rc, tid = _native.kvxpy_write_blocks(h, peer_id, loc, rem)
+        if rc == 0:
+            return tid
+        err = self._error(rc)
+        if isinstance(err, (ArgumentError, ClosedError)):
+            raise err
+        return None
+
+    def poll(self, peer_id: Optional[str] = None) -> PollResult:
+        """Collect finished transfers: PollResult(done, failed), lists of
+        ids, each id reported exactly once. peer_id restricts to one peer's
+        transfers (an unknown id yields nothing). Progress does not depend on
+        polling: backends run on their own threads."""
+        h = self._handle()
+        if peer_id is not None:
+            peer_id = _peer_arg(peer_id)
+        done, failed = [], []
+        dbuf = array.array("Q", bytes(8 * _POLL_CAP))
+        fbuf = array.array("Q", bytes(8 * _POLL_CAP))
+        while True:
+            rc, nd, nf = _native.kvx_poll(h, peer_id, dbuf, fbuf)
+            if rc:
+                raise self._error(rc)
+            done.extend(dbuf[:nd])
+            failed.extend(fbuf[:nf])
+            if nd < _POLL_CAP and nf < _POLL_CAP:
+                return PollResult(done, failed)
+
+    def cancel(self, transfer_ids: Iterable[int], mode: str = "immediate") -> list:
+        """Cancel transfers; unknown or already reported ids are ignored.
+
+        mode="immediate": forget the ids (never reported by poll); bytes
+            already on the wire may still land. Returns [].
+        mode="wait": release what can be released (not started, or finished
+            but not polled yet: never reported); returns the ids still on the
+            wire, which poll() will report as done or failed."""
+        h = self._handle()
+        m = CANCEL_MODES.get(mode) if isinstance(mode, str) else None
+        if m is None:
+            self._raise_local(ArgumentError(_native.KVX_EINVAL, "cancel mode %r is not 'immediate' or 'wait'"
+                                            % (mode,)))
+        ids = _as_u64(transfer_ids, "transfer_ids", drop_invalid=True)
+        inflight = array.array("Q", bytes(8 * len(ids))) if m == _native.KVX_CANCEL_WAIT else None
+        rc, n = _native.kvxpy_cancel(h, ids, m, inflight)
+        if rc:
+            raise self._error(rc)
+        return inflight[:n].tolist() if inflight is not None else []
+
+    def close(self) -> None:
+        """Fail transfers in flight, disconnect peers, stop the backend and
+        release the region's buffer. When it returns, kvxfer writes nothing
+        more into the region. Idempotent; afterwards other methods raise
+        ClosedError (properties stay readable)."""
+        h = self._h
+        if h is None or self._closed:
+            return
+        self._closed = True
+        rc = _native.kvxpy_close(h)
+        if rc:
+            raise self._error(rc)
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __reduce__(self):
+        raise TypeError("a kvxfer.Transport cannot be pickled; send get_agent_metadata() to peers instead")
+
+    def __repr__(self) -> str:
+        if self._h is None:
+            return "<kvxfer.Transport (not open)>"
+        return "<kvxfer.Transport backend=%s num_blocks=%d block_len=%d fingerprint=%r%s>" % (
+            self._backend, self._num_blocks, self._block_len, self._config_fingerprint,
+            " closed" if self._closed else "")

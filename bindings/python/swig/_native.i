@@ -1,0 +1,326 @@
+/*
+ * kvxfer._native: the SWIG layer over include/kvxfer.h. INTERNAL: the public
+ * Python API is the pure-Python package kvxfer (kvxfer/_transport.py), which
+ * validates arguments before calling in here. This layer is still memory-safe
+ * on its own: every pointer it hands to C comes from a buffer it holds for the
+ * duration of the call (or, for the region, until close/dealloc).
+ *
+ * Conventions of this module (differ from SWIG defaults on purpose):
+ *  - Functions returning int return a tuple (rc, out...) when the C function
+ *    has out-parameters, else the int rc. On rc < 0 the caller reads
+ *    kvx_last_error_message() right away (same OS thread: the wrappers only
+ *    release the GIL around the C call itself).
+ *  - A transport is a PyCapsule ("kvxfer.transport") owning a kvx_transport
+ *    and the Py_buffer of its region. kvxpy_close() closes the transport and
+ *    releases the buffer; the capsule's destructor destroys the transport
+ *    (and releases the buffer if close was never called). Because every call
+ *    holds a reference to the capsule, kvx_transport_destroy() is always the
+ *    last call on the handle, as the C contract requires.
+ *  - Index arrays are objects exporting a C-contiguous buffer of 8-byte
+ *    unsigned items (array.array('Q'), numpy uint64); kvxfer._transport
+ *    converts Python sequences to those.
+ *  - Built with -threads: the GIL is released around every C call.
+ */
+%module(package="kvxfer") _native
+
+%{
+#define PY_SSIZE_T_CLEAN
+#include <string.h>
+#include <unistd.h>
+#include <kvxfer.h>
+
+#define KVXPY_CAPSULE "kvxfer.transport"
+
+typedef struct kvxpy_handle {
+    kvx_transport *t;
+    Py_buffer view; /* the region, held (exported) while has_view */
+    int has_view;
+    pid_t pid;      /* creator: a fork()ed child has the memory but not the backend threads */
+} kvxpy_handle;
+
+/* Result tuples: SWIG's AppendOutput builds lists; we want (rc, a, b). */
+static PyObject *kvxpy_append(PyObject *result, PyObject *obj) {
+    PyObject *t;
+    if (!obj) { Py_XDECREF(result); return NULL; }
+    if (!result) return obj;
+    if (!PyTuple_Check(result)) {
+        t = PyTuple_Pack(2, result, obj);
+        Py_DECREF(result);
+        Py_DECREF(obj);
+        return t;
+    }
+    {
+        Py_ssize_t n = PyTuple_GET_SIZE(result), i;
+        t = PyTuple_New(n + 1);
+        if (!t) { Py_DECREF(result); Py_DECREF(obj); return NULL; }
+        for (i = 0; i < n; i++) {
+            PyObject *x = PyTuple_GET_ITEM(result, i);
+            Py_INCREF(x);
+            PyTuple_SET_ITEM(t, i, x);
+        }
+        PyTuple_SET_ITEM(t, n, obj);
+        Py_DECREF(result);
+        return t;
+    }
+}
+
+/* A C-contiguous buffer of 8-byte unsigned integers (1-D or 0 items). */
+static int kvxpy_u64_buffer(PyObject *o, Py_buffer *b, int writable, const char *what) {
+    const char *f;
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, b, flags) != 0) return -1;
+    f = b->format ? b->format : "B";
+    while (*f == '@' || *f == '=' || *f == '<') f++;
+    if (b->ndim > 1 || b->itemsize != 8 || !((f[0] == 'Q' || f[0] == 'L') && f[1] == '\0')) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: expected a contiguous buffer of uint64 (format 'Q'), got format '%s', itemsize %zd, ndim %d",
+                     what, b->format ? b->format : "B", b->itemsize, b->ndim);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+static void kvxpy_capsule_free(PyObject *capsule) {
+    kvxpy_handle *h = (kvxpy_handle *)PyCapsule_GetPointer(capsule, KVXPY_CAPSULE);
+    if (!h) { PyErr_Clear(); return; }
+    if (h->t && h->pid != getpid()) {
+        /* A fork()ed copy: the backend threads and sockets belong to the
+         * parent. Destroying would join threads that do not exist here;
+         * leave the copied state alone (the process image dies with it). */
+        h->t = NULL;
+    }
+    if (h->t) {
+        kvx_transport *t = h->t;
+        h->t = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        kvx_transport_destroy(t); /* joins backend threads: no byte lands afterwards */
+        Py_END_ALLOW_THREADS
+    }
+    if (h->has_view) {
+        h->has_view = 0;
+        PyBuffer_Release(&h->view);
+    }
+    PyMem_Free(h);
+}
+
+/* any_process: also accept a handle inherited through fork() (close and
+ * inspection only; every C call is refused there). */
+static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
+    kvxpy_handle *h;
+    if (!PyCapsule_IsValid(o, KVXPY_CAPSULE)) {
+        PyErr_SetString(PyExc_TypeError, "expected a kvxfer transport handle");
+        return NULL;
+    }
+    h = (kvxpy_handle *)PyCapsule_GetPointer(o, KVXPY_CAPSULE);
+    if (h && !h->t) {
+        PyErr_SetString(PyExc_ValueError, "kvxfer transport handle was destroyed");
+        return NULL;
+    }
+    if (h && !any_process && h->pid != getpid()) {
+        PyErr_Format(PyExc_RuntimeError, "kvxfer transport was created by process %ld; it cannot be used in a "
+                     "fork()ed child (create a new transport there)", (long)h->pid);
+        return NULL;
+    }
+    return h;
+}
+%}
+
+%include <stdint.i>
+
+/* ------------------------------------------------------------ typemaps */
+
+/* The transport handle (a capsule) wherever the C API takes a kvx_transport. */
+%typemap(in) kvx_transport *, const kvx_transport * {
+    kvxpy_handle *h_ = kvxpy_from_capsule($input, 0);
+    if (!h_) SWIG_fail;
+    $1 = h_->t;
+}
+
+/* Out-parameters -> extra tuple items. */
+%typemap(in, numinputs=0) uint64_t *out (uint64_t tmp = 0) { $1 = &tmp; }
+%typemap(argout) uint64_t *out { $result = kvxpy_append($result, PyLong_FromUnsignedLongLong((unsigned long long)*$1)); if (!$result) SWIG_fail; }
+%apply uint64_t *out { uint64_t *out_id };
+
+%typemap(in, numinputs=0) size_t *out_len (size_t tmp = 0) { $1 = &tmp; }
+%typemap(argout) size_t *out_len { $result = kvxpy_append($result, PyLong_FromSize_t(*$1)); if (!$result) SWIG_fail; }
+%apply size_t *out_len { size_t *out_n_done, size_t *out_n_failed, size_t *out_n_inflight };
+
+%typemap(in, numinputs=0) char *out (char tmp[KVX_FINGERPRINT_LEN + 1]) { tmp[0] = '\0'; $1 = tmp; }
+%typemap(argout) char *out { $result = kvxpy_append($result, PyUnicode_FromString($1)); if (!$result) SWIG_fail; }
+
+%typemap(in, numinputs=0) kvx_options **out (kvx_options *tmp = NULL) { $1 = &tmp; }
+%typemap(argout) kvx_options **out {
+    $result = kvxpy_append($result, *$1 ? SWIG_NewPointerObj(*$1, $*1_descriptor, 0) : (Py_INCREF(Py_None), Py_None));
+    if (!$result) SWIG_fail;
+}
+
+/* Read-only bytes-like input (agent metadata). */
+%typemap(in) (const void *metadata, size_t metadata_len) (Py_buffer view, int have = 0) {
+    if (PyObject_GetBuffer($input, &view, PyBUF_SIMPLE) != 0) SWIG_fail;
+    have = 1;
+    $1 = view.buf;
+    $2 = (size_t)view.len;
+}
+%typemap(freearg) (const void *metadata, size_t metadata_len) { if (have$argnum) PyBuffer_Release(&view$argnum); }
+
+/* Writable byte buffer or None (size query). */
+%typemap(in) (void *buf, size_t cap) (Py_buffer view, int have = 0) {
+    if ($input == Py_None) {
+        $1 = NULL;
+        $2 = 0;
+    } else {
+        if (PyObject_GetBuffer($input, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) SWIG_fail;
+        have = 1;
+        $1 = view.buf;
+        $2 = (size_t)view.len;
+    }
+}
+%typemap(freearg) (void *buf, size_t cap) { if (have$argnum) PyBuffer_Release(&view$argnum); }
+
+/* uint64 index arrays: (pointer, count) from one buffer object. */
+%typemap(in) (const uint64_t *IDX_IN, size_t IDX_N) (Py_buffer view, int have = 0) {
+    if (kvxpy_u64_buffer($input, &view, 0, "$1_name") != 0) SWIG_fail;
+    have = 1;
+    $1 = ($1_ltype)view.buf;
+    $2 = (size_t)(view.len / 8);
+}
+%typemap(freearg) (const uint64_t *IDX_IN, size_t IDX_N) { if (have$argnum) PyBuffer_Release(&view$argnum); }
+
+%typemap(in) (uint64_t *IDX_OUT, size_t IDX_CAP) (Py_buffer view, int have = 0) {
+    if ($input == Py_None) {
+        $1 = NULL;
+        $2 = 0;
+    } else {
+        if (kvxpy_u64_buffer($input, &view, 1, "$1_name") != 0) SWIG_fail;
+        have = 1;
+        $1 = ($1_ltype)view.buf;
+        $2 = (size_t)(view.len / 8);
+    }
+}
+%typemap(freearg) (uint64_t *IDX_OUT, size_t IDX_CAP) { if (have$argnum) PyBuffer_Release(&view$argnum); }
+
+%apply (const uint64_t *IDX_IN, size_t IDX_N) {
+    (const uint64_t *local_idxs, size_t n_local),
+    (const uint64_t *remote_idxs, size_t n_remote),
+    (const uint64_t *ids, size_t n)
+};
+%apply (uint64_t *IDX_OUT, size_t IDX_CAP) {
+    (uint64_t *done, size_t done_cap),
+    (uint64_t *failed, size_t failed_cap),
+    (uint64_t *inflight, size_t inflight_cap)
+};
+
+/* ------------------------------------------------------------ the C API */
+
+/* Replaced below by kvxpy_* functions that keep the region's buffer and check
+ * array lengths; kvx_transport_destroy only runs from the capsule destructor. */
+%ignore kvx_transport_create;
+%ignore kvx_transport_destroy;
+%ignore kvx_transport_close;
+%ignore kvx_write_blocks;
+%ignore kvx_cancel;
+
+#define KVX_API
+%include "kvxfer.h"
+
+/* ------------------------------------------------------------ helpers */
+
+/* These touch Python objects, so SWIG must not release the GIL around them;
+ * they release it themselves around the blocking C calls. */
+%nothread kvxpy_open;
+%nothread kvxpy_close;
+%nothread kvxpy_holds_region;
+
+%inline %{
+/* Acquire the region's buffer (writable, C-contiguous, held until close) and
+ * create a transport over its first num_blocks * block_len bytes.
+ * Returns (rc, handle or None); raises BufferError/TypeError/ValueError when
+ * the object cannot lend such a buffer or is too small. */
+PyObject *kvxpy_open(PyObject *region, uint64_t num_blocks, uint64_t block_len, const char *config_json,
+                     const kvx_options *opts) {
+    kvxpy_handle *h;
+    PyObject *cap;
+    int rc;
+    h = (kvxpy_handle *)PyMem_Calloc(1, sizeof *h);
+    if (!h) return PyErr_NoMemory();
+    if (PyObject_GetBuffer(region, &h->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+        PyMem_Free(h);
+        return NULL;
+    }
+    h->has_view = 1;
+    h->pid = getpid();
+    if (num_blocks == 0 || block_len == 0 || num_blocks > (uint64_t)PY_SSIZE_T_MAX / block_len ||
+        (Py_ssize_t)(num_blocks * block_len) > h->view.len) {
+        PyErr_Format(PyExc_ValueError, "region of %zd bytes cannot hold %llu blocks of %llu bytes", h->view.len,
+                     (unsigned long long)num_blocks, (unsigned long long)block_len);
+        PyBuffer_Release(&h->view);
+        PyMem_Free(h);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvx_transport_create(&h->t, h->view.buf, num_blocks, block_len, config_json, opts);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyBuffer_Release(&h->view);
+        PyMem_Free(h);
+        return Py_BuildValue("(iO)", rc, Py_None);
+    }
+    cap = PyCapsule_New(h, KVXPY_CAPSULE, kvxpy_capsule_free);
+    if (!cap) {
+        Py_BEGIN_ALLOW_THREADS
+        kvx_transport_destroy(h->t);
+        Py_END_ALLOW_THREADS
+        PyBuffer_Release(&h->view);
+        PyMem_Free(h);
+        return NULL;
+    }
+    return Py_BuildValue("(iN)", 0, cap);
+}
+
+/* Close the transport (kvx_transport_close: afterwards kvxfer never touches
+ * the region again), then release the region's buffer. Idempotent. The handle
+ * stays valid: later calls on it return KVX_ECLOSED. Returns the close rc.
+ * In a fork()ed child only the buffer is released (the transport is the
+ * parent's). */
+PyObject *kvxpy_close(PyObject *handle) {
+    kvxpy_handle *h = kvxpy_from_capsule(handle, 1);
+    kvx_transport *t;
+    int rc = 0;
+    if (!h) return NULL;
+    t = h->t;
+    if (h->pid == getpid()) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = kvx_transport_close(t);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc == 0 && h->has_view) {
+        h->has_view = 0;
+        PyBuffer_Release(&h->view);
+    }
+    return PyLong_FromLong(rc);
+}
+
+/* True while the handle holds its region's buffer (until close/dealloc). */
+PyObject *kvxpy_holds_region(PyObject *handle) {
+    kvxpy_handle *h = kvxpy_from_capsule(handle, 1);
+    if (!h) return NULL;
+    return PyBool_FromLong(h->has_view);
+}
+
+/* kvx_write_blocks with one (pointer, length) per index array: lengths must
+ * agree (else KVX_EINVAL without calling C; the Python layer checks first). */
+int kvxpy_write_blocks(uint64_t *out_id, kvx_transport *t, const char *peer_id, const uint64_t *local_idxs,
+                       size_t n_local, const uint64_t *remote_idxs, size_t n_remote) {
+    if (n_local != n_remote) return KVX_EINVAL;
+    return kvx_write_blocks(out_id, t, peer_id, local_idxs, remote_idxs, n_local);
+}
+
+/* kvx_cancel with the inflight array's capacity: too small an array (or None)
+ * for KVX_CANCEL_WAIT is passed as NULL, which the C library rejects. */
+int kvxpy_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t *ids, size_t n, int mode,
+                 uint64_t *inflight, size_t inflight_cap) {
+    if (inflight_cap < n) inflight = NULL;
+    return kvx_cancel(out_n_inflight, t, ids, n, mode, inflight);
+}
+%}

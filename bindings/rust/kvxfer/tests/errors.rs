@@ -1,0 +1,363 @@
+//! Error codes, kinds, scopes and messages through the safe API.
+mod common;
+use common::*;
+use kvxfer::{CancelMode, Error, ErrorKind, Options, Scope, Transport};
+
+fn pair() -> (Transport<'static>, Transport<'static>) {
+    let opts = tcp_opts();
+    let a = Transport::new(vec![1; 8 * 64], 8, 64, Some(r#"{"m":1}"#), &opts).unwrap();
+    let b = Transport::new(vec![2; 4 * 64], 4, 64, Some(r#"{"m":1}"#), &opts).unwrap();
+    (a, b)
+}
+
+fn assert_err<T: std::fmt::Debug>(
+    r: kvxfer::Result<T>,
+    kind: ErrorKind,
+    scope: Scope,
+    needle: &str,
+) -> Error {
+    let e = r.expect_err("expected an error");
+    assert_eq!(e.kind(), kind, "{:?}", e);
+    assert_eq!(e.scope(), scope, "{:?}", e);
+    assert!(e.code() < 0);
+    assert!(
+        e.message().contains(needle),
+        "message {:?} should contain {:?}",
+        e.message(),
+        needle
+    );
+    let shown = e.to_string();
+    assert!(
+        shown.contains(e.message()) && shown.contains(e.description()),
+        "{}",
+        shown
+    );
+    e
+}
+
+#[test]
+fn unknown_peer() {
+    let (a, _b) = pair();
+    assert_err(
+        a.write_blocks("ghost", &[0], &[0]),
+        ErrorKind::UnknownPeer,
+        Scope::Request,
+        "ghost",
+    );
+    assert_err(
+        a.remove_remote_peer("ghost"),
+        ErrorKind::UnknownPeer,
+        Scope::Request,
+        "ghost",
+    );
+    // poll of an unknown peer is not an error
+    assert!(a.poll(Some("ghost")).unwrap().is_empty());
+}
+
+#[test]
+fn out_of_range_and_bad_indexes() {
+    let (a, b) = pair();
+    connect(&a, "b", &b).unwrap();
+    assert_err(
+        a.write_blocks("b", &[8], &[0]),
+        ErrorKind::OutOfRange,
+        Scope::Request,
+        "8",
+    );
+    assert_err(
+        a.write_blocks("b", &[0, 1], &[1, 4]),
+        ErrorKind::OutOfRange,
+        Scope::Request,
+        "4",
+    );
+    assert_err(
+        a.write_blocks("b", &[0, 1], &[2, 2]),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "2",
+    );
+    // checked in Rust before the call
+    let e = assert_err(
+        a.write_blocks("b", &[0, 1], &[0]),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "2",
+    );
+    assert_eq!(e.code(), kvxfer::sys::KVX_EINVAL);
+    // still usable afterwards
+    let id = a.write_blocks("b", &[0], &[0]).unwrap();
+    wait_all(&a, None, &[id]);
+}
+
+#[test]
+fn closed_transport() {
+    let (a, b) = pair();
+    connect(&a, "b", &b).unwrap();
+    a.close().unwrap();
+    assert_err(
+        a.write_blocks("b", &[0], &[0]),
+        ErrorKind::Closed,
+        Scope::Transport,
+        "",
+    );
+    assert_err(a.poll(None), ErrorKind::Closed, Scope::Transport, "");
+    assert_err(a.agent_metadata(), ErrorKind::Closed, Scope::Transport, "");
+    assert_err(
+        a.cancel(&[1], CancelMode::Wait),
+        ErrorKind::Closed,
+        Scope::Transport,
+        "",
+    );
+    assert_err(
+        a.remove_remote_peer("b"),
+        ErrorKind::Closed,
+        Scope::Transport,
+        "",
+    );
+    assert_err(
+        connect(&a, "c", &b),
+        ErrorKind::Closed,
+        Scope::Transport,
+        "",
+    );
+    a.close().unwrap();
+    assert_eq!(a.num_blocks(), 8);
+}
+
+#[test]
+fn peer_registration_errors() {
+    let (a, b) = pair();
+    let meta = b.agent_metadata().unwrap();
+    connect(&a, "b", &b).unwrap();
+    assert_err(
+        connect(&a, "b", &b),
+        ErrorKind::PeerExists,
+        Scope::Request,
+        "b",
+    );
+    assert_err(
+        a.add_remote_peer("x", &meta[..meta.len() / 2], b.base_addr(), 4, 64),
+        ErrorKind::BadMetadata,
+        Scope::Request,
+        "",
+    );
+    assert_err(
+        a.add_remote_peer("x", b"definitely not metadata", b.base_addr(), 4, 64),
+        ErrorKind::BadMetadata,
+        Scope::Request,
+        "",
+    );
+    assert_err(
+        a.add_remote_peer("x", &meta, b.base_addr(), 4, 32),
+        ErrorKind::Geometry,
+        Scope::Request,
+        "",
+    );
+    assert_err(
+        a.add_remote_peer("x", &meta, b.base_addr() + 64, 4, 64),
+        ErrorKind::Geometry,
+        Scope::Request,
+        "",
+    );
+    assert_err(
+        a.add_remote_peer("x", &meta, b.base_addr(), 5, 64),
+        ErrorKind::Geometry,
+        Scope::Request,
+        "",
+    );
+    assert_err(
+        a.add_remote_peer("", &meta, b.base_addr(), 4, 64),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "",
+    );
+    let long = "p".repeat(kvxfer::PEER_ID_MAX + 1);
+    assert_err(
+        a.add_remote_peer(&long, &meta, b.base_addr(), 4, 64),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "",
+    );
+    assert_err(
+        a.add_remote_peer("n\0ul", &meta, b.base_addr(), 4, 64),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "NUL",
+    );
+    assert_err(
+        a.write_blocks("n\0ul", &[0], &[0]),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "NUL",
+    );
+    // a peer id of exactly PEER_ID_MAX bytes is fine
+    connect(&a, &"q".repeat(kvxfer::PEER_ID_MAX), &b).unwrap();
+}
+
+#[test]
+fn fingerprint_mismatch_and_none_is_compatible() {
+    let opts = tcp_opts();
+    let a = Transport::new(vec![0; 64], 1, 64, Some(r#"{"model":"a"}"#), &opts).unwrap();
+    let b = Transport::new(vec![0; 64], 1, 64, Some(r#"{"model":"b"}"#), &opts).unwrap();
+    let n = Transport::new(vec![0; 64], 1, 64, None, &opts).unwrap();
+    assert_err(
+        connect(&a, "b", &b),
+        ErrorKind::FingerprintMismatch,
+        Scope::Request,
+        "",
+    );
+    connect(&a, "n", &n).unwrap();
+    connect(&n, "b", &b).unwrap();
+}
+
+#[test]
+fn dead_peer_is_a_peer_scope_error() {
+    let (a, b) = pair();
+    let meta = b.agent_metadata().unwrap();
+    let (base, nb, bl) = (b.base_addr(), b.num_blocks(), b.block_len());
+    drop(b);
+    let opts = Options::new()
+        .backend("tcp")
+        .set("tcp.listen", "127.0.0.1:0")
+        .set("connect_timeout_ms", "2000");
+    let c = Transport::new(vec![1; 8 * 64], 8, 64, Some(r#"{"m":1}"#), &opts).unwrap();
+    for t in [&a, &c] {
+        let e = t.add_remote_peer("gone", &meta, base, nb, bl).unwrap_err();
+        assert_eq!(e.scope(), Scope::Peer, "{:?}", e);
+    }
+}
+
+#[test]
+fn creation_errors() {
+    let o = Options::new();
+    assert_err(
+        Transport::new(vec![0; 10], 2, 4, None, &o),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "10",
+    );
+    assert_err(
+        Transport::new(vec![], 0, 4, None, &o),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "",
+    );
+    assert_err(
+        Transport::new(vec![0; 4], u64::MAX, 2, None, &o),
+        ErrorKind::Overflow,
+        Scope::Request,
+        "",
+    );
+    assert_err(
+        Transport::new(vec![0; 4], 1, 4, Some("[1,2]"), &o),
+        ErrorKind::Config,
+        Scope::Request,
+        "",
+    );
+    assert_err(
+        Transport::new(vec![0; 4], 1, 4, Some("{\"a\":"), &o),
+        ErrorKind::Config,
+        Scope::Request,
+        "",
+    );
+    assert_err(
+        Transport::new(vec![0; 4], 1, 4, Some("{}\0"), &o),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "NUL",
+    );
+    let bad_key = Options::new().set("no.such.key", "1");
+    assert_err(
+        bad_key.validate(),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "no.such.key",
+    );
+    assert_err(
+        Transport::new(vec![0; 4], 1, 4, None, &bad_key),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "no.such.key",
+    );
+    let bad_val = Options::new().set("tcp.streams", "99");
+    assert_err(
+        bad_val.validate(),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "99",
+    );
+    let bad_backend = Options::new().backend("carrier-pigeon");
+    let e = Transport::new(vec![0; 4], 1, 4, None, &bad_backend).unwrap_err();
+    assert!(
+        matches!(
+            e.kind(),
+            ErrorKind::InvalidArgument | ErrorKind::NotSupported
+        ),
+        "{:?}",
+        e
+    );
+    let bad_listen = Options::new()
+        .backend("tcp")
+        .set("tcp.listen", "256.1.1.1:1");
+    assert!(Transport::new(vec![0; 4], 1, 4, None, &bad_listen).is_err());
+}
+
+#[test]
+fn options_builder() {
+    let o = Options::new()
+        .backend("tcp")
+        .set("tcp.streams", "2")
+        .set("backend", "auto");
+    assert_eq!(o.get("backend"), Some("auto"));
+    assert_eq!(o.get("tcp.streams"), Some("2"));
+    assert_eq!(o.get("tcp.listen"), None);
+    assert_eq!(
+        o.iter().collect::<Vec<_>>(),
+        vec![("backend", "auto"), ("tcp.streams", "2")]
+    );
+    o.validate().unwrap();
+    let mut p = Options::new();
+    p.insert("connect_timeout_ms", "100")
+        .insert("transfer_timeout_ms", "200");
+    p.validate().unwrap();
+}
+
+#[test]
+fn message_is_captured_at_failure() {
+    let (a, _b) = pair();
+    let e = a.write_blocks("first", &[0], &[0]).unwrap_err();
+    // Another failure on this thread does not change the captured message.
+    let _ = a.write_blocks("second", &[0], &[0]).unwrap_err();
+    assert!(e.message().contains("first"), "{:?}", e);
+    // A failure on another thread does not leak into this one's errors.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let e2 = a.write_blocks("other-thread", &[0], &[0]).unwrap_err();
+            assert!(e2.message().contains("other-thread"));
+        });
+    });
+    let e3 = a.write_blocks("third", &[0], &[0]).unwrap_err();
+    assert!(e3.message().contains("third"), "{:?}", e3);
+}
+
+#[test]
+fn error_trait_and_strerror() {
+    let e = kvxfer::fingerprint("[").unwrap_err();
+    let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(e.clone());
+    assert!(boxed.to_string().starts_with("kvxfer: "));
+    assert!(format!("{:?}", e).contains("Config"));
+    assert_eq!(
+        ErrorKind::from_code(kvxfer::sys::KVX_EAUTH),
+        ErrorKind::Auth
+    );
+    assert_eq!(ErrorKind::from_code(-4242), ErrorKind::Other);
+    assert!(!kvxfer::strerror(-4242).is_empty());
+    assert_ne!(
+        kvxfer::strerror(kvxfer::sys::KVX_ENOENT),
+        kvxfer::strerror(kvxfer::sys::KVX_ERANGE)
+    );
+    fn uses_question_mark() -> Result<String, Box<dyn std::error::Error>> {
+        Ok(kvxfer::fingerprint("{")?)
+    }
+    assert!(uses_question_mark().is_err());
+}
