@@ -234,7 +234,9 @@ static void test_remove_inflight(void **state) {
     size_t nf = 0;
     assert_int_equal(vt_wait(p.a, NULL, ids, N, 10000, &nf, NULL), N);
     printf("remove: %zu of %d failed\n", nf, N);
-    assert_true(nf > 0); /* some were still queued or on the wire */
+    /* How many were still queued or on the wire at the remove depends on
+     * timing (rxe copies inside ibv_post_send, so on Soft-RoCE all of them
+     * may be done already): only exactly-once surfacing is asserted. */
     vt_expect_silence(p.a, 200);
     uint64_t id;
     VT_ERR(kvx_write_blocks(&id, p.a, "b", l, r, 1), KVX_ENOENT);
