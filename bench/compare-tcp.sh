@@ -114,11 +114,11 @@ def size(n):
             return "%d %s" % (n >> shift, unit)
     return "%d B" % n
 
-print("%-9s %-14s %12s %12s %8s %10s %9s" % ("block", "batch/pattern", "kvxfer GB/s",
+print("%-9s %-14s %8s %12s %12s %8s %10s %9s" % ("block", "batch/pattern", "inflight", "kvxfer GB/s",
       "iperf3 GB/s", "ratio", "p50 us", "verified"))
 for r in rows:
-    print("%-9s %-14s %12.3f %12.3f %8.2f %10.1f %9s" % (
-        size(r["block_size"]), "%d %s" % (r["batch"], r["pattern"]), r["gb_per_s"],
+    print("%-9s %-14s %8d %12.3f %12.3f %8.2f %10.1f %9s" % (
+        size(r["block_size"]), "%d %s" % (r["batch"], r["pattern"]), r["inflight"], r["gb_per_s"],
         iperf_gbps, r["gb_per_s"] / iperf_gbps if iperf_gbps > 0 else 0.0,
         r["p50_us"], r["verified"]))
 EOF

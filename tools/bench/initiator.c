@@ -115,6 +115,16 @@ static void *xcalloc(size_t n, size_t sz)
     return p;
 }
 
+/* Default window: about AUTO_WINDOW bytes outstanding, 8..64 transfers
+ * (ib_write_bw keeps 128 writes in flight by default; iperf3 a full socket
+ * buffer). Fewer leaves small blocks latency-bound on any backend. */
+#define AUTO_WINDOW (2u << 20)
+static uint64_t auto_inflight(uint64_t bs, uint64_t batch)
+{
+    uint64_t per = bs * batch, n = per ? AUTO_WINDOW / per : 64;
+    return n < 8 ? 8 : n > 64 ? 64 : n;
+}
+
 static void engine_init(struct engine *e, const struct bench_opts *o, kvx_transport *t,
                         uint64_t nblocks, uint64_t bs, uint64_t batch, uint64_t seed)
 {
@@ -124,7 +134,7 @@ static void engine_init(struct engine *e, const struct bench_opts *o, kvx_transp
     e->nblocks = nblocks;
     e->bs = bs;
     e->batch = batch;
-    e->inflight = o->inflight;
+    e->inflight = o->inflight ? o->inflight : auto_inflight(bs, batch);
     e->pattern = o->pattern;
     e->rng = seed;
     if (o->verify) {
@@ -442,7 +452,7 @@ static uint8_t *expect(uint8_t want, struct rbuf *r, const char *what)
 
 struct result {
     const char *backend;
-    uint64_t block_size, batch, blocks, bytes, transfers, failed;
+    uint64_t block_size, batch, blocks, inflight, bytes, transfers, failed;
     double seconds, gbps, xps, p50, p99, p999, max_us;
     const char *verified;
     char problem[600];
@@ -608,6 +618,7 @@ static void run_size(const struct bench_opts *o, uint32_t run, uint64_t bs, uint
     res->block_size = bs;
     res->batch = batch;
     res->blocks = nblocks;
+    res->inflight = e.inflight;
     res->bytes = e.bytes;
     res->transfers = e.n_done;
     res->failed = e.n_failed + warm_failed;
@@ -685,7 +696,7 @@ static void print_json(const struct bench_opts *o, const struct result *r)
            be, (unsigned long long)r->block_size, (unsigned long long)r->batch,
            pattern_name(o->pattern), (unsigned long long)r->bytes, r->seconds, r->gbps, r->xps,
            r->p50, r->p99, r->verified, (unsigned long long)r->blocks,
-           (unsigned long long)o->inflight, (unsigned long long)r->transfers,
+           (unsigned long long)r->inflight, (unsigned long long)r->transfers,
            (unsigned long long)r->failed, r->p999, r->max_us);
     fflush(stdout);
 }
@@ -714,10 +725,14 @@ int run_initiator(const struct bench_opts *o, int ctl_fd, const char *target_des
             fmt_size(dur, sizeof dur, o->total), strcat(dur, " per size");
         else
             snprintf(dur, sizeof dur, "%g s per size", o->duration);
-        printf("kvxfer-bench %s: target %s, library %s; backend %s, inflight %llu, %s, "
+        char infl[48];
+        if (o->inflight)
+            snprintf(infl, sizeof infl, "%llu", (unsigned long long)o->inflight);
+        else
+            snprintf(infl, sizeof infl, "auto (2 MiB outstanding, 8..64)");
+        printf("kvxfer-bench %s: target %s, library %s; backend %s, inflight %s, %s, "
                "verify %s\n",
-               kvx_version_string(), target_desc, tlib, o->backend,
-               (unsigned long long)o->inflight, dur, o->verify ? "on" : "off");
+               kvx_version_string(), target_desc, tlib, o->backend, infl, dur, o->verify ? "on" : "off");
         print_header();
         fflush(stdout);
     }

@@ -45,7 +45,8 @@ static const char usage_text[] =
     "  --batch N                  blocks per kvx_write_blocks call (default: enough\n"
     "                             for 64 KiB per call, at most 256: 16 for 4K, 1 for\n"
     "                             >= 64K)\n"
-    "  --inflight N               max outstanding transfers (default 8)\n"
+    "  --inflight N               max outstanding transfers (default: enough for\n"
+    "                             2 MiB outstanding, 8..64: 32 for 64K, 8 for 1M)\n"
     "  --pattern seq|random       seq (default): each call writes consecutive local\n"
     "                             and consecutive remote blocks, so runs coalesce;\n"
     "                             random: distinct random remote blocks, random\n"
@@ -163,7 +164,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->backend = "auto";
-    o->inflight = 8;
+    o->inflight = 0; /* auto, per block size */
     o->pattern = PATTERN_SEQ;
     o->duration = 3;
     o->warmup = 0.2;

@@ -78,12 +78,12 @@ private:
         std::thread sender, acker;
         std::mutex mu;  // guards awaiting
         std::deque<Part> awaiting;
-        std::vector<uint8_t> head;  // frame header + segment table, reused
+        std::vector<uint8_t> head;  // frame headers + segment tables of one sendmsg, reused
         std::vector<iovec> iov;     // sender thread only
     };
     void send_loop(Stream *s);
     void ack_loop(Stream *s);
-    int send_part(Stream *s, const Part &p);
+    int send_parts(Stream *s, const std::vector<Part> &parts);
     void finish_part(const Part &p, int status);
     void fail_all(int status);
     bool stop_flag_seen();
