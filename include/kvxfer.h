@@ -170,7 +170,21 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        non-loopback IPv4 address of the host that is up,
  *                        then 127.0.0.1 (so one host and several both work).
  *   tcp.streams          TCP connections per peer, 1..16, default 1.
- *   verbs.*              reserved for the verbs backend.
+ *   verbs.device         RDMA device name (e.g. "mlx5_0"); default: the
+ *                        first device with an ACTIVE port.
+ *   verbs.port           port number on that device, 1..255; default: the
+ *                        first ACTIVE port.
+ *   verbs.gid_index      0..65535: take the listen address from that GID
+ *                        (RoCE); default: rdma_cm's choice, logged.
+ *   verbs.listen         "IP:PORT" for rdma_cm to listen on (an address of
+ *                        the RDMA device; PORT 0 = any); default: the IPv4
+ *                        address of the chosen port, any port.
+ *   verbs.qps_per_peer   RC queue pairs per peer, 1..16, default 1;
+ *                        transfers of 512 KiB or more are split over them.
+ *   The verbs.* keys are ignored by other backends. With backend "verbs" a
+ *   device that cannot be used (none, no ACTIVE port, RLIMIT_MEMLOCK too low
+ *   for the region, verbs.* naming something absent) fails creation with
+ *   KVX_ENOTSUP and the reason; with "auto" it selects tcp (logged).
  * @return 0, KVX_EINVAL (NULL argument, unknown key, malformed value: the
  *         message names the key and value), KVX_ENOMEM.
  */

@@ -139,7 +139,11 @@ static void test_cancel_wait_on_wire(void **state) {
     size_t n_in = 0;
     CHECK_OK(kvx_cancel(&n_in, a, ids, N, KVX_CANCEL_WAIT, inflight));
     print_message("cancel wait with stopped target: %zu of %d on the wire\n", n_in, N);
-    assert_true(n_in >= 1 && n_in < N);
+    /* tcp: a stopped target stops reading, so the sender is stuck inside the
+     * first 16 MiB transfer and the later ones are not started. One-sided
+     * RDMA lands bytes in a stopped process, so for verbs how many are still
+     * on the wire is a matter of timing: only exactly-once is asserted. */
+    if (strcmp(test_backend(), "tcp") == 0) assert_true(n_in >= 1 && n_in < N);
     kill(c.pid, SIGCONT);
     size_t nf = 0;
     assert_int_equal(wait_ids(a, NULL, inflight, n_in, 30000, &nf, NULL), n_in);
