@@ -24,7 +24,8 @@ if [[ ${1:-} != --inside ]]; then
     [[ $# -gt 0 ]] && shift
     [[ -x $build/kvxfer-bench ]] || die "no kvxfer-bench in $build (make build)"
     build=$(cd "$build" && pwd)
-    extra=$(printf ' %q' "$@")
+    extra=""
+    [[ $# -gt 0 ]] && extra=$(printf ' %q' "$@")
     exec "$root/tests/rdma-vm/run-vm.sh" -t 900 -w "$build" -- \
         "DURATION=${DURATION:-3} bash '$root/bench/compare-verbs.sh' --inside '$build'$extra"
 fi
