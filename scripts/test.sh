@@ -85,7 +85,10 @@ vm() {
     local b
     b=$(cd "$BUILD" && pwd)
     tests/rdma-vm/run-vm.sh -t 1500 -w "$b" -- \
-        "cd '$b' && KVX_TEST_BACKEND=verbs ctest --output-on-failure -L 'conformance|verbs'"
+        "cd '$b' && KVX_TEST_BACKEND=verbs ctest --output-on-failure -L 'conformance|verbs' &&
+         echo '--- kvxfer-bench with no backend flag (auto must pick verbs), verified' &&
+         ./kvxfer-bench --no-progress --duration 0.5 --json > bench.json && cat bench.json &&
+         [ \$(grep -c '\"backend\":\"verbs\".*\"verified\":\"yes\"' bench.json) = 3 ]"
 }
 
 case "${1:-all}" in
