@@ -28,6 +28,7 @@ set(KVX_DEB_python python3-kvxfer)
 set(KVX_RPM_runtime kvxfer-libs)
 set(KVX_RPM_development kvxfer-devel)
 set(KVX_RPM_tools kvxfer-tools)
+set(KVX_RPM_python python3-kvxfer)
 
 include(${CMAKE_CURRENT_LIST_DIR}/PythonPackage.cmake)
 
@@ -173,12 +174,17 @@ set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
   ${CMAKE_INSTALL_FULL_MANDIR} ${CMAKE_INSTALL_FULL_MANDIR}/man1
   ${CMAKE_INSTALL_FULL_MANDIR}/man3 ${CMAKE_INSTALL_FULL_MANDIR}/man7
   ${CMAKE_INSTALL_FULL_DATAROOTDIR}/licenses)
+if(KVX_PY_SITE)  # the interpreter's directories belong to the python package
+  list(APPEND CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
+    ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/python${KVX_PY_VERSION}
+    ${CMAKE_INSTALL_PREFIX}/${KVX_PY_SITE})
+endif()
 set(_kvx_ldconfig ${CMAKE_BINARY_DIR}/packaging/rpm-ldconfig.sh)
 file(WRITE ${_kvx_ldconfig} "/sbin/ldconfig\n")
 set(CPACK_RPM_RUNTIME_POST_INSTALL_SCRIPT_FILE ${_kvx_ldconfig})
 set(CPACK_RPM_RUNTIME_POST_UNINSTALL_SCRIPT_FILE ${_kvx_ldconfig})
 set(_kvx_rpm_exact "${KVX_RPM_runtime} = ${PROJECT_VERSION}-${KVX_PKG_RELEASE}")
-foreach(c runtime development tools)
+foreach(c IN LISTS KVX_PKG_COMPONENTS)
   string(TOUPPER ${c} C)
   set(CPACK_RPM_${C}_PACKAGE_NAME ${KVX_RPM_${c}})
   string(SUBSTRING "${_kvx_summary_${c}}" 0 1 first)
@@ -195,5 +201,9 @@ endforeach()
 set(CPACK_RPM_RUNTIME_PACKAGE_GROUP "System Environment/Libraries")
 set(CPACK_RPM_DEVELOPMENT_PACKAGE_GROUP "Development/Libraries")
 set(CPACK_RPM_TOOLS_PACKAGE_GROUP "Applications/System")
+if(KVX_PY_RPM_REQUIRES)
+  set(CPACK_RPM_PYTHON_PACKAGE_REQUIRES "${_kvx_rpm_exact}, ${KVX_PY_RPM_REQUIRES}")
+  set(CPACK_RPM_PYTHON_PACKAGE_GROUP "Development/Languages")
+endif()
 
 include(CPack)

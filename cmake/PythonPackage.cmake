@@ -1,11 +1,13 @@
 # The Python module (bindings/python: a setuptools + SWIG build) as install
-# component "python", packaged as python3-kvxfer. Only for the .deb tree
-# (KVX_PACKAGE=DEB): the module is built for this machine's /usr/bin/python3,
-# and an RPM built here could not match the Python of an RPM distribution.
+# component "python", packaged as python3-kvxfer in both formats. The
+# extension is built for this machine's /usr/bin/python3, so the package
+# depends on exactly that Python minor version: python3 (>= 3.X), python3
+# (<< 3.X+1) on Debian; python(abi) = 3.X on RPM distributions, installed
+# under lib64/python3.X/site-packages (Fedora/RHEL layout).
 # -DKVX_PACKAGE_PYTHON=OFF leaves it out.
-option(KVX_PACKAGE_PYTHON "Package bindings/python as python3-kvxfer (.deb trees only)" ON)
+option(KVX_PACKAGE_PYTHON "Package bindings/python as python3-kvxfer" ON)
 
-if(NOT (KVX_PACKAGE STREQUAL "DEB" AND KVX_PACKAGE_PYTHON
+if(NOT (KVX_PACKAGE MATCHES "^(DEB|RPM)$" AND KVX_PACKAGE_PYTHON
         AND EXISTS ${CMAKE_SOURCE_DIR}/bindings/python/setup.py))
   return()
 endif()
@@ -24,6 +26,12 @@ string(REGEX REPLACE "^([0-9]+)\\.([0-9]+)$" "\\2" _kvx_py_minor "${KVX_PY_VERSI
 math(EXPR _kvx_py_next "${_kvx_py_minor} + 1")
 # An extension module works with this Python minor version only.
 set(KVX_PY_DEPENDS "python3 (>= ${KVX_PY_VERSION}), python3 (<< 3.${_kvx_py_next})")
+set(KVX_PY_RPM_REQUIRES "python(abi) = ${KVX_PY_VERSION}")
+if(KVX_PACKAGE STREQUAL "RPM")
+  set(KVX_PY_SITE ${CMAKE_INSTALL_LIBDIR}/python${KVX_PY_VERSION}/site-packages)
+else()
+  set(KVX_PY_SITE lib/python3/dist-packages)
+endif()
 
 file(GLOB_RECURSE _kvx_py_sources CONFIGURE_DEPENDS
   ${CMAKE_SOURCE_DIR}/bindings/python/setup.py
@@ -50,5 +58,5 @@ add_custom_command(OUTPUT ${_py}/stamp
   COMMENT "Building the Python module for python3-kvxfer"
   VERBATIM)
 add_custom_target(kvxfer-python-package ALL DEPENDS ${_py}/stamp)
-install(DIRECTORY ${_py}/lib/kvxfer DESTINATION lib/python3/dist-packages COMPONENT python
+install(DIRECTORY ${_py}/lib/kvxfer DESTINATION ${KVX_PY_SITE} COMPONENT python
   PATTERN __pycache__ EXCLUDE)

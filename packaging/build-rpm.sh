@@ -1,6 +1,6 @@
 #!/bin/sh
-# Build the RPM packages (kvxfer-libs, kvxfer-devel, kvxfer-tools; the Python
-# module is packaged for Debian only) in their own build tree with the RPM
+# Build the RPM packages (kvxfer-libs, kvxfer-devel, kvxfer-tools, and
+# python3-kvxfer for this machine's Python minor version) in their own build tree with the RPM
 # layout (/usr/lib64), then check them with rpmlint: any error not explained
 # in packaging/rpm/rpmlint.toml fails.
 #
