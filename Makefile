@@ -59,8 +59,9 @@ deb: deps
 rpm: deps
 	packaging/build-rpm.sh build-rpm
 
-test-install: deb
+test-install: deps
 	packaging/test-install.sh build-deb
+	KVX_PKG_FORMAT=rpm packaging/test-install.sh build-rpm
 
 abi-check: deps build
 	packaging/abi-check.sh $(BUILD)

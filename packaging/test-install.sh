@@ -1,6 +1,7 @@
 #!/bin/sh
-# Install test: build the .debs, unpack them into a throwaway root (nothing on
-# the running system changes), then build and run consumers against that root
+# Install test: build the .debs (or, with KVX_PKG_FORMAT=rpm, the .rpms),
+# unpack them into a throwaway root (nothing on the running system changes;
+# rpm2cpio | cpio for rpms), then build and run consumers against that root
 # only:
 #   - a C program through pkg-config (PKG_CONFIG_LIBDIR = the root's pkgconfig
 #     directory, so no other kvxfer.pc can be seen),
@@ -14,7 +15,8 @@
 #
 #   packaging/test-install.sh [BUILD_DIR]
 #
-# BUILD_DIR is the packaging build tree (packaging/build-deb.sh BUILD_DIR);
+# BUILD_DIR is the packaging build tree (packaging/build-deb.sh BUILD_DIR, or
+# build-rpm.sh); the rpm root has the RPM layout (usr/lib64, lib64/python3.X);
 # default: a temporary directory, removed afterwards. Exits non-zero on the
 # first failure.
 set -eu
@@ -25,7 +27,9 @@ keep=${KVX_KEEP_TEST_DIR:-}
 cleanup() { [ -n "$keep" ] || rm -rf "$work"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-build=${1:-$work/build-deb}
+fmt=${KVX_PKG_FORMAT:-deb}
+case $fmt in deb|rpm) ;; *) echo "test-install: KVX_PKG_FORMAT must be deb or rpm, not '$fmt'" >&2; exit 2 ;; esac
+build=${1:-$work/build-$fmt}
 
 step() { echo "=== test-install: $*"; }
 fail() { echo "test-install: FAIL: $*" >&2; exit 1; }
@@ -47,25 +51,37 @@ expect_root_library() { # output-file what
         fail "$2 did not run the root's library: $(grep '^library:' "$1" || echo 'no library line')"
 }
 
-step "packages (packaging/build-deb.sh $build)"
-"$kvx_src/packaging/build-deb.sh" "$build" >"$work/build-deb.log" 2>&1 ||
-    { tail -n 40 "$work/build-deb.log" >&2; fail "packaging/build-deb.sh"; }
-grep -E '^(W|E|I): ' "$work/build-deb.log" || true
+step "packages (packaging/build-$fmt.sh $build)"
+"$kvx_src/packaging/build-$fmt.sh" "$build" >"$work/build-$fmt.log" 2>&1 ||
+    { tail -n 40 "$work/build-$fmt.log" >&2; fail "packaging/build-$fmt.sh"; }
+grep -E '^(W|E|I): ' "$work/build-$fmt.log" || true
 
 root=$work/root
 mkdir -p "$root"
-for d in "$build"/packages/*.deb; do
+for d in "$build"/packages/*."$fmt"; do
     echo "unpacking $(basename "$d")"
-    dpkg-deb -x "$d" "$root"
+    if [ "$fmt" = deb ]; then
+        dpkg-deb -x "$d" "$root"
+    else
+        rpm2cpio "$d" | (cd "$root" && cpio -idm --quiet) || fail "cannot unpack $d"
+    fi
 done
-multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
-libdir=$root/usr/lib/$multiarch
+pyver=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [ "$fmt" = deb ]; then
+    multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+    rel_lib=usr/lib/$multiarch
+    pydir=$root/usr/lib/python3/dist-packages
+else
+    rel_lib=usr/lib64
+    pydir=$root/usr/lib64/python$pyver/site-packages
+fi
+libdir=$root/$rel_lib
 version=$(kvx_version)
 
 step "layout"
-for f in usr/include/kvxfer.h "usr/lib/$multiarch/libkvxfer.so.$version" \
-         "usr/lib/$multiarch/pkgconfig/kvxfer.pc" "usr/lib/$multiarch/cmake/kvxfer/kvxferConfig.cmake" \
-         "usr/lib/$multiarch/cmake/kvxfer/kvxferConfigVersion.cmake" usr/bin/kvxfer-bench \
+for f in usr/include/kvxfer.h "$rel_lib/libkvxfer.so.$version" \
+         "$rel_lib/pkgconfig/kvxfer.pc" "$rel_lib/cmake/kvxfer/kvxferConfig.cmake" \
+         "$rel_lib/cmake/kvxfer/kvxferConfigVersion.cmake" usr/bin/kvxfer-bench \
          usr/share/man/man7/kvxfer.7.gz usr/share/man/man1/kvxfer-bench.1.gz; do
     [ -f "$root/$f" ] || fail "missing /$f"
 done
@@ -90,7 +106,7 @@ if grep -v '^ *#' "$libdir"/cmake/kvxfer/*.cmake | grep -Ei 'openssl|crypto|ibve
     fail "a private dependency leaks into the CMake package (lines above)"
 fi
 grep -q '^Libs: -L${libdir} -lkvxfer$' "$libdir/pkgconfig/kvxfer.pc" || fail "kvxfer.pc Libs is not just -lkvxfer"
-grep -q '^libdir=${prefix}/lib/'"$multiarch"'$' "$libdir/pkgconfig/kvxfer.pc" || fail "kvxfer.pc libdir is not \${prefix}/lib/$multiarch"
+grep -q '^libdir=${prefix}/'"${rel_lib#usr/}"'$' "$libdir/pkgconfig/kvxfer.pc" || fail "kvxfer.pc libdir is not \${prefix}/${rel_lib#usr/}"
 echo "ok"
 
 # ------------------------------------------------------------------ C via pkg-config
@@ -119,8 +135,13 @@ expect_root_library "$work/c/out" "the C consumer"
 
 # ------------------------------------------------------------------ C++ via CMake
 step "C++ consumer via find_package(kvxfer)"
+# Debian's CMake does not search PREFIX/lib64/cmake (FIND_LIBRARY_USE_LIB64_PATHS
+# is off there); Fedora's does. For the rpm root on this host, name the
+# directory as a prefix of its own (PREFIX/<name>*/ is searched).
+cxx_lib64=
+[ "$fmt" = rpm ] && cxx_lib64="-DCMAKE_PREFIX_PATH=$root/usr;$root/usr/lib64/cmake"
 cmake -S "$kvx_src/packaging/consumers/cxx" -B "$work/cxx" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$root/usr" \
+    -DCMAKE_PREFIX_PATH="$root/usr" ${cxx_lib64:+"$cxx_lib64"} \
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF \
     -DCMAKE_CXX_FLAGS="-Wall -Wextra -Werror" >"$work/cxx.log" 2>&1 ||
     { cat "$work/cxx.log" >&2; fail "cmake configure of the C++ consumer"; }
@@ -141,7 +162,7 @@ if(kvxfer_FOUND)
   message(FATAL_ERROR "kvxfer $version accepted a request for major version 1")
 endif()
 EOT
-cmake -S "$work/cxx-major" -B "$work/cxx-major/b" -DCMAKE_PREFIX_PATH="$root/usr" >/dev/null ||
+cmake -S "$work/cxx-major" -B "$work/cxx-major/b" -DCMAKE_PREFIX_PATH="$root/usr" ${cxx_lib64:+"$cxx_lib64"} >/dev/null ||
     fail "find_package(kvxfer 1) was not refused"
 echo "ok: find_package(kvxfer 1) refused by version $version"
 
@@ -193,11 +214,11 @@ fi
 
 # ------------------------------------------------------------------ Python
 step "Python module (python3-kvxfer)"
-if ls "$build"/packages/python3-kvxfer_*.deb >/dev/null 2>&1; then
+if ls "$build"/packages/python3-kvxfer[-_]*."$fmt" >/dev/null 2>&1; then
     run "$work/python.out" "the Python consumer" env KVXFER_NO_VLLM=1 PYTHONDONTWRITEBYTECODE=1 \
-        PYTHONNOUSERSITE=1 PYTHONPATH="$root/usr/lib/python3/dist-packages" \
+        PYTHONNOUSERSITE=1 PYTHONPATH="$pydir" \
         /usr/bin/python3 "$kvx_src/packaging/consumers/python/consumer.py"
-    grep -q "^module: $root/usr/lib/python3/dist-packages/kvxfer/" "$work/python.out" ||
+    grep -q "^module: $pydir/kvxfer/" "$work/python.out" ||
         fail "the Python consumer did not import the root's module"
     expect_root_library "$work/python.out" "the Python consumer"
 else
