@@ -192,12 +192,13 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
         if (it == peers_.end()) fail(KVX_ENOENT, "peer '%s' is not registered", peer_id.c_str());
         peer = it->second;
     }
-    if (peer->link->broken()) {
+    if (peer->timed_out.load() || peer->link->broken()) {
         {
             std::lock_guard<std::mutex> lk(mu_);
             check_open_locked();  // a close racing us breaks links: report the close
         }
-        fail(KVX_EPEERBROKEN, "peer '%s': connection failed earlier; remove and re-add the peer", peer_id.c_str());
+        fail(KVX_EPEERBROKEN, "peer '%s': %s earlier; remove and re-add the peer", peer_id.c_str(),
+             peer->timed_out.load() ? "a transfer timed out" : "the connection failed");
     }
 
     const uint64_t bl = region_.block_len;
@@ -355,6 +356,7 @@ void Transport::watchdog() {
             auto peer = inflight_[id].peer;
             KVX_LOG(warn, "transfer %llu to peer '%s' timed out after %u ms", (unsigned long long)id, peer->id.c_str(),
                     options_.transfer_timeout_ms);
+            peer->timed_out.store(true);
             finish_locked(id, peer->id, KVX_ETIMEDOUT);
             if (std::find(to_abort.begin(), to_abort.end(), peer) == to_abort.end()) to_abort.push_back(peer);
         }

@@ -3,6 +3,7 @@
 // public method is safe to call from several threads at once.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -46,6 +47,10 @@ private:
         std::string id;
         uint64_t num_blocks = 0;
         std::unique_ptr<BackendPeer> link;
+        // Set (under mu_) before a timed-out transfer is reported, so that a
+        // caller who sees the failure also sees the peer broken; the link is
+        // aborted right after.
+        std::atomic<bool> timed_out{false};
     };
     struct Tracked {
         std::shared_ptr<Peer> peer;
