@@ -4,7 +4,6 @@
 // plus inputs the fuzzers found interesting (merged with -merge=1). Re-run
 // after a wire format change and commit the result:
 //   kvx_fuzz_gen_seeds tests/fuzz/corpus
-#include <openssl/sha.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -19,13 +18,15 @@
 #include "kvxfer.h"
 #include "wire/frame.h"
 #include "wire/metadata.h"
+#include "meta_writer.h"
 
 using namespace kvx::wire;
+using kvx::testing::Bytes;
+using kvx::testing::le;
+using kvx::testing::Sec;
 namespace fs = std::filesystem;
 
 namespace {
-
-using Bytes = std::vector<uint8_t>;
 
 fs::path g_out;
 int g_count = 0;
@@ -40,10 +41,6 @@ void emit(const char *dir, const std::string &name, const Bytes &b) {
         exit(1);
     }
     g_count++;
-}
-
-void le(Bytes &b, uint64_t v, size_t n) {
-    for (size_t i = 0; i < n; i++) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
 }
 
 // ------------------------------------------------------------------ metadata
@@ -75,11 +72,6 @@ AgentMetadata base_meta() {
     return m;
 }
 
-struct Sec {
-    uint16_t type, flags;
-    Bytes body;
-};
-
 // Splits an encoded blob back into sections (encoder output is well formed).
 std::vector<Sec> sections_of(const Bytes &b) {
     std::vector<Sec> out;
@@ -97,24 +89,7 @@ std::vector<Sec> sections_of(const Bytes &b) {
 }
 
 Bytes build(const std::vector<Sec> &secs, uint16_t major, uint16_t minor) {
-    Bytes b;
-    le(b, kMetaMagic, 4);
-    le(b, major, 2);
-    le(b, minor, 2);
-    le(b, 0, 4);
-    le(b, secs.size(), 4);
-    for (const auto &s : secs) {
-        le(b, s.type, 2);
-        le(b, s.flags, 2);
-        le(b, s.body.size(), 4);
-        b.insert(b.end(), s.body.begin(), s.body.end());
-    }
-    uint32_t total = static_cast<uint32_t>(b.size() + 8);
-    for (size_t i = 0; i < 4; i++) b[8 + i] = static_cast<uint8_t>(total >> (8 * i));
-    uint8_t d[SHA256_DIGEST_LENGTH];
-    SHA256(b.data(), b.size(), d);
-    b.insert(b.end(), d, d + 8);
-    return b;
+    return kvx::testing::assemble_metadata(secs, major, minor);
 }
 
 void metadata_seeds() {
