@@ -22,6 +22,7 @@ region region_new(uint64_t nb, uint64_t bl, uint8_t fill) {
     region r;
     r.nb = nb;
     r.bl = bl;
+    r.fill = fill;
     r.mem = malloc(nb * bl + 2 * GUARD_LEN);
     assert_non_null(r.mem);
     memset(r.mem, GUARD_BYTE, GUARD_LEN);
@@ -149,18 +150,19 @@ size_t wait_ids(kvx_transport *t, const char *peer, const uint64_t *ids, size_t 
 
 enum { CMD_VERIFY = 1, CMD_UNTOUCHED = 2, CMD_EXIT = 3 };
 
-static void write_all(int fd, const void *p, size_t n) {
+int write_full(int fd, const void *p, size_t n) {
     const uint8_t *b = p;
     while (n) {
         ssize_t w = write(fd, b, n);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) _exit(90);
+        if (w <= 0) return -1;
         b += w;
         n -= (size_t)w;
     }
+    return 0;
 }
 
-static int read_all(int fd, void *p, size_t n) {
+int read_full(int fd, void *p, size_t n) {
     uint8_t *b = p;
     while (n) {
         ssize_t r = read(fd, b, n);
@@ -170,6 +172,11 @@ static int read_all(int fd, void *p, size_t n) {
         n -= (size_t)r;
     }
     return 0;
+}
+
+/* The command pipes: a write that fails means the other side is gone. */
+static void write_all(int fd, const void *p, size_t n) {
+    if (write_full(fd, p, n) != 0) _exit(90);
 }
 
 static void child_main(int in, int out, uint64_t nb, uint64_t bl, const char *config) {
@@ -186,7 +193,7 @@ static void child_main(int in, int out, uint64_t nb, uint64_t bl, const char *co
     write_all(out, &m, sizeof m);
     for (;;) {
         uint64_t cmd[3];
-        if (read_all(in, cmd, sizeof cmd) != 0) break;
+        if (read_full(in, cmd, sizeof cmd) != 0) break;
         uint8_t ok = 0;
         if (cmd[0] == CMD_VERIFY) {
             ok = cmd[1] < nb && block_matches(r.base + cmd[1] * bl, bl, cmd[2] >> 32, (uint32_t)cmd[2]);
@@ -194,7 +201,7 @@ static void child_main(int in, int out, uint64_t nb, uint64_t bl, const char *co
             uint8_t *written = calloc(nb, 1);
             uint64_t idx;
             for (uint64_t i = 0; i < cmd[1]; i++) {
-                if (read_all(in, &idx, sizeof idx) != 0) _exit(92);
+                if (read_full(in, &idx, sizeof idx) != 0) _exit(92);
                 if (idx < nb) written[idx] = 1;
             }
             ok = (uint8_t)region_guards_ok(&r);
@@ -227,14 +234,14 @@ void child_start(child_target *c, uint64_t nb, uint64_t bl, const char *config) 
     close(b[1]);
     c->to_child = a[1];
     c->from_child = b[0];
-    if (read_all(c->from_child, &c->meta, sizeof c->meta) != 0) fail_msg("child target did not start");
+    if (read_full(c->from_child, &c->meta, sizeof c->meta) != 0) fail_msg("child target did not start");
 }
 
 int child_verify(child_target *c, uint64_t remote_idx, uint64_t local_idx, uint32_t seed) {
     uint64_t cmd[3] = {CMD_VERIFY, remote_idx, (local_idx << 32) | seed};
     write_all(c->to_child, cmd, sizeof cmd);
     uint8_t ok = 0;
-    if (read_all(c->from_child, &ok, 1) != 0) return 0;
+    if (read_full(c->from_child, &ok, 1) != 0) return 0;
     return ok;
 }
 
@@ -243,7 +250,7 @@ int child_untouched(child_target *c, const uint64_t *written, size_t n) {
     write_all(c->to_child, cmd, sizeof cmd);
     write_all(c->to_child, written, n * sizeof *written);
     uint8_t ok = 0;
-    if (read_all(c->from_child, &ok, 1) != 0) return 0;
+    if (read_full(c->from_child, &ok, 1) != 0) return 0;
     return ok;
 }
 

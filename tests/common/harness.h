@@ -39,6 +39,7 @@ typedef struct region {
     uint8_t *mem;  /* allocation incl. guards */
     uint8_t *base; /* the region */
     uint64_t nb, bl;
+    uint8_t fill;  /* initial content of every block */
 } region;
 
 region region_new(uint64_t nb, uint64_t bl, uint8_t fill);
@@ -69,6 +70,9 @@ void add_peer(kvx_transport *t, const char *id, const metablob *m);
 size_t wait_ids(kvx_transport *t, const char *peer, const uint64_t *ids, size_t n, int timeout_ms,
                 size_t *n_failed, uint8_t *status /* optional: 1 done, 2 failed per id */);
 uint64_t now_ms(void);
+/* Whole-buffer read/write on a pipe or socket, retrying on EINTR; 0 or -1. */
+int read_full(int fd, void *p, size_t n);
+int write_full(int fd, const void *p, size_t n);
 
 /* A target transport in a child process. The child creates it with the test
  * backend, sends its metadata, then serves commands until told to exit. */

@@ -21,32 +21,32 @@ static int create_rc(kvx_options *o) {
 
 /* A transport with these options talks to a default one. */
 static void check_works(kvx_options *o) {
-    vt_region ra, rb;
-    vt_region_new(&ra, 8, 4096, 1);
-    vt_region_new(&rb, 8, 4096, 2);
+    region ra, rb;
+    ra = region_new(8, 4096, 1);
+    rb = region_new(8, 4096, 2);
     kvx_transport *a = vt_transport(&ra, NULL, o), *b = vt_transport(&rb, NULL, NULL);
     kvx_options_destroy(o);
-    vt_meta ma, mb;
-    vt_get_meta(a, &ma);
-    vt_get_meta(b, &mb);
-    VT_OK(vt_add(a, "b", &mb));
-    VT_OK(vt_add(b, "a", &ma));
+    metablob ma, mb;
+    get_meta(a, &ma);
+    get_meta(b, &mb);
+    CHECK_OK(vt_add(a, "b", &mb));
+    CHECK_OK(vt_add(b, "a", &ma));
     uint64_t s3 = 3, d5 = 5, s4 = 4, d6 = 6, id;
-    vt_fill(ra.base + 3 * 4096, 4096, 3, 1);
-    vt_fill(rb.base + 4 * 4096, 4096, 4, 2);
-    VT_OK(kvx_write_blocks(&id, a, "b", &s3, &d5, 1));
+    fill_block(ra.base + 3 * 4096, 4096, 3, 1);
+    fill_block(rb.base + 4 * 4096, 4096, 4, 2);
+    CHECK_OK(kvx_write_blocks(&id, a, "b", &s3, &d5, 1));
     size_t nf = 9;
-    assert_int_equal(vt_wait(a, "b", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
     assert_int_equal(nf, 0);
-    VT_OK(kvx_write_blocks(&id, b, "a", &s4, &d6, 1));
-    assert_int_equal(vt_wait(b, "a", &id, 1, 20000, &nf, NULL), 1);
+    CHECK_OK(kvx_write_blocks(&id, b, "a", &s4, &d6, 1));
+    assert_int_equal(wait_ids(b, "a", &id, 1, 20000, &nf, NULL), 1);
     assert_int_equal(nf, 0);
-    assert_true(vt_matches(rb.base + 5 * 4096, 4096, 3, 1));
-    assert_true(vt_matches(ra.base + 6 * 4096, 4096, 4, 2));
+    assert_true(block_matches(rb.base + 5 * 4096, 4096, 3, 1));
+    assert_true(block_matches(ra.base + 6 * 4096, 4096, 4, 2));
     kvx_transport_destroy(a);
     kvx_transport_destroy(b);
-    vt_region_free(&ra);
-    vt_region_free(&rb);
+    region_free(&ra);
+    region_free(&rb);
 }
 
 static void test_pinned_choices(void **state) {
@@ -66,18 +66,18 @@ static void test_fixed_port(void **state) {
     if (!in_vm()) skip();
     char listen[80];
     snprintf(listen, sizeof listen, "verbs.listen=%s:18999", getenv("KVX_VM_ADDR"));
-    vt_region r;
-    vt_region_new(&r, 8, 4096, 0);
+    region r;
+    r = region_new(8, 4096, 0);
     kvx_transport *t = vt_transport(&r, NULL, vt_options(listen, NULL));
-    vt_meta m;
-    vt_get_meta(t, &m);
+    metablob m;
+    get_meta(t, &m);
     size_t v = vt_meta_verbs_off(&m);
     assert_true(v != 0);
-    assert_int_equal(m.b[v + 2] | m.b[v + 3] << 8, 18999);
+    assert_int_equal(m.bytes[v + 2] | m.bytes[v + 3] << 8, 18999);
     VT_ERR(create_rc(vt_options(listen, NULL)), KVX_EBACKEND); /* port taken */
     printf("port in use: %s\n", kvx_last_error_message());
     kvx_transport_destroy(t);
-    vt_region_free(&r);
+    region_free(&r);
 }
 
 static void test_unusable_choices(void **state) {
@@ -94,16 +94,16 @@ static void test_unusable_choices(void **state) {
     VT_ERR(create_rc(vt_options("verbs.listen=nonsense", NULL)), KVX_EINVAL);
     /* auto falls back to tcp when verbs is not usable with these options */
     kvx_options *o = vt_options("verbs.device=mlx5_9", NULL);
-    VT_OK(kvx_options_set(o, "backend", "auto"));
+    CHECK_OK(kvx_options_set(o, "backend", "auto"));
     static uint8_t buf[4096];
     kvx_transport *t = NULL;
-    VT_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
+    CHECK_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
     assert_string_equal(kvx_transport_backend(t), "tcp");
     kvx_transport_destroy(t);
     kvx_options_destroy(o);
     /* and picks verbs by default */
-    VT_OK(kvx_options_create(&o));
-    VT_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
+    CHECK_OK(kvx_options_create(&o));
+    CHECK_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
     assert_string_equal(kvx_transport_backend(t), "verbs");
     kvx_transport_destroy(t);
     kvx_options_destroy(o);
@@ -115,15 +115,15 @@ static void test_unusable_choices(void **state) {
 static void test_timeout_abort(void **state) {
     (void)state;
     enum { NB = 2048, BL = 4096, PER = 900, T = 12 };
-    vt_region ra, rb;
-    vt_region_new(&ra, NB, BL, 1);
-    vt_region_new(&rb, NB, BL, 2);
+    region ra, rb;
+    ra = region_new(NB, BL, 1);
+    rb = region_new(NB, BL, 2);
     kvx_options *o = vt_options("transfer_timeout_ms=1", "verbs.qps_per_peer=2", NULL);
     kvx_transport *a = vt_transport(&ra, NULL, o), *b = vt_transport(&rb, NULL, NULL);
     kvx_options_destroy(o);
-    vt_meta mb;
-    vt_get_meta(b, &mb);
-    VT_OK(vt_add(a, "b", &mb));
+    metablob mb;
+    get_meta(b, &mb);
+    CHECK_OK(vt_add(a, "b", &mb));
     static uint64_t l[PER], r[PER];
     for (uint64_t k = 0; k < PER; k++) l[k] = 2 * k, r[k] = 2 * k + 1;
     uint64_t ids[T];
@@ -131,25 +131,25 @@ static void test_timeout_abort(void **state) {
     for (int t = 0; t < T; t++) {
         int rc = kvx_write_blocks(&ids[n], a, "b", l, r, PER);
         if (rc == KVX_EPEERBROKEN) break;
-        VT_OK(rc);
+        CHECK_OK(rc);
         n++;
     }
     size_t nf = 0;
-    assert_int_equal(vt_wait(a, NULL, ids, n, 20000, &nf, NULL), n);
+    assert_int_equal(wait_ids(a, NULL, ids, n, 20000, &nf, NULL), n);
     printf("timeout: %zu submitted, %zu failed\n", n, nf);
     assert_true(nf > 0);
     vt_expect_silence(a, 200);
     uint64_t id;
     VT_ERR(kvx_write_blocks(&id, a, "b", l, r, 1), KVX_EPEERBROKEN);
-    VT_OK(kvx_remove_remote_peer(a, "b"));
-    VT_OK(vt_add(a, "b", &mb));
-    VT_OK(kvx_write_blocks(&id, a, "b", l, r, 1));
-    assert_int_equal(vt_wait(a, "b", &id, 1, 20000, &nf, NULL), 1); /* done or timed out: once */
+    CHECK_OK(kvx_remove_remote_peer(a, "b"));
+    CHECK_OK(vt_add(a, "b", &mb));
+    CHECK_OK(kvx_write_blocks(&id, a, "b", l, r, 1));
+    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1); /* done or timed out: once */
     kvx_transport_destroy(a);
     kvx_transport_destroy(b);
-    assert_true(vt_guards_ok(&ra) && vt_guards_ok(&rb));
-    vt_region_free(&ra);
-    vt_region_free(&rb);
+    assert_true(region_guards_ok(&ra) && region_guards_ok(&rb));
+    region_free(&ra);
+    region_free(&rb);
 }
 
 int main(void) {

@@ -19,34 +19,10 @@ extern char **environ;
 
 enum { T_NB = 512, T_BL = 64 * 1024 };
 
-static int read_full(int fd, void *p, size_t n) {
-    uint8_t *b = p;
-    while (n) {
-        ssize_t r = read(fd, b, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        b += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-static int write_full(int fd, const void *p, size_t n) {
-    const uint8_t *b = p;
-    while (n) {
-        ssize_t r = write(fd, b, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        b += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
 /* ---- child: stdin = commands, stdout = metadata + answers */
 static int run_target(void) {
-    vt_region r;
-    vt_region_new(&r, T_NB, T_BL, 0x33);
+    region r;
+    r = region_new(T_NB, T_BL, 0x33);
     kvx_options *o = vt_options(NULL);
     kvx_transport *t = NULL;
     if (kvx_transport_create(&t, r.base, r.nb, r.bl, NULL, o) != 0) {
@@ -54,8 +30,8 @@ static int run_target(void) {
         return 1;
     }
     kvx_options_destroy(o);
-    static vt_meta m;
-    if (kvx_get_agent_metadata(&m.len, t, m.b, sizeof m.b) != 0) return 1;
+    static metablob m;
+    if (kvx_get_agent_metadata(&m.len, t, m.bytes, sizeof m.bytes) != 0) return 1;
     m.base = (uint64_t)(uintptr_t)r.base;
     m.nb = r.nb;
     m.bl = r.bl;
@@ -72,17 +48,17 @@ static int run_target(void) {
         uint8_t ok = 1;
         for (uint32_t k = 0; k < n; k++) {
             written[pairs[2 * k]] = 1;
-            ok &= (uint8_t)vt_matches(r.base + pairs[2 * k] * r.bl, r.bl, pairs[2 * k + 1], seed);
+            ok &= (uint8_t)block_matches(r.base + pairs[2 * k] * r.bl, r.bl, pairs[2 * k + 1], seed);
         }
         for (uint64_t i = 0; i < r.nb; i++)
-            if (!written[i]) ok &= (uint8_t)vt_is(r.base + i * r.bl, r.bl, 0x33);
-        ok &= (uint8_t)vt_guards_ok(&r);
+            if (!written[i]) ok &= (uint8_t)block_is(r.base + i * r.bl, r.bl, 0x33);
+        ok &= (uint8_t)region_guards_ok(&r);
         free(written);
         free(pairs);
         if (write_full(1, &ok, 1) != 0) return 1;
     }
     kvx_transport_destroy(t);
-    vt_region_free(&r);
+    region_free(&r);
     return 0;
 }
 
@@ -90,10 +66,10 @@ static int run_target(void) {
 typedef struct child {
     pid_t pid;
     int to, from;
-    vt_meta meta;
+    metablob meta;
 } child;
 
-static void child_start(child *c) {
+static void vchild_start(child *c) {
     int in[2], out[2];
     assert_int_equal(pipe(in), 0);
     assert_int_equal(pipe(out), 0);
@@ -113,7 +89,7 @@ static void child_start(child *c) {
     assert_int_equal(read_full(c->from, &c->meta, sizeof c->meta), 0);
 }
 
-static int child_verify(child *c, uint32_t seed, const uint64_t *remote, const uint64_t *local, uint32_t n) {
+static int vchild_verify(child *c, uint32_t seed, const uint64_t *remote, const uint64_t *local, uint32_t n) {
     uint64_t *pairs = malloc(2 * sizeof(uint64_t) * n);
     for (uint32_t k = 0; k < n; k++) pairs[2 * k] = remote[k], pairs[2 * k + 1] = local[k];
     char cmd = 'V';
@@ -127,7 +103,7 @@ static int child_verify(child *c, uint32_t seed, const uint64_t *remote, const u
     return ok;
 }
 
-static int child_stop(child *c) {
+static int vchild_stop(child *c) {
     char cmd = 'Q';
     (void)!write(c->to, &cmd, 1);
     close(c->to);
@@ -140,32 +116,32 @@ static int child_stop(child *c) {
 static void test_two_processes(void **state) {
     (void)state;
     child c;
-    child_start(&c);
-    vt_region r;
-    vt_region_new(&r, T_NB, T_BL, 0x44);
+    vchild_start(&c);
+    region r;
+    r = region_new(T_NB, T_BL, 0x44);
     kvx_transport *t = vt_transport(&r, NULL, NULL);
-    for (uint64_t i = 0; i < T_NB; i++) vt_fill(r.base + i * T_BL, T_BL, i, 21);
-    VT_OK(vt_add(t, "target", &c.meta));
+    for (uint64_t i = 0; i < T_NB; i++) fill_block(r.base + i * T_BL, T_BL, i, 21);
+    CHECK_OK(vt_add(t, "target", &c.meta));
     /* a 64-block run, 100 scattered blocks, and 2 more transfers of runs */
     uint64_t l[256], rr[256];
     uint32_t n = 0;
     for (uint64_t i = 0; i < 64; i++) l[n] = i, rr[n++] = 300 + i;
     for (uint64_t i = 0; i < 100; i++) l[n] = 64 + i, rr[n++] = (i * 3) % 300;
     uint64_t ids[3];
-    VT_OK(kvx_write_blocks(&ids[0], t, "target", l, rr, 64));
-    VT_OK(kvx_write_blocks(&ids[1], t, "target", l + 64, rr + 64, 100));
+    CHECK_OK(kvx_write_blocks(&ids[0], t, "target", l, rr, 64));
+    CHECK_OK(kvx_write_blocks(&ids[1], t, "target", l + 64, rr + 64, 100));
     for (uint64_t i = 0; i < 40; i++) l[n + i] = 200 + i, rr[n + i] = 400 + i;
-    VT_OK(kvx_write_blocks(&ids[2], t, "target", l + n, rr + n, 40));
+    CHECK_OK(kvx_write_blocks(&ids[2], t, "target", l + n, rr + n, 40));
     n += 40;
     size_t nf = 9;
-    assert_int_equal(vt_wait(t, "target", ids, 3, 60000, &nf, NULL), 3);
+    assert_int_equal(wait_ids(t, "target", ids, 3, 60000, &nf, NULL), 3);
     assert_int_equal(nf, 0);
-    assert_true(child_verify(&c, 21, rr, l, n));
-    VT_OK(kvx_remove_remote_peer(t, "target"));
+    assert_true(vchild_verify(&c, 21, rr, l, n));
+    CHECK_OK(kvx_remove_remote_peer(t, "target"));
     kvx_transport_destroy(t);
-    assert_true(vt_guards_ok(&r));
-    vt_region_free(&r);
-    assert_int_equal(child_stop(&c), 0);
+    assert_true(region_guards_ok(&r));
+    region_free(&r);
+    assert_int_equal(vchild_stop(&c), 0);
 }
 
 /* Kills the target from another thread: on Soft-RoCE ibv_post_send runs the
@@ -180,7 +156,7 @@ typedef struct killer {
 static void *kill_later(void *arg) {
     killer *k = arg;
     usleep(k->delay_ms * 1000);
-    k->at_ms = vt_now_ms();
+    k->at_ms = now_ms();
     kill(k->pid, SIGKILL);
     return NULL;
 }
@@ -189,13 +165,13 @@ static void test_target_killed(void **state) {
     (void)state;
     enum { TIMEOUT = 4000, MAXIDS = 4096, BATCH = 32, INFLIGHT = 16 };
     child c;
-    child_start(&c);
-    vt_region r;
-    vt_region_new(&r, T_NB, T_BL, 0x55);
+    vchild_start(&c);
+    region r;
+    r = region_new(T_NB, T_BL, 0x55);
     kvx_options *o = vt_options("transfer_timeout_ms=4000", NULL);
     kvx_transport *t = vt_transport(&r, NULL, o);
     kvx_options_destroy(o);
-    VT_OK(vt_add(t, "target", &c.meta));
+    CHECK_OK(vt_add(t, "target", &c.meta));
     static uint64_t ids[MAXIDS], idx[T_NB];
     for (uint64_t i = 0; i < T_NB; i++) idx[i] = i;
     killer k = {c.pid, 600, 0};
@@ -203,19 +179,19 @@ static void test_target_killed(void **state) {
     pthread_create(&th, NULL, kill_later, &k);
     /* keep 2 MiB transfers going until the peer is reported broken */
     size_t n = 0, done_before = 0, failed_early = 0;
-    uint64_t t0 = vt_now_ms();
+    uint64_t t0 = now_ms();
     int rc = 0;
-    while (vt_now_ms() - t0 < 10000 && n < MAXIDS) {
+    while (now_ms() - t0 < 10000 && n < MAXIDS) {
         if (n - done_before - failed_early < INFLIGHT) {
             uint64_t base = (n * BATCH) % (T_NB - BATCH);
             rc = kvx_write_blocks(&ids[n], t, "target", idx + base, idx + base, BATCH);
             if (rc == KVX_EPEERBROKEN) break;
-            VT_OK(rc);
+            CHECK_OK(rc);
             n++;
         }
         size_t nd = 0, nff = 0;
         uint64_t d[64], f[64];
-        VT_OK(kvx_poll(&nd, &nff, t, NULL, d, 64, f, 64));
+        CHECK_OK(kvx_poll(&nd, &nff, t, NULL, d, 64, f, 64));
         for (size_t q = 0; q < nd + nff; q++) {
             uint64_t id = q < nd ? d[q] : f[q - nd];
             if (!k.at_ms) assert_true(q < nd); /* nothing fails before the kill */
@@ -227,14 +203,14 @@ static void test_target_killed(void **state) {
     }
     pthread_join(th, NULL);
     assert_int_equal(rc, KVX_EPEERBROKEN);
-    uint64_t tb = vt_now_ms();
+    uint64_t tb = now_ms();
     uint64_t rest[MAXIDS];
     size_t nr = 0;
     for (size_t j = 0; j < n; j++)
         if (ids[j]) rest[nr++] = ids[j];
     size_t nf = 0;
-    size_t got = vt_wait(t, NULL, rest, nr, TIMEOUT + 3000, &nf, NULL);
-    uint64_t dt = vt_now_ms() - k.at_ms;
+    size_t got = wait_ids(t, NULL, rest, nr, TIMEOUT + 3000, &nf, NULL);
+    uint64_t dt = now_ms() - k.at_ms;
     printf("killed target: %zu transfers done, %zu failed before the peer was reported broken %llu ms after the "
            "kill; %zu more surfaced (%zu failed), all within %llu ms of the kill\n",
            done_before, failed_early, (unsigned long long)(tb - k.at_ms), got, nf, (unsigned long long)dt);
@@ -244,26 +220,26 @@ static void test_target_killed(void **state) {
     assert_true(failed_early + nf > 0);
     uint64_t id;
     VT_ERR(kvx_write_blocks(&id, t, "target", idx, idx, 1), KVX_EPEERBROKEN);
-    uint64_t tr = vt_now_ms();
-    VT_OK(kvx_remove_remote_peer(t, "target"));
-    printf("remove after kill: %llu ms\n", (unsigned long long)(vt_now_ms() - tr));
-    assert_true(vt_now_ms() - tr < 3000);
+    uint64_t tr = now_ms();
+    CHECK_OK(kvx_remove_remote_peer(t, "target"));
+    printf("remove after kill: %llu ms\n", (unsigned long long)(now_ms() - tr));
+    assert_true(now_ms() - tr < 3000);
     int st = 0;
     waitpid(c.pid, &st, 0);
     close(c.to);
     close(c.from);
     /* a fresh target works */
     child c2;
-    child_start(&c2);
-    for (uint64_t i = 0; i < 4; i++) vt_fill(r.base + i * T_BL, T_BL, i, 8);
-    VT_OK(vt_add(t, "target", &c2.meta));
-    VT_OK(kvx_write_blocks(&id, t, "target", idx, idx, 4));
-    assert_int_equal(vt_wait(t, "target", &id, 1, 20000, &nf, NULL), 1);
+    vchild_start(&c2);
+    for (uint64_t i = 0; i < 4; i++) fill_block(r.base + i * T_BL, T_BL, i, 8);
+    CHECK_OK(vt_add(t, "target", &c2.meta));
+    CHECK_OK(kvx_write_blocks(&id, t, "target", idx, idx, 4));
+    assert_int_equal(wait_ids(t, "target", &id, 1, 20000, &nf, NULL), 1);
     assert_int_equal(nf, 0);
-    assert_true(child_verify(&c2, 8, idx, idx, 4));
+    assert_true(vchild_verify(&c2, 8, idx, idx, 4));
     kvx_transport_destroy(t);
-    vt_region_free(&r);
-    assert_int_equal(child_stop(&c2), 0);
+    region_free(&r);
+    assert_int_equal(vchild_stop(&c2), 0);
 }
 
 int main(int argc, char **argv) {

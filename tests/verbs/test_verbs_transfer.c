@@ -12,44 +12,44 @@
 #include "vtest.h"
 
 typedef struct pair {
-    vt_region ra, rb;
+    region ra, rb;
     kvx_transport *a, *b;
-    vt_meta ma, mb;
+    metablob ma, mb;
 } pair;
 
 static void pair_up(pair *p, uint64_t nb, uint64_t bl, kvx_options *oa, int both_ways) {
-    vt_region_new(&p->ra, nb, bl, 0x11);
-    vt_region_new(&p->rb, nb, bl, 0x22);
+    p->ra = region_new(nb, bl, 0x11);
+    p->rb = region_new(nb, bl, 0x22);
     p->a = vt_transport(&p->ra, NULL, oa);
     p->b = vt_transport(&p->rb, NULL, NULL);
-    vt_get_meta(p->a, &p->ma);
-    vt_get_meta(p->b, &p->mb);
-    VT_OK(vt_add(p->a, "b", &p->mb));
-    if (both_ways) VT_OK(vt_add(p->b, "a", &p->ma));
+    get_meta(p->a, &p->ma);
+    get_meta(p->b, &p->mb);
+    CHECK_OK(vt_add(p->a, "b", &p->mb));
+    if (both_ways) CHECK_OK(vt_add(p->b, "a", &p->ma));
 }
 
 static void pair_down(pair *p) {
     kvx_transport_destroy(p->a);
     kvx_transport_destroy(p->b);
-    assert_true(vt_guards_ok(&p->ra));
-    assert_true(vt_guards_ok(&p->rb));
-    vt_region_free(&p->ra);
-    vt_region_free(&p->rb);
+    assert_true(region_guards_ok(&p->ra));
+    assert_true(region_guards_ok(&p->rb));
+    region_free(&p->ra);
+    region_free(&p->rb);
 }
 
 /* Every block of dst is either written (remote[k] <- src block local[k], seed) or still fill. */
-static void verify(const vt_region *dst, const uint64_t *local, const uint64_t *remote, size_t n, uint32_t seed) {
+static void verify(const region *dst, const uint64_t *local, const uint64_t *remote, size_t n, uint32_t seed) {
     uint8_t *written = calloc(dst->nb, 1);
     for (size_t k = 0; k < n; k++) {
         written[remote[k]] = 1;
-        if (!vt_matches(dst->base + remote[k] * dst->bl, dst->bl, local[k], seed))
+        if (!block_matches(dst->base + remote[k] * dst->bl, dst->bl, local[k], seed))
             fail_msg("block %llu (from %llu) has wrong content", (unsigned long long)remote[k],
                      (unsigned long long)local[k]);
     }
     for (uint64_t i = 0; i < dst->nb; i++)
-        if (!written[i] && !vt_is(dst->base + i * dst->bl, dst->bl, dst->fill))
+        if (!written[i] && !block_is(dst->base + i * dst->bl, dst->bl, dst->fill))
             fail_msg("block %llu was not written but changed", (unsigned long long)i);
-    assert_true(vt_guards_ok(dst));
+    assert_true(region_guards_ok(dst));
     free(written);
 }
 
@@ -76,23 +76,23 @@ static void test_both_ways(void **state) {
         ra_[k] = k < 64 ? 128 + k : 192 + (k * 7) % 64;
     }
     for (size_t k = 0; k < N; k++) {
-        vt_fill(p.ra.base + la[k] * BL, BL, la[k], 1);
-        vt_fill(p.rb.base + la[k] * BL, BL, la[k], 2);
+        fill_block(p.ra.base + la[k] * BL, BL, la[k], 1);
+        fill_block(p.rb.base + la[k] * BL, BL, la[k], 2);
     }
     uint64_t ids[2];
-    VT_OK(kvx_write_blocks(&ids[0], p.a, "b", la, ra_, N));
-    VT_OK(kvx_write_blocks(&ids[1], p.b, "a", la, ra_, N));
+    CHECK_OK(kvx_write_blocks(&ids[0], p.a, "b", la, ra_, N));
+    CHECK_OK(kvx_write_blocks(&ids[1], p.b, "a", la, ra_, N));
     size_t nf = 9;
-    assert_int_equal(vt_wait(p.a, "b", &ids[0], 1, 30000, &nf, NULL), 1);
+    assert_int_equal(wait_ids(p.a, "b", &ids[0], 1, 30000, &nf, NULL), 1);
     assert_int_equal(nf, 0);
-    assert_int_equal(vt_wait(p.b, "a", &ids[1], 1, 30000, &nf, NULL), 1);
+    assert_int_equal(wait_ids(p.b, "a", &ids[1], 1, 30000, &nf, NULL), 1);
     assert_int_equal(nf, 0);
     /* sources were written in place too: compare only the destination blocks */
     for (size_t k = 0; k < N; k++) {
-        assert_true(vt_matches(p.rb.base + ra_[k] * BL, BL, la[k], 1));
-        assert_true(vt_matches(p.ra.base + ra_[k] * BL, BL, la[k], 2));
+        assert_true(block_matches(p.rb.base + ra_[k] * BL, BL, la[k], 1));
+        assert_true(block_matches(p.ra.base + ra_[k] * BL, BL, la[k], 2));
     }
-    assert_true(vt_guards_ok(&p.ra) && vt_guards_ok(&p.rb));
+    assert_true(region_guards_ok(&p.ra) && region_guards_ok(&p.rb));
     pair_down(&p);
 }
 
@@ -104,7 +104,7 @@ static void test_5000_wrs(void **state) {
     pair p;
     pair_up(&p, NB, BL, NULL, 0);
     static uint64_t l[T][N], r[T][N], all_l[T * N], all_r[T * N];
-    for (uint64_t i = 0; i < NB; i++) vt_fill(p.ra.base + i * BL, BL, i, 7);
+    for (uint64_t i = 0; i < NB; i++) fill_block(p.ra.base + i * BL, BL, i, 7);
     /* local 2k(+1) ascending, remote descending: no two entries coalesce */
     for (int t = 0; t < T; t++)
         for (uint64_t k = 0; k < N; k++) {
@@ -112,12 +112,12 @@ static void test_5000_wrs(void **state) {
             r[t][k] = (uint64_t)t * N + (N - 1 - k);
         }
     uint64_t ids[T];
-    uint64_t t0 = vt_now_ms();
-    for (int t = 0; t < T; t++) VT_OK(kvx_write_blocks(&ids[t], p.a, "b", l[t], r[t], N));
+    uint64_t t0 = now_ms();
+    for (int t = 0; t < T; t++) CHECK_OK(kvx_write_blocks(&ids[t], p.a, "b", l[t], r[t], N));
     size_t nf = 9;
-    assert_int_equal(vt_wait(p.a, NULL, ids, T, 120000, &nf, NULL), T);
+    assert_int_equal(wait_ids(p.a, NULL, ids, T, 120000, &nf, NULL), T);
     assert_int_equal(nf, 0);
-    printf("3 x 5000 WRs of %d B: %llu ms\n", BL, (unsigned long long)(vt_now_ms() - t0));
+    printf("3 x 5000 WRs of %d B: %llu ms\n", BL, (unsigned long long)(now_ms() - t0));
     size_t n = 0;
     for (int t = 0; t < T; t++)
         for (uint64_t k = 0; k < N; k++) all_l[n] = l[t][k], all_r[n++] = r[t][k];
@@ -133,16 +133,16 @@ static void test_two_qps(void **state) {
     pair p;
     pair_up(&p, NB, BL, o, 0);
     kvx_options_destroy(o);
-    for (uint64_t i = 0; i < NB; i++) vt_fill(p.ra.base + i * BL, BL, i, 3);
+    for (uint64_t i = 0; i < NB; i++) fill_block(p.ra.base + i * BL, BL, i, 3);
     uint64_t l[NB], r[NB], ids[1 + SMALL];
     for (uint64_t i = 0; i < 24; i++) l[i] = i, r[i] = 40 + i; /* 1.5 MiB contiguous: split */
-    VT_OK(kvx_write_blocks(&ids[0], p.a, "b", l, r, 24));
+    CHECK_OK(kvx_write_blocks(&ids[0], p.a, "b", l, r, 24));
     for (uint64_t k = 0; k < SMALL; k++) {
         uint64_t li = 24 + k % 16, ri = k;
-        VT_OK(kvx_write_blocks(&ids[1 + k], p.a, "b", &li, &ri, 1));
+        CHECK_OK(kvx_write_blocks(&ids[1 + k], p.a, "b", &li, &ri, 1));
     }
     size_t nf = 9;
-    assert_int_equal(vt_wait(p.a, "b", ids, 1 + SMALL, 60000, &nf, NULL), 1 + SMALL);
+    assert_int_equal(wait_ids(p.a, "b", ids, 1 + SMALL, 60000, &nf, NULL), 1 + SMALL);
     assert_int_equal(nf, 0);
     size_t n = 0;
     uint64_t al[NB], ar[NB];
@@ -160,14 +160,14 @@ static void test_huge_run(void **state) {
     pair_up(&p, NB, BL, NULL, 0);
     uint64_t l[20], r[20];
     for (uint64_t i = 0; i < 20; i++) {
-        vt_fill(p.ra.base + (i + 2) * BL, BL, i + 2, 9);
+        fill_block(p.ra.base + (i + 2) * BL, BL, i + 2, 9);
         l[i] = i + 2;
         r[i] = i + 3;
     }
     uint64_t id;
-    VT_OK(kvx_write_blocks(&id, p.a, "b", l, r, 20));
+    CHECK_OK(kvx_write_blocks(&id, p.a, "b", l, r, 20));
     size_t nf = 9;
-    assert_int_equal(vt_wait(p.a, "b", &id, 1, 120000, &nf, NULL), 1);
+    assert_int_equal(wait_ids(p.a, "b", &id, 1, 120000, &nf, NULL), 1);
     assert_int_equal(nf, 0);
     verify(&p.rb, l, r, 20, 9);
     pair_down(&p);
@@ -185,20 +185,20 @@ static void test_cancel_queued(void **state) {
     uint64_t ids[T];
     for (int t = 0; t < T; t++) {
         for (uint64_t k = 0; k < PER; k++) r[t][k] = (2 * k + 1 + (uint64_t)t * 2 * PER) % NB;
-        VT_OK(kvx_write_blocks(&ids[t], p.a, "b", l, r[t], PER));
+        CHECK_OK(kvx_write_blocks(&ids[t], p.a, "b", l, r[t], PER));
     }
     uint64_t inflight[T];
     size_t n_in = 99;
-    VT_OK(kvx_cancel(&n_in, p.a, ids, T, KVX_CANCEL_WAIT, inflight));
+    CHECK_OK(kvx_cancel(&n_in, p.a, ids, T, KVX_CANCEL_WAIT, inflight));
     /* Surfacing: every id returned in flight, plus any that finished before
      * the cancel; never one that was dropped, never one twice. */
     uint8_t seen[T] = {0};
     size_t in_seen = 0, total = 0;
-    uint64_t end = vt_now_ms() + 60000, quiet_until = 0;
-    while (vt_now_ms() < end) {
+    uint64_t end = now_ms() + 60000, quiet_until = 0;
+    while (now_ms() < end) {
         size_t nd = 0, nf = 0;
         uint64_t d[T], f[T];
-        VT_OK(kvx_poll(&nd, &nf, p.a, NULL, d, T, f, T));
+        CHECK_OK(kvx_poll(&nd, &nf, p.a, NULL, d, T, f, T));
         for (size_t k = 0; k < nd + nf; k++) {
             uint64_t id = k < nd ? d[k] : f[k - nd];
             int t = 0;
@@ -208,8 +208,8 @@ static void test_cancel_queued(void **state) {
             total++;
             for (size_t j = 0; j < n_in; j++) in_seen += inflight[j] == id;
         }
-        if (in_seen == n_in && !quiet_until) quiet_until = vt_now_ms() + 300;
-        if (quiet_until && vt_now_ms() >= quiet_until) break;
+        if (in_seen == n_in && !quiet_until) quiet_until = now_ms() + 300;
+        if (quiet_until && now_ms() >= quiet_until) break;
         usleep(1000);
     }
     printf("cancel: %zu of %d returned in flight, %zu surfaced, %zu dropped\n", n_in, T, total, T - total);
@@ -229,10 +229,10 @@ static void test_remove_inflight(void **state) {
     static uint64_t l[PER], r[PER];
     for (uint64_t k = 0; k < PER; k++) l[k] = 2 * k, r[k] = 2 * k + 1;
     uint64_t ids[N];
-    for (int t = 0; t < N; t++) VT_OK(kvx_write_blocks(&ids[t], p.a, "b", l, r, PER));
-    VT_OK(kvx_remove_remote_peer(p.a, "b"));
+    for (int t = 0; t < N; t++) CHECK_OK(kvx_write_blocks(&ids[t], p.a, "b", l, r, PER));
+    CHECK_OK(kvx_remove_remote_peer(p.a, "b"));
     size_t nf = 0;
-    assert_int_equal(vt_wait(p.a, NULL, ids, N, 10000, &nf, NULL), N);
+    assert_int_equal(wait_ids(p.a, NULL, ids, N, 10000, &nf, NULL), N);
     printf("remove: %zu of %d failed\n", nf, N);
     /* How many were still queued or on the wire at the remove depends on
      * timing (rxe copies inside ibv_post_send, so on Soft-RoCE all of them
@@ -240,13 +240,13 @@ static void test_remove_inflight(void **state) {
     vt_expect_silence(p.a, 200);
     uint64_t id;
     VT_ERR(kvx_write_blocks(&id, p.a, "b", l, r, 1), KVX_ENOENT);
-    VT_OK(vt_add(p.a, "b", &p.mb));
-    vt_fill(p.ra.base, BL, 0, 5);
+    CHECK_OK(vt_add(p.a, "b", &p.mb));
+    fill_block(p.ra.base, BL, 0, 5);
     uint64_t z = 0, dst = NB - 1;
-    VT_OK(kvx_write_blocks(&id, p.a, "b", &z, &dst, 1));
-    assert_int_equal(vt_wait(p.a, "b", &id, 1, 20000, &nf, NULL), 1);
+    CHECK_OK(kvx_write_blocks(&id, p.a, "b", &z, &dst, 1));
+    assert_int_equal(wait_ids(p.a, "b", &id, 1, 20000, &nf, NULL), 1);
     assert_int_equal(nf, 0);
-    assert_true(vt_matches(p.rb.base + dst * BL, BL, 0, 5));
+    assert_true(block_matches(p.rb.base + dst * BL, BL, 0, 5));
     pair_down(&p);
 }
 
@@ -258,20 +258,20 @@ static void test_outside_region(void **state) {
     enum { NB = 16, BL = 4096 };
     pair p;
     pair_up(&p, NB, BL, NULL, 0);
-    VT_OK(kvx_remove_remote_peer(p.a, "b"));
-    vt_meta m = p.mb;
+    CHECK_OK(kvx_remove_remote_peer(p.a, "b"));
+    metablob m = p.mb;
     vt_meta_add_mr_addr(&m, -(int64_t)BL);  /* block 0 now means the guard page */
-    VT_OK(vt_add(p.a, "evil", &m));
+    CHECK_OK(vt_add(p.a, "evil", &m));
     memset(p.ra.base, 0xee, BL);
     uint64_t z = 0, id;
-    VT_OK(kvx_write_blocks(&id, p.a, "evil", &z, &z, 1));
+    CHECK_OK(kvx_write_blocks(&id, p.a, "evil", &z, &z, 1));
     size_t nf = 0;
-    assert_int_equal(vt_wait(p.a, "evil", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(wait_ids(p.a, "evil", &id, 1, 20000, &nf, NULL), 1);
     assert_int_equal(nf, 1);
     VT_ERR(kvx_write_blocks(&id, p.a, "evil", &z, &z, 1), KVX_EPEERBROKEN);
-    assert_true(vt_guards_ok(&p.rb));
-    for (uint64_t i = 0; i < NB; i++) assert_true(vt_is(p.rb.base + i * BL, BL, 0x22));
-    VT_OK(kvx_remove_remote_peer(p.a, "evil"));
+    assert_true(region_guards_ok(&p.rb));
+    for (uint64_t i = 0; i < NB; i++) assert_true(block_is(p.rb.base + i * BL, BL, 0x22));
+    CHECK_OK(kvx_remove_remote_peer(p.a, "evil"));
     pair_down(&p);
 }
 
@@ -297,7 +297,7 @@ static void test_threads(void **state) {
     enum { NB = 256, BL = 8192, TH = 4 };
     pair p;
     pair_up(&p, NB, BL, NULL, 0);
-    for (uint64_t i = 0; i < NB; i++) vt_fill(p.ra.base + i * BL, BL, i, 4);
+    for (uint64_t i = 0; i < NB; i++) fill_block(p.ra.base + i * BL, BL, i, 4);
     pthread_t th[TH];
     thr w[TH];
     for (int i = 0; i < TH; i++) {
@@ -313,9 +313,9 @@ static void test_threads(void **state) {
         n += 64;
     }
     size_t nf = 9;
-    assert_int_equal(vt_wait(p.a, "b", all, n, 60000, &nf, NULL), n);
+    assert_int_equal(wait_ids(p.a, "b", all, n, 60000, &nf, NULL), n);
     assert_int_equal(nf, 0);
-    for (uint64_t i = 0; i < NB; i++) assert_true(vt_matches(p.rb.base + i * BL, BL, i, 4));
+    for (uint64_t i = 0; i < NB; i++) assert_true(block_matches(p.rb.base + i * BL, BL, i, 4));
     pair_down(&p);
 }
 
