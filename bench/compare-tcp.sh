@@ -31,11 +31,8 @@ if ! command -v iperf3 >/dev/null 2>&1; then
         die "apt-get install iperf3 failed"
 fi
 
-py=
-if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3
-elif command -v python3 >/dev/null 2>&1; then py=$(command -v python3)
-fi
-[[ -n $py ]] || command -v jq >/dev/null 2>&1 || die "need python3 or jq to read JSON"
+py=/usr/bin/python3
+[[ -x $py ]] || py=$(command -v python3) || die "need python3 to read JSON"
 
 tmp=$(mktemp -d)
 iperf_pid=
@@ -51,11 +48,7 @@ trap 'exit 130' INT TERM
 
 # A free loopback port: bind port 0 and read what the kernel chose.
 free_port() {
-    if [[ -n $py ]]; then
-        "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-    else
-        echo $((20000 + RANDOM % 20000)) # no python: pick one; iperf3 fails loudly if taken
-    fi
+    "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
 # True once something listens on 127.0.0.1:$1. Reads /proc instead of probing:
@@ -89,47 +82,11 @@ common=(--backend tcp --json --no-progress --duration "$duration")
 "$bench" "${common[@]}" --block-size 4K --batch 16 --pattern random "$@" >>"$tmp/kvxfer.json" ||
     die "kvxfer-bench failed (4K); output: $(cat "$tmp/kvxfer.json")"
 
-if [[ -n $py ]]; then
-    "$py" - "$tmp/iperf.json" "$tmp/kvxfer.json" <<'EOF'
+iperf_gbps=$("$py" -c '
 import json, sys
-
-with open(sys.argv[1]) as f:
-    ip = json.load(f)
+ip = json.load(open(sys.argv[1]))
 if "error" in ip:
     sys.exit("compare-tcp.sh: iperf3: " + str(ip["error"]))
-end = ip["end"]
-summary = end.get("sum_received") or end["sum_sent"]
-iperf_gbps = summary["bits_per_second"] / 8 / 1e9
-
-rows = []
-with open(sys.argv[2]) as f:
-    for line in f:
-        line = line.strip()
-        if line.startswith("{"):
-            rows.append(json.loads(line))
-
-def size(n):
-    for unit, shift in (("MiB", 20), ("KiB", 10)):
-        if n % (1 << shift) == 0:
-            return "%d %s" % (n >> shift, unit)
-    return "%d B" % n
-
-print("%-9s %-14s %8s %12s %12s %8s %10s %9s" % ("block", "batch/pattern", "inflight", "kvxfer GB/s",
-      "iperf3 GB/s", "ratio", "p50 us", "verified"))
-for r in rows:
-    print("%-9s %-14s %8d %12.3f %12.3f %8.2f %10.1f %9s" % (
-        size(r["block_size"]), "%d %s" % (r["batch"], r["pattern"]), r["inflight"], r["gb_per_s"],
-        iperf_gbps, r["gb_per_s"] / iperf_gbps if iperf_gbps > 0 else 0.0,
-        r["p50_us"], r["verified"]))
-EOF
-else
-    iperf_gbps=$(jq -r '(.end.sum_received // .end.sum_sent).bits_per_second / 8 / 1e9' "$tmp/iperf.json")
-    printf '%-9s %-14s %12s %12s %8s %10s %9s\n' block batch/pattern "kvxfer GB/s" "iperf3 GB/s" ratio "p50 us" verified
-    jq -r '[.block_size, .batch, .pattern, .gb_per_s, .p50_us, .verified] | @tsv' "$tmp/kvxfer.json" |
-        while IFS=$'\t' read -r bs batch pattern gbps p50 verified; do
-            awk -v bs="$bs" -v b="$batch" -v p="$pattern" -v g="$gbps" -v i="$iperf_gbps" \
-                -v l="$p50" -v v="$verified" 'BEGIN {
-                    s = (bs % 1048576 == 0) ? (bs / 1048576 " MiB") : (bs % 1024 == 0) ? (bs / 1024 " KiB") : (bs " B")
-                    printf "%-9s %-14s %12.3f %12.3f %8.2f %10.1f %9s\n", s, b " " p, g, i, (i > 0 ? g / i : 0), l, v }'
-        done
-fi
+s = ip["end"].get("sum_received") or ip["end"]["sum_sent"]
+print(s["bits_per_second"] / 8 / 1e9)' "$tmp/iperf.json")
+"$py" "$root/bench/ratios.py" iperf3 "*=$iperf_gbps" "$tmp/kvxfer.json"

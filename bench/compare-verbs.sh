@@ -75,18 +75,5 @@ common=(--backend verbs --json --no-progress --duration "$duration")
 "$build/kvxfer-bench" "${common[@]}" --block-size 4K --batch 16 --pattern random "$@" >>"$tmp/kvx.json" ||
     die "kvxfer-bench failed (4K): $(cat "$tmp/kvx.json")"
 
-awk '
-    FNR == NR { ref[$1] = $2 / 1000; next }          # MB/s (10^6) -> GB/s
-    /^\{/ {
-        line = $0
-        bs = line; sub(/.*"block_size":/, "", bs); sub(/[,}].*/, "", bs)
-        g = line; sub(/.*"gb_per_s":/, "", g); sub(/[,}].*/, "", g)
-        b = line; sub(/.*"batch":/, "", b); sub(/[,}].*/, "", b)
-        p = line; sub(/.*"pattern":"/, "", p); sub(/".*/, "", p)
-        v = line; sub(/.*"verified":/, "", v); sub(/[,}].*/, "", v); gsub(/"/, "", v)
-        s = (bs % 1048576 == 0) ? (bs / 1048576 " MiB") : (bs / 1024 " KiB")
-        r = (bs in ref) ? ref[bs] : 0
-        printf "%-9s %-14s %12.4f %14.4f %8.2f %9s\n", s, b " " p, g, r, (r > 0 ? g / r : 0), v
-    }
-    BEGIN { printf "%-9s %-14s %12s %14s %8s %9s\n", "block", "batch/pattern", "kvxfer GB/s", "ib_write_bw GB/s", "ratio", "verified" }
-' "$tmp/ibwbw.txt" "$tmp/kvx.json"
+ref=$(awk '{ printf "%s%s=%s", (NR > 1 ? "," : ""), $1, $2 / 1000 }' "$tmp/ibwbw.txt")  # MB/s -> GB/s
+python3 "$root/bench/ratios.py" ib_write_bw "$ref" "$tmp/kvx.json"

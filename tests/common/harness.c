@@ -81,13 +81,11 @@ const char *test_backend(void) {
     return b && *b ? b : "tcp";
 }
 
-kvx_options *test_options(const char *extra, ...) {
+kvx_options *options_va(const char *backend, const char *extra, va_list ap) {
     kvx_options *o = NULL;
     CHECK_OK(kvx_options_create(&o));
-    CHECK_OK(kvx_options_set(o, "backend", test_backend()));
-    if (strcmp(test_backend(), "tcp") == 0) CHECK_OK(kvx_options_set(o, "tcp.listen", "127.0.0.1:0"));
-    va_list ap;
-    va_start(ap, extra);
+    CHECK_OK(kvx_options_set(o, "backend", backend));
+    if (strcmp(backend, "tcp") == 0) CHECK_OK(kvx_options_set(o, "tcp.listen", "127.0.0.1:0"));
     for (const char *kv = extra; kv; kv = va_arg(ap, const char *)) {
         char key[128];
         const char *eq = strchr(kv, '=');
@@ -95,6 +93,13 @@ kvx_options *test_options(const char *extra, ...) {
         snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
         CHECK_OK(kvx_options_set(o, key, eq + 1));
     }
+    return o;
+}
+
+kvx_options *test_options(const char *extra, ...) {
+    va_list ap;
+    va_start(ap, extra);
+    kvx_options *o = options_va(test_backend(), extra, ap);
     va_end(ap);
     return o;
 }

@@ -54,6 +54,8 @@ int block_is(const uint8_t *p, uint64_t bl, uint8_t v);
 const char *test_backend(void);
 /* Options for the test backend, plus extra "key=value" pairs (NULL-terminated). */
 kvx_options *test_options(const char *extra, ...);
+/* The same for a given backend, extra pairs from a va_list. */
+kvx_options *options_va(const char *backend, const char *extra, va_list ap);
 kvx_transport *transport_new(const region *r, const char *config, kvx_options *opts);
 
 typedef struct metablob {

@@ -47,22 +47,9 @@ void vt_require_verbs(void) {
 }
 
 kvx_options *vt_options(const char *kv, ...) {
-    kvx_options *o = NULL;
-    if (kvx_options_create(&o) != 0) abort();
-    if (kvx_options_set(o, "backend", "verbs") != 0) abort();
     va_list ap;
     va_start(ap, kv);
-    for (const char *s = kv; s; s = va_arg(ap, const char *)) {
-        char key[128];
-        const char *eq = strchr(s, '=');
-        if (!eq || (size_t)(eq - s) >= sizeof key) abort();
-        memcpy(key, s, (size_t)(eq - s));
-        key[eq - s] = 0;
-        if (kvx_options_set(o, key, eq + 1) != 0) {
-            fprintf(stderr, "option %s: %s\n", s, kvx_last_error_message());
-            abort();
-        }
-    }
+    kvx_options *o = options_va("verbs", kv, ap);
     va_end(ap);
     return o;
 }
