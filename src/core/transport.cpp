@@ -95,7 +95,6 @@ void Transport::close() {
     std::lock_guard<std::mutex> lk(mu_);
     inflight_.clear();
     completions_.clear();
-    unreported_.clear();
 }
 
 void Transport::add_peer(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,
@@ -232,7 +231,6 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
         op.id = next_id_++;
         if (n == 0) {
             completions_[peer_id].done.push_back(op.id);
-            unreported_.insert(op.id);
             return op.id;
         }
         inflight_.emplace(op.id, Tracked{peer, Clock::now() + std::chrono::milliseconds(options_.transfer_timeout_ms)});
@@ -253,7 +251,6 @@ void Transport::finish_locked(uint64_t id, const std::string &peer_id, int statu
     inflight_.erase(id);
     Completions &c = completions_[peer_id];
     (status == 0 ? c.done : c.failed).push_back(id);
-    unreported_.insert(id);
     if (status != 0) KVX_LOG(debug, "transfer %llu to peer '%s' failed: %s", (unsigned long long)id, peer_id.c_str(),
                              kvx_strerror(status));
 }
@@ -265,24 +262,15 @@ void Transport::poll(const char *peer_id, uint64_t *done, size_t done_cap, size_
     size_t nd = 0, nf = 0;
     std::lock_guard<std::mutex> lk(mu_);
     check_open_locked();
-    // Entries whose id is no longer in unreported_ were cancelled after they
-    // finished: drop them without reporting (and without using capacity).
-    auto take = [&](std::deque<uint64_t> &q, uint64_t *out, size_t cap, size_t &k) {
-        while (!q.empty()) {
-            uint64_t id = q.front();
-            if (unreported_.count(id) == 0) {
-                q.pop_front();
-                continue;
-            }
-            if (k == cap) break;
-            out[k++] = id;
-            unreported_.erase(id);
-            q.pop_front();
-        }
-    };
     auto drain = [&](Completions &c) {
-        take(c.done, done, done_cap, nd);
-        take(c.failed, failed, failed_cap, nf);
+        while (nd < done_cap && !c.done.empty()) {
+            done[nd++] = c.done.front();
+            c.done.pop_front();
+        }
+        while (nf < failed_cap && !c.failed.empty()) {
+            failed[nf++] = c.failed.front();
+            c.failed.pop_front();
+        }
     };
     if (peer_id) {
         auto it = completions_.find(peer_id);
@@ -306,6 +294,9 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
     if (n > 0 && ids == nullptr) fail(KVX_EINVAL, "cancel: ids is NULL with n = %zu", n);
     if (mode == KVX_CANCEL_WAIT && n > 0 && inflight == nullptr) fail(KVX_EINVAL, "cancel: wait mode needs an output array");
     std::vector<std::pair<uint64_t, std::shared_ptr<Peer>>> targets;
+    // Ids that finished but were not polled yet: released, never reported
+    // (the seed's handle release succeeds for a finished transfer).
+    std::unordered_set<uint64_t> finished;
     size_t still = 0;
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -315,9 +306,7 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
             if (!seen.insert(ids[i]).second) continue;  // an id given twice counts once
             auto it = inflight_.find(ids[i]);
             if (it == inflight_.end()) {
-                // Finished but not yet polled: released, never reported (the
-                // seed's handle release succeeds for a finished transfer).
-                unreported_.erase(ids[i]);
+                finished.insert(ids[i]);  // or unknown, or reported: then nothing matches
                 continue;
             }
             targets.emplace_back(ids[i], it->second.peer);
@@ -328,15 +317,25 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
         bool dropped = peer->link->drop_if_not_started(id);
         if (mode == KVX_CANCEL_IMMEDIATE) continue;
         std::lock_guard<std::mutex> lk(mu_);
-        if (dropped) {
-            inflight_.erase(id);
-        } else if (inflight_.count(id)) {
-            inflight[still++] = id;  // on the wire: poll reports it
-        } else {
-            unreported_.erase(id);  // finished meanwhile: released like any finished id
-        }
+        if (dropped) inflight_.erase(id);
+        else if (inflight_.count(id)) inflight[still++] = id;  // on the wire: poll reports it
+        else finished.insert(id);                               // finished meanwhile
+    }
+    if (!finished.empty()) {
+        std::lock_guard<std::mutex> lk(mu_);
+        drop_unpolled_locked(finished);
     }
     return still;
+}
+
+void Transport::drop_unpolled_locked(const std::unordered_set<uint64_t> &ids) {
+    auto gone = [&](uint64_t id) { return ids.count(id) != 0; };
+    for (auto it = completions_.begin(); it != completions_.end();) {
+        std::erase_if(it->second.done, gone);
+        std::erase_if(it->second.failed, gone);
+        if (it->second.done.empty() && it->second.failed.empty()) it = completions_.erase(it);
+        else ++it;
+    }
 }
 
 void Transport::watchdog() {

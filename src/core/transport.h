@@ -62,6 +62,9 @@ private:
 
     void complete(uint64_t id, int status) override;
     void finish_locked(uint64_t id, const std::string &peer_id, int status);
+    // Removes ids from the completion queues (cancel of finished, unpolled ids):
+    // one pass over the queues, so cancel stays off poll's path.
+    void drop_unpolled_locked(const std::unordered_set<uint64_t> &ids);
     void check_open_locked() const;
     void watchdog();
 
@@ -80,9 +83,6 @@ private:
     std::unordered_set<std::string> connecting_;
     std::unordered_map<uint64_t, Tracked> inflight_;
     std::map<std::string, Completions> completions_;
-    // Ids sitting in completions_ that are still to be reported. Cancel of a
-    // finished-but-unpolled id erases it here; poll skips such queue entries.
-    std::unordered_set<uint64_t> unreported_;
     std::thread watchdog_;
 };
 
