@@ -78,7 +78,7 @@ packaging() {
 vm() {
     stage "verbs backend inside the Soft-RoCE VM"
     configure "$BUILD"
-    if ! grep -q KVX_HAVE_VERBS "$BUILD/CMakeFiles/kvxfer_core.dir/flags.make" 2>/dev/null; then
+    if [ ! -d "$BUILD/src/backends/verbs/CMakeFiles/kvx_verbs.dir" ]; then
         echo "verbs backend not built: nothing to run in the VM" >&2
         return 1
     fi

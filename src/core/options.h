@@ -1,33 +1,32 @@
-// Transport options: string key/value pairs from the C API, parsed once into
-// typed fields at transport creation.
+// The transport's own options (backend choice, timeouts) and the validation
+// of every key against the owning table: the core's, or a backend's from the
+// registry.
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <string>
+#include <vector>
+
+#include "util/options.h"
 
 namespace kvx {
 
-struct OptionBag {
-    std::map<std::string, std::string> kv;
-};
+// The core's option table.
+OptionTable core_options();
+
+// Every table: the core's, then each registered backend's.
+std::vector<OptionTable> all_option_tables();
 
 // Throws Error(KVX_EINVAL) for an unknown key or a malformed value.
 void validate_option(const std::string &key, const std::string &value);
 
-struct Options {
+// The core's options, typed, read once at transport creation.
+struct CoreOptions {
     std::string backend = "auto";
     uint32_t connect_timeout_ms = 5000;
     uint32_t transfer_timeout_ms = 30000;
-    std::string tcp_listen = "0.0.0.0:0";
-    std::string tcp_advertise;  // "" = derive from tcp_listen
-    uint32_t tcp_streams = 1;
-    std::map<std::string, std::string> backend_specific;  // verbs.* keys
 
-    static Options from(const OptionBag *bag);
+    static CoreOptions from(const Options &o);
 };
-
-// Parses a decimal integer within [lo, hi]; throws Error(KVX_EINVAL) naming key.
-uint64_t parse_uint_option(const std::string &key, const std::string &value, uint64_t lo, uint64_t hi);
 
 }  // namespace kvx

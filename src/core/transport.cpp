@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/registry.h"
 #include "core/fingerprint.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -19,17 +20,23 @@ void random_bytes(void *p, size_t n) {
         fail(KVX_EINTERNAL, "OpenSSL RAND_bytes failed");
 }
 
-std::unique_ptr<Backend> make_backend(const std::string &name, const BackendContext &ctx) {
-#ifdef KVX_HAVE_VERBS
-    if (name == "verbs" || name == "auto") {
+// The backends a transport serves on, in order of preference: the one named,
+// or for "auto" the first registered backend whose probe says it is usable.
+std::vector<const BackendDesc *> choose_backends(const std::string &name, const Options &o) {
+    if (name != "auto") {
+        const BackendDesc *b = find_backend(name);
+        if (!b) fail(KVX_ENOTSUP, "backend '%s' is not available in this build of kvxfer %s", name.c_str(),
+                     kvx_version_string());
         std::string why;
-        if (auto b = make_verbs_backend(ctx, &why)) return b;
-        if (name == "verbs") fail(KVX_ENOTSUP, "backend verbs: %s", why.c_str());
-        KVX_LOG(info, "backend auto: no usable RDMA device (%s), using tcp", why.c_str());
+        if (!b->probe(o, &why)) fail(KVX_ENOTSUP, "backend %s: %s", b->name, why.c_str());
+        return {b};
     }
-#endif
-    if (name == "tcp" || name == "auto") return make_tcp_backend(ctx);
-    fail(KVX_ENOTSUP, "backend '%s' is not available in this build of kvxfer %s", name.c_str(), kvx_version_string());
+    for (const BackendDesc *b : backend_registry()) {
+        std::string why;
+        if (b->probe(o, &why)) return {b};
+        KVX_LOG(info, "backend auto: %s not usable here (%s)", b->name, why.c_str());
+    }
+    fail(KVX_ENOTSUP, "backend auto: no backend is usable here");
 }
 
 }  // namespace
@@ -44,28 +51,52 @@ Transport::Transport(void *base, uint64_t num_blocks, uint64_t block_len, const 
         fail(KVX_EOVERFLOW, "num_blocks %llu x block_len %llu overflows the address space",
              (unsigned long long)num_blocks, (unsigned long long)block_len);
     region_ = Region{static_cast<uint8_t *>(base), num_blocks, block_len};
-    options_ = Options::from(opts);
+    if (opts)
+        for (const auto &[k, v] : opts->kv) validate_option(k, v);
+    options_ = Options(opts, all_option_tables());
+    core_ = CoreOptions::from(options_);
     fingerprint_ = config_fingerprint(config_json);
 
     BackendContext ctx;
     ctx.region = region_;
     ctx.options = &options_;
-    random_bytes(&ctx.instance_id, sizeof ctx.instance_id);
-    random_bytes(ctx.secret.data(), ctx.secret.size());
-    ctx.fingerprint = fingerprint_;
-    backend_ = make_backend(options_.backend, ctx);
-    backend_name_ = backend_->name();
+    random_bytes(&ctx.identity.instance_id, sizeof ctx.identity.instance_id);
+    random_bytes(ctx.identity.secret.data(), ctx.identity.secret.size());
+    ctx.identity.fingerprint = handshake::fingerprint_bytes(fingerprint_);
+    loop_ = std::make_unique<EventLoop>("kvx-loop");
+    loop_->start();
+    ctx.loop = loop_.get();
+    start_backends(ctx);
 
     wire::AgentMetadata m;
     m.base_addr = reinterpret_cast<uintptr_t>(base);
     m.num_blocks = num_blocks;
     m.block_len = block_len;
-    m.instance_id = ctx.instance_id;
-    m.secret = ctx.secret;
+    m.instance_id = ctx.identity.instance_id;
+    m.secret = ctx.identity.secret;
     m.fingerprint = fingerprint_;
-    backend_->describe(m);
+    for (const auto &b : backends_) m.sections.push_back(b->describe());
     metadata_ = wire::encode_metadata(m);
     watchdog_ = std::thread([this] { watchdog(); });
+}
+
+void Transport::start_backends(const BackendContext &ctx) {
+    struct StopOnThrow {
+        Transport *t;
+        bool armed = true;
+        ~StopOnThrow() {
+            if (!armed) return;
+            for (auto &b : t->backends_) b->shutdown();
+            t->loop_->stop();
+        }
+    } guard{this};
+    for (const BackendDesc *d : choose_backends(core_.backend, options_)) {
+        std::string why;
+        std::unique_ptr<Backend> b = d->create(ctx, &why);
+        if (!b) fail(KVX_ENOTSUP, "backend %s: %s", d->name, why.c_str());
+        backends_.push_back(std::move(b));
+    }
+    guard.armed = false;
 }
 
 Transport::~Transport() { close(); }
@@ -91,7 +122,8 @@ void Transport::close() {
     }
     if (watchdog_.joinable()) watchdog_.join();
     for (auto &[id, p] : peers) p->link->shutdown();
-    backend_->shutdown();
+    for (auto &b : backends_) b->shutdown();
+    loop_->stop();
     std::lock_guard<std::mutex> lk(mu_);
     inflight_.clear();
     completions_.clear();
@@ -142,9 +174,10 @@ void Transport::add_peer(const std::string &id, const uint8_t *meta, size_t meta
     PeerContext pc;
     pc.peer_id = id;
     pc.meta = &m;
-    pc.deadline = Clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
+    pc.deadline = Clock::now() + std::chrono::milliseconds(core_.connect_timeout_ms);
     pc.sink = this;
-    peer->link = backend_->connect(pc);
+    Backend &b = pick_backend(id, m, &pc.section);
+    peer->link = b.connect(pc);
 
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -155,6 +188,34 @@ void Transport::add_peer(const std::string &id, const uint8_t *meta, size_t meta
     }
     peer->link->shutdown();
     fail(KVX_ECLOSED, "transport was closed while peer '%s' connected", id.c_str());
+}
+
+// The first of our backends (in order of preference) that the peer offers too.
+Backend &Transport::pick_backend(const std::string &id, const wire::AgentMetadata &m, const wire::Section **section) {
+    std::string ours;
+    for (auto &b : backends_) {
+        const BackendDesc *d = find_backend(b->name());
+        const wire::Section *s = d ? m.find(d->id) : nullptr;
+        if (!s) {
+            ours += strfmt("%s%s", ours.empty() ? "" : ", ", b->name());
+            continue;
+        }
+        try {
+            d->check_section(*s, m);
+        } catch (const Error &e) {
+            fail(e.code(), "peer '%s': %s", id.c_str(), e.what());
+        }
+        *section = s;
+        return *b;
+    }
+    std::string theirs;
+    for (const wire::Section &s : m.sections) {
+        const BackendDesc *d = nullptr;
+        for (const BackendDesc *c : backend_registry()) d = c->id == s.type ? c : d;
+        theirs += strfmt("%s%s", theirs.empty() ? "" : ", ", d ? d->name : strfmt("#%u", s.type).c_str());
+    }
+    fail(KVX_ENOTSUP, "peer '%s' offers no backend this transport serves on (ours: %s; theirs: %s)", id.c_str(),
+         ours.c_str(), theirs.empty() ? "none" : theirs.c_str());
 }
 
 void Transport::remove_peer(const std::string &id) {
@@ -233,7 +294,7 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
             completions_[peer_id].done.push_back(op.id);
             return op.id;
         }
-        inflight_.emplace(op.id, Tracked{peer, Clock::now() + std::chrono::milliseconds(options_.transfer_timeout_ms)});
+        inflight_.emplace(op.id, Tracked{peer, Clock::now() + std::chrono::milliseconds(core_.transfer_timeout_ms)});
     }
     uint64_t id = op.id;
     peer->link->submit(std::move(op));
@@ -295,7 +356,7 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
     if (mode == KVX_CANCEL_WAIT && n > 0 && inflight == nullptr) fail(KVX_EINVAL, "cancel: wait mode needs an output array");
     std::vector<std::pair<uint64_t, std::shared_ptr<Peer>>> targets;
     // Ids that finished but were not polled yet: released, never reported
-    // (the seed's handle release succeeds for a finished transfer).
+    // (vLLM's handle release succeeds for a finished transfer).
     std::unordered_set<uint64_t> finished;
     size_t still = 0;
     {
@@ -339,7 +400,7 @@ void Transport::drop_unpolled_locked(const std::unordered_set<uint64_t> &ids) {
 }
 
 void Transport::watchdog() {
-    const auto timeout = std::chrono::milliseconds(options_.transfer_timeout_ms);
+    const auto timeout = std::chrono::milliseconds(core_.transfer_timeout_ms);
     const auto tick = std::clamp<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(5),
                                                             std::chrono::milliseconds(200));
     std::unique_lock<std::mutex> lk(mu_);
@@ -354,7 +415,7 @@ void Transport::watchdog() {
         for (uint64_t id : expired) {
             auto peer = inflight_[id].peer;
             KVX_LOG(warn, "transfer %llu to peer '%s' timed out after %u ms", (unsigned long long)id, peer->id.c_str(),
-                    options_.transfer_timeout_ms);
+                    core_.transfer_timeout_ms);
             peer->timed_out.store(true);
             finish_locked(id, peer->id, KVX_ETIMEDOUT);
             if (std::find(to_abort.begin(), to_abort.end(), peer) == to_abort.end()) to_abort.push_back(peer);

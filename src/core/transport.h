@@ -1,4 +1,4 @@
-// The transport: the seed's DataTransport contract on top of one backend.
+// The transport: vLLM's DataTransport contract on top of the backends.
 // Owns the peer table, the transfer table and the completion queues; every
 // public method is safe to call from several threads at once.
 #pragma once
@@ -15,9 +15,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "backends/backend.h"
+#include "backend/backend.h"
 #include "core/options.h"
 #include "kvxfer.h"
+#include "util/event_loop.h"
 
 namespace kvx {
 
@@ -31,7 +32,7 @@ public:
     void close();
     const Region &region() const { return region_; }
     const std::string &fingerprint() const { return fingerprint_; }
-    const char *backend_name() const { return backend_name_; }
+    const char *backend_name() const { return backends_.front()->name(); }
     const std::vector<uint8_t> &metadata() const;
 
     void add_peer(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,
@@ -67,12 +68,15 @@ private:
     void drop_unpolled_locked(const std::unordered_set<uint64_t> &ids);
     void check_open_locked() const;
     void watchdog();
+    void start_backends(const BackendContext &ctx);
+    Backend &pick_backend(const std::string &id, const wire::AgentMetadata &m, const wire::Section **section);
 
     Region region_;
     Options options_;
+    CoreOptions core_;
     std::string fingerprint_;
-    std::unique_ptr<Backend> backend_;
-    const char *backend_name_ = "";
+    std::unique_ptr<EventLoop> loop_;
+    std::vector<std::unique_ptr<Backend>> backends_;  // in order of preference
     std::vector<uint8_t> metadata_;
 
     mutable std::mutex mu_;

@@ -29,24 +29,47 @@ Fd::~Fd() {
     if (fd_ >= 0) ::close(fd_);
 }
 
-sockaddr_storage parse_hostport(const std::string &s, const char *what, bool passive) {
-    std::string host, port;
+namespace {
+
+// Splits HOST:PORT / [V6]:PORT and checks the port; the syntax of both parsers.
+void split_hostport(const std::string &s, const char *what, std::string *host, std::string *port) {
     if (!s.empty() && s[0] == '[') {
         size_t rb = s.find(']');
         if (rb == std::string::npos || rb + 1 >= s.size() || s[rb + 1] != ':')
             fail(KVX_EINVAL, "%s: '%s' is not [IPV6]:PORT", what, s.c_str());
-        host = s.substr(1, rb - 1);
-        port = s.substr(rb + 2);
+        *host = s.substr(1, rb - 1);
+        *port = s.substr(rb + 2);
     } else {
         size_t c = s.rfind(':');
         if (c == std::string::npos || s.find(':') != c)
             fail(KVX_EINVAL, "%s: '%s' is not HOST:PORT", what, s.c_str());
-        host = s.substr(0, c);
-        port = s.substr(c + 1);
+        *host = s.substr(0, c);
+        *port = s.substr(c + 1);
     }
-    if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-        std::stoul(port) > 65535)
-        fail(KVX_EINVAL, "%s: port '%s' in '%s' is not 0..65535", what, port.c_str(), s.c_str());
+    if (port->empty() || port->size() > 5 || port->find_first_not_of("0123456789") != std::string::npos ||
+        std::stoul(*port) > 65535)
+        fail(KVX_EINVAL, "%s: port '%s' in '%s' is not 0..65535", what, port->c_str(), s.c_str());
+}
+
+}  // namespace
+
+std::string Endpoint::str() const {
+    char buf[INET6_ADDRSTRLEN] = "?";
+    inet_ntop(family == 6 ? AF_INET6 : AF_INET, addr.data(), buf, sizeof buf);
+    return family == 6 ? strfmt("[%s]:%u", buf, port) : strfmt("%s:%u", buf, port);
+}
+
+void check_hostport_syntax(const std::string &s, const char *what, bool allow_empty_host) {
+    std::string host, port;
+    split_hostport(s, what, &host, &port);
+    if (host.empty() && !allow_empty_host) fail(KVX_EINVAL, "%s: '%s' has no host", what, s.c_str());
+    if (host.find_first_of(" \t/[]") != std::string::npos)
+        fail(KVX_EINVAL, "%s: host '%s' in '%s' is not an address or a name", what, host.c_str(), s.c_str());
+}
+
+sockaddr_storage parse_hostport(const std::string &s, const char *what, bool passive) {
+    std::string host, port;
+    split_hostport(s, what, &host, &port);
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -65,8 +88,8 @@ socklen_t sa_len(const sockaddr_storage &ss) {
     return ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
 }
 
-wire::Endpoint to_endpoint(const sockaddr_storage &ss) {
-    wire::Endpoint e;
+Endpoint to_endpoint(const sockaddr_storage &ss) {
+    Endpoint e;
     if (ss.ss_family == AF_INET6) {
         const auto *a = reinterpret_cast<const sockaddr_in6 *>(&ss);
         e.family = 6;
@@ -81,7 +104,7 @@ wire::Endpoint to_endpoint(const sockaddr_storage &ss) {
     return e;
 }
 
-sockaddr_storage from_endpoint(const wire::Endpoint &e, socklen_t *len) {
+sockaddr_storage from_endpoint(const Endpoint &e, socklen_t *len) {
     sockaddr_storage ss{};
     if (e.family == 6) {
         auto *a = reinterpret_cast<sockaddr_in6 *>(&ss);
@@ -99,8 +122,8 @@ sockaddr_storage from_endpoint(const wire::Endpoint &e, socklen_t *len) {
     return ss;
 }
 
-std::vector<wire::Endpoint> local_ipv4_endpoints(uint16_t port) {
-    std::vector<wire::Endpoint> out;
+std::vector<Endpoint> local_ipv4_endpoints(uint16_t port) {
+    std::vector<Endpoint> out;
     ifaddrs *ifs = nullptr;
     if (getifaddrs(&ifs) != 0) return out;
     for (ifaddrs *i = ifs; i; i = i->ifa_next) {
@@ -108,7 +131,7 @@ std::vector<wire::Endpoint> local_ipv4_endpoints(uint16_t port) {
         if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
         sockaddr_storage ss{};
         memcpy(&ss, i->ifa_addr, sizeof(sockaddr_in));
-        wire::Endpoint e = to_endpoint(ss);
+        Endpoint e = to_endpoint(ss);
         e.port = port;
         bool dup = false;
         for (const auto &o : out) dup |= o == e;
@@ -126,6 +149,25 @@ void set_nodelay(int fd) {
 void set_blocking(int fd, bool blocking) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, blocking ? (fl & ~O_NONBLOCK) : (fl | O_NONBLOCK));
+}
+
+void set_nonblocking(int fd, const char *what) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0)
+        fail(KVX_EBACKEND, "cannot make the %s non-blocking: %s", what, strerror(errno));
+}
+
+size_t advance_iov(iovec *&iov, size_t cnt, size_t n) {
+    while (cnt > 0 && n >= iov->iov_len) {
+        n -= iov->iov_len;
+        iov++;
+        cnt--;
+    }
+    if (cnt > 0) {
+        iov->iov_base = static_cast<uint8_t *>(iov->iov_base) + n;
+        iov->iov_len -= n;
+    }
+    return cnt;
 }
 
 namespace {
@@ -150,7 +192,7 @@ int wait_fd(int fd, short events, Clock::time_point deadline) {
 
 }  // namespace
 
-int connect_by(const wire::Endpoint &e, Clock::time_point deadline, Fd *out) {
+int connect_by(const Endpoint &e, Clock::time_point deadline, Fd *out) {
     socklen_t len = 0;
     sockaddr_storage ss = from_endpoint(e, &len);
     Fd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));

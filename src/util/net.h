@@ -3,26 +3,39 @@
 #pragma once
 
 #include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <array>
 
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "wire/metadata.h"
-
 namespace kvx::net {
 
 using Clock = std::chrono::steady_clock;
 
+// An IPv4 or IPv6 address and port (agent metadata carries these).
+struct Endpoint {
+    uint8_t family = 4;  // 4 or 6
+    std::array<uint8_t, 16> addr{};
+    uint16_t port = 0;
+    std::string str() const;  // "1.2.3.4:5" or "[::1]:5"
+    bool operator==(const Endpoint &) const = default;
+};
+
+// Syntax only, no name lookup: "HOST:PORT" or "[V6]:PORT" with PORT 0..65535
+// and a non-empty HOST unless allow_empty_host. Throws Error(KVX_EINVAL) naming what.
+void check_hostport_syntax(const std::string &s, const char *what, bool allow_empty_host);
 // "HOST:PORT" or "[V6]:PORT" (HOST numeric or a name); throws Error(KVX_EINVAL) naming what.
 sockaddr_storage parse_hostport(const std::string &s, const char *what, bool passive);
-wire::Endpoint to_endpoint(const sockaddr_storage &ss);
-sockaddr_storage from_endpoint(const wire::Endpoint &e, socklen_t *len);
+Endpoint to_endpoint(const sockaddr_storage &ss);
+sockaddr_storage from_endpoint(const Endpoint &e, socklen_t *len);
 socklen_t sa_len(const sockaddr_storage &ss);
 
 // Non-loopback IPv4 addresses of interfaces that are up, in interface order.
-std::vector<wire::Endpoint> local_ipv4_endpoints(uint16_t port);
+std::vector<Endpoint> local_ipv4_endpoints(uint16_t port);
 
 // Owned file descriptor.
 class Fd {
@@ -45,7 +58,7 @@ private:
 };
 
 // Connects before the deadline; returns the fd or -errno.
-int connect_by(const wire::Endpoint &e, Clock::time_point deadline, Fd *out);
+int connect_by(const Endpoint &e, Clock::time_point deadline, Fd *out);
 
 // Read/write exactly n bytes before the deadline. Return 0, or -errno
 // (-ETIMEDOUT, -ECONNRESET for EOF).
@@ -58,5 +71,11 @@ int write_full(int fd, const void *buf, size_t n);
 
 void set_nodelay(int fd);
 void set_blocking(int fd, bool blocking);
+// Sets O_NONBLOCK; throws Error(KVX_EBACKEND) naming what.
+void set_nonblocking(int fd, const char *what);
+
+// Consumes n bytes from the front of an iovec array: advances *iov past
+// the iovecs that are done and trims the first one left. Returns the new count.
+size_t advance_iov(iovec *&iov, size_t cnt, size_t n);
 
 }  // namespace kvx::net

@@ -12,7 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "backends/backend.h"
+#include "backend/backend.h"
+#include "backend/ops.h"
 #include "util/net.h"
 
 namespace kvx::tcp {
@@ -23,7 +24,7 @@ class TcpServer {
 public:
     explicit TcpServer(const BackendContext &ctx);
     ~TcpServer();
-    const std::vector<wire::Endpoint> &advertised() const { return advertised_; }
+    const std::vector<net::Endpoint> &advertised() const { return advertised_; }
     void shutdown();
 
 private:
@@ -40,7 +41,7 @@ private:
     BackendContext ctx_;
     net::Fd listen_fd_;
     int wake_[2] = {-1, -1};
-    std::vector<wire::Endpoint> advertised_;
+    std::vector<net::Endpoint> advertised_;
     std::thread acceptor_;
     std::mutex mu_;
     std::list<std::unique_ptr<Conn>> conns_;
@@ -48,17 +49,9 @@ private:
     std::atomic<size_t> handshaking_{0};
 };
 
-// One part of an op, carried by one stream; an op completes when all its
-// parts are acknowledged.
-struct OpState {
-    uint64_t id = 0;
-    std::atomic<int> parts_left{0};
-    std::atomic<bool> started{false};
-    std::atomic<bool> reported{false};
-};
-struct Part {
-    std::shared_ptr<OpState> op;
-    std::vector<Run> runs;
+// A part sent on a stream, waiting for its acknowledgement.
+struct Awaiting {
+    OpRef op;
     uint64_t seq = 0;
 };
 
@@ -77,14 +70,13 @@ private:
         net::Fd fd;
         std::thread sender, acker;
         std::mutex mu;  // guards awaiting
-        std::deque<Part> awaiting;
+        std::deque<Awaiting> awaiting;
         std::vector<uint8_t> head;  // frame headers + segment tables of one sendmsg, reused
         std::vector<iovec> iov;     // sender thread only
     };
     void send_loop(Stream *s);
     void ack_loop(Stream *s);
-    int send_parts(Stream *s, const std::vector<Part> &parts);
-    void finish_part(const Part &p, int status);
+    int send_parts(Stream *s, const std::vector<Part> &parts, const std::vector<uint64_t> &seqs);
     void fail_all(int status);
     bool stop_flag_seen();
 
@@ -104,5 +96,10 @@ private:
 
 // Opens and authenticates the streams to a peer; throws Error.
 std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerContext &pc);
+
+// The tcp section of the metadata: the endpoints to connect to, in order of preference.
+wire::Section encode_section(const std::vector<net::Endpoint> &eps);
+// Throws Error(KVX_EBADMETA) naming the defect.
+std::vector<net::Endpoint> decode_section(const wire::Section &s);
 
 }  // namespace kvx::tcp

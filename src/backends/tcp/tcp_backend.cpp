@@ -1,28 +1,73 @@
+// The tcp backend's registry entry: options, metadata section, factory.
+#include "backend/registry.h"
 #include "backends/tcp/tcp.h"
+#include "util/bytes.h"
+#include "util/error.h"
 
 namespace kvx {
 
+namespace tcp {
+
 namespace {
+
+constexpr uint16_t kSectionId = 2;
+constexpr uint8_t kSectionVersion = 0;
+
+constexpr OptionSpec kOptions[] = {
+    {"tcp.listen", OptType::hostport, 0, 0, "0.0.0.0:0",
+     "HOST:PORT to listen on (IPv4, or [IPv6]:PORT); 0.0.0.0:0 = all IPv4 interfaces, any port"},
+    {"tcp.advertise", OptType::hostports, wire::kMaxEndpoints, 0, "",
+     "comma-separated HOST:PORT list put in the metadata, in order of preference; PORT 0 = the listening port"},
+    {"tcp.streams", OptType::uint, 1, 16, "1", "TCP connections per peer; a transfer of 2 MiB or more is split over them"},
+};
 
 class TcpBackend final : public Backend {
 public:
     explicit TcpBackend(const BackendContext &ctx) : ctx_(ctx), server_(ctx) {}
     const char *name() const override { return "tcp"; }
-    BackendCaps caps() const override { return BackendCaps{true, false}; }
-    void describe(wire::AgentMetadata &m) const override {
-        m.backend = wire::BackendKind::tcp;
-        m.tcp = server_.advertised();
-    }
-    std::unique_ptr<BackendPeer> connect(const PeerContext &pc) override { return tcp::connect_peer(ctx_, pc); }
+    wire::Section describe() const override { return encode_section(server_.advertised()); }
+    std::unique_ptr<BackendPeer> connect(const PeerContext &pc) override { return connect_peer(ctx_, pc); }
     void shutdown() override { server_.shutdown(); }
 
 private:
     BackendContext ctx_;
-    tcp::TcpServer server_;
+    TcpServer server_;
 };
+
+bool probe(const Options &, std::string *) { return true; }
+
+std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) { return std::make_unique<TcpBackend>(ctx); }
+
+void check_section(const wire::Section &s, const wire::AgentMetadata &) { decode_section(s); }
 
 }  // namespace
 
-std::unique_ptr<Backend> make_tcp_backend(const BackendContext &ctx) { return std::make_unique<TcpBackend>(ctx); }
+wire::Section encode_section(const std::vector<net::Endpoint> &eps) {
+    Writer w;
+    w.u16(static_cast<uint16_t>(eps.size()));
+    w.u16(0);
+    for (const auto &e : eps) wire::put_endpoint(w, e);
+    return wire::Section{kSectionId, kSectionVersion, std::move(w.buf())};
+}
+
+std::vector<net::Endpoint> decode_section(const wire::Section &s) {
+    Reader r(s.body.data(), s.body.size(), KVX_EBADMETA, "metadata tcp section");
+    uint16_t cnt = r.u16("tcp.count");
+    r.u16("tcp.reserved");
+    if (cnt == 0 || cnt > wire::kMaxEndpoints)
+        fail(KVX_EBADMETA, "metadata: tcp endpoint count %u out of range 1..%zu", cnt, wire::kMaxEndpoints);
+    size_t want = 4 + wire::kEndpointLen * cnt;
+    if (s.body.size() != want && !(s.version > kSectionVersion && s.body.size() > want))
+        fail(KVX_EBADMETA, "metadata: tcp section is %zu bytes, expected %zu", s.body.size(), want);
+    std::vector<net::Endpoint> eps;
+    for (uint16_t i = 0; i < cnt; i++) eps.push_back(wire::get_endpoint(r));
+    return eps;
+}
+
+}  // namespace tcp
 
 }  // namespace kvx
+
+extern "C" const kvx::BackendDesc kvx_backend_tcp = {
+    "tcp", kvx::tcp::kSectionId, kvx::tcp::kOptions, kvx::tcp::probe, kvx::tcp::create, kvx::tcp::check_section,
+};

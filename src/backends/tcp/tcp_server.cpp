@@ -14,20 +14,14 @@
 #include "backends/tcp/tcp.h"
 #include "util/error.h"
 #include "util/log.h"
-#include "wire/frame.h"
+#include "backends/tcp/tcp_wire.h"
+#include "handshake/handshake.h"
 
 namespace kvx::tcp {
 
 namespace {
 
 constexpr size_t kMaxHandshaking = 64;  // unauthenticated connections at once
-
-bool fingerprints_compatible(const std::string &ours, const std::array<uint8_t, 16> &theirs) {
-    bool none = true;
-    for (uint8_t b : theirs) none &= b == 0;
-    if (ours.empty() || none) return true;
-    return memcmp(ours.data(), theirs.data(), 16) == 0;
-}
 
 // readv until every iovec is full; 0 or -errno (-ECONNRESET on EOF).
 int readv_full(int fd, iovec *iov, int cnt) {
@@ -38,16 +32,7 @@ int readv_full(int fd, iovec *iov, int cnt) {
             if (errno == EINTR) continue;
             return -errno;
         }
-        auto left = static_cast<size_t>(r);
-        while (cnt > 0 && left >= iov->iov_len) {
-            left -= iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            iov->iov_base = static_cast<uint8_t *>(iov->iov_base) + left;
-            iov->iov_len -= left;
-        }
+        cnt = static_cast<int>(net::advance_iov(iov, static_cast<size_t>(cnt), static_cast<size_t>(r)));
     }
     return 0;
 }
@@ -55,26 +40,27 @@ int readv_full(int fd, iovec *iov, int cnt) {
 }  // namespace
 
 TcpServer::TcpServer(const BackendContext &ctx) : ctx_(ctx) {
-    const Options &o = *ctx.options;
-    sockaddr_storage ss = net::parse_hostport(o.tcp_listen, "option tcp.listen", true);
+    const std::string listen = ctx.options->str("tcp.listen");
+    const std::string advertise = ctx.options->str("tcp.advertise");
+    sockaddr_storage ss = net::parse_hostport(listen, "option tcp.listen", true);
     listen_fd_ = net::Fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!listen_fd_) fail(KVX_EBACKEND, "tcp: socket(): %s", strerror(errno));
     int one = 1;
     setsockopt(listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (::bind(listen_fd_.get(), reinterpret_cast<sockaddr *>(&ss), net::sa_len(ss)) != 0)
-        fail(KVX_EBACKEND, "tcp: cannot listen on '%s': %s", o.tcp_listen.c_str(), strerror(errno));
+        fail(KVX_EBACKEND, "tcp: cannot listen on '%s': %s", listen.c_str(), strerror(errno));
     if (::listen(listen_fd_.get(), 128) != 0) fail(KVX_EBACKEND, "tcp: listen(): %s", strerror(errno));
     sockaddr_storage bound{};
     socklen_t bl = sizeof bound;
     getsockname(listen_fd_.get(), reinterpret_cast<sockaddr *>(&bound), &bl);
-    wire::Endpoint me = net::to_endpoint(bound);
+    net::Endpoint me = net::to_endpoint(bound);
 
-    if (!o.tcp_advertise.empty()) {
+    if (!advertise.empty()) {
         size_t start = 0;
-        while (start <= o.tcp_advertise.size()) {
-            size_t comma = o.tcp_advertise.find(',', start);
-            std::string item = o.tcp_advertise.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-            wire::Endpoint e = net::to_endpoint(net::parse_hostport(item, "option tcp.advertise", false));
+        while (start <= advertise.size()) {
+            size_t comma = advertise.find(',', start);
+            std::string item = advertise.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+            net::Endpoint e = net::to_endpoint(net::parse_hostport(item, "option tcp.advertise", false));
             if (e.port == 0) e.port = me.port;
             if (advertised_.size() == wire::kMaxEndpoints)
                 fail(KVX_EINVAL, "option tcp.advertise: more than %zu addresses", wire::kMaxEndpoints);
@@ -88,7 +74,7 @@ TcpServer::TcpServer(const BackendContext &ctx) : ctx_(ctx) {
         if (wildcard) {
             advertised_ = net::local_ipv4_endpoints(me.port);
             if (advertised_.size() > wire::kMaxEndpoints - 1) advertised_.resize(wire::kMaxEndpoints - 1);
-            wire::Endpoint lo;
+            net::Endpoint lo;
             lo.family = me.family;
             if (me.family == 6) lo.addr[15] = 1;
             else lo.addr = {127, 0, 0, 1};
@@ -169,41 +155,45 @@ void TcpServer::accept_loop() {
     }
 }
 
+namespace {
+
+// Reads one handshake message (header, then the rest its kind needs).
+int read_message(int fd, handshake::Bytes &buf, Clock::time_point deadline) {
+    int rc = net::read_full_by(fd, buf.data(), handshake::kHeaderLen, deadline);
+    if (rc != 0) return rc;
+    size_t len = handshake::message_len(buf.data());
+    return net::read_full_by(fd, buf.data() + handshake::kHeaderLen, len - handshake::kHeaderLen, deadline);
+}
+
+}  // namespace
+
+// HELLO -> CHALLENGE, AUTH -> ACCEPT, or a REFUSE at either step.
 bool TcpServer::handshake(int fd) {
-    auto deadline = Clock::now() + std::chrono::milliseconds(ctx_.options->connect_timeout_ms);
-    wire::ServerHello sh;
-    sh.instance_id = ctx_.instance_id;
-    if (RAND_bytes(sh.nonce.data(), static_cast<int>(sh.nonce.size())) != 1) return false;
-    uint8_t out[wire::kServerHelloLen];
-    wire::encode_server_hello(sh, out);
-    if (net::write_full_by(fd, out, sizeof out, deadline) != 0) return false;
-    uint8_t in[wire::kClientHelloLen];
-    if (net::read_full_by(fd, in, sizeof in, deadline) != 0) return false;
-    wire::ServerVerdict v;
-    wire::ClientHello ch;
+    auto deadline = Clock::now() + std::chrono::milliseconds(ctx_.options->uint("connect_timeout_ms"));
+    handshake::Bytes in, out;
+    handshake::Challenge ch;
+    int status = 0;
     try {
-        ch = wire::decode_client_hello(in);
-        if (ch.instance_id != ctx_.instance_id) {
-            v.status = KVX_EAUTH;
-            KVX_LOG(warn, "tcp: refused a connection meant for another transport");
-        } else if (CRYPTO_memcmp(wire::client_mac(ctx_.secret, sh, ch).data(), ch.mac.data(), wire::kMacLen) != 0) {
-            v.status = KVX_EAUTH;
-            KVX_LOG(warn, "tcp: refused a connection without a valid proof of the secret");
-        } else if (!fingerprints_compatible(ctx_.fingerprint, ch.fingerprint)) {
-            v.status = KVX_EFINGERPRINT;
-            KVX_LOG(warn, "tcp: refused a connection with config fingerprint %.16s (ours %s)",
-                    reinterpret_cast<const char *>(ch.fingerprint.data()), ctx_.fingerprint.c_str());
-        } else {
-            v.mac = wire::server_mac(ctx_.secret, sh, ch);
+        if (read_message(fd, in, deadline) != 0) return false;
+        handshake::Message m = handshake::decode(in.data(), in.size());
+        status = m.kind == handshake::Kind::hello ? handshake::on_hello(ctx_.identity, m.hello) : KVX_EAUTH;
+        if (status == 0) {
+            uint32_t one_per_connection = 0;
+            ch = handshake::new_challenge(&one_per_connection);
+            if (net::write_full_by(fd, out.data(), handshake::encode(ch, out.data()), deadline) != 0) return false;
+            if (read_message(fd, in, deadline) != 0) return false;
+            m = handshake::decode(in.data(), in.size());
+            handshake::Accept acc;
+            status = m.kind == handshake::Kind::auth ? handshake::verify(ctx_.identity, ch, m.auth, &acc, "a tcp connection")
+                                                     : KVX_EAUTH;
+            if (status == 0) return net::write_full_by(fd, out.data(), handshake::encode(acc, out.data()), deadline) == 0;
         }
     } catch (const Error &e) {
-        KVX_LOG(warn, "tcp: bad client hello: %s", e.what());
-        v.status = e.code() == KVX_EVERSION ? KVX_EVERSION : KVX_EAUTH;
+        KVX_LOG(warn, "tcp: bad handshake message: %s", e.what());
+        status = handshake::failure_code(e.code());
     }
-    uint8_t vb[wire::kVerdictLen];
-    wire::encode_verdict(v, vb);
-    if (net::write_full_by(fd, vb, sizeof vb, deadline) != 0) return false;
-    return v.status == 0;
+    net::write_full_by(fd, out.data(), handshake::encode(handshake::Refuse{status}, out.data()), deadline);
+    return false;
 }
 
 void TcpServer::serve(Conn *c) {
@@ -217,21 +207,21 @@ void TcpServer::serve(Conn *c) {
     const uint64_t region_len = ctx_.region.size();
     // header and segment table in one buffer; every frame has at least one
     // segment, so header + first segment is always safe to read at once
-    std::vector<uint8_t> head(wire::kFrameHeaderLen + wire::kFrameMaxSegs * wire::kSegLen);
-    uint8_t *const segbuf = head.data() + wire::kFrameHeaderLen;
-    std::vector<iovec> iov(wire::kFrameMaxSegs);
+    std::vector<uint8_t> head(kFrameHeaderLen + kFrameMaxSegs * kSegLen);
+    uint8_t *const segbuf = head.data() + kFrameHeaderLen;
+    std::vector<iovec> iov(kFrameMaxSegs);
     for (;;) {
-        if (net::read_full(fd, head.data(), wire::kFrameHeaderLen + wire::kSegLen) != 0) break;
+        if (net::read_full(fd, head.data(), kFrameHeaderLen + kSegLen) != 0) break;
         try {
-            wire::FrameHeader h = wire::decode_frame_header(head.data(), block_len);
-            if (h.nseg > 1 && net::read_full(fd, segbuf + wire::kSegLen, (h.nseg - 1) * wire::kSegLen) != 0) break;
-            std::vector<wire::Segment> segs = wire::decode_segments(segbuf, h, block_len, region_len);
+            FrameHeader h = decode_frame_header(head.data(), block_len);
+            if (h.nseg > 1 && net::read_full(fd, segbuf + kSegLen, (h.nseg - 1) * kSegLen) != 0) break;
+            std::vector<Segment> segs = decode_segments(segbuf, h, block_len, region_len);
             for (size_t i = 0; i < segs.size(); i++)
                 iov[i] = iovec{ctx_.region.base + segs[i].offset, segs[i].len};
             if (readv_full(fd, iov.data(), static_cast<int>(segs.size())) != 0) break;
-            if (h.flags & wire::kFlagAck) {
-                uint8_t ack[wire::kAckLen];
-                wire::encode_ack(wire::Ack{0, h.seq}, ack);
+            if (h.flags & kFlagAck) {
+                uint8_t ack[kAckLen];
+                encode_ack(Ack{0, h.seq}, ack);
                 if (net::write_full(fd, ack, sizeof ack) != 0) break;
             }
         } catch (const Error &e) {

@@ -1,6 +1,6 @@
 // verbs backend internals (see README.md in this directory for the design):
-//   Progress   - the library's own thread: one epoll loop serving the
-//                listener's rdma_cm events and every peer's CQ + cm events.
+//   the transport's EventLoop (util/event_loop.h) serves the listener's
+//                rdma_cm events and every peer's CQ + cm events.
 //   Device     - the RDMA device, PD and the one MR over the whole region.
 //   VerbsPeer  - the initiator side towards one peer: RC QPs, one CQ, the
 //                software queue behind the send queues.
@@ -23,63 +23,11 @@
 #include <utility>
 #include <vector>
 
-#include "backends/backend.h"
+#include "backend/backend.h"
+#include "util/event_loop.h"
+#include "util/net.h"
 
 namespace kvx::verbs {
-
-// One epoll loop on its own thread. Sources are attached by fd; a detached
-// source is never called again once detach() returns, which is what lets a
-// peer destroy its CQ right after detaching.
-class Progress {
-public:
-    class Source {
-    public:
-        virtual void on_event(int tag) = 0;
-
-    protected:
-        ~Source() = default;
-    };
-
-    Progress();  // throws Error(KVX_EBACKEND)
-    ~Progress();
-    Progress(const Progress &) = delete;
-    Progress &operator=(const Progress &) = delete;
-
-    void start();
-    // Joins the thread. Later attach() fails, later detach() runs inline.
-    void stop();
-    // fd must be non-blocking; events are level-triggered. Returns a token, 0 when stopped.
-    uint64_t attach(int fd, Source *s, int tag);
-    void detach(uint64_t token);
-
-private:
-    struct Entry {
-        int fd;
-        Source *src;
-        int tag;
-    };
-    struct Cmd {
-        bool attach;
-        uint64_t token;
-        Entry entry;
-        bool done = false;
-    };
-    void loop();
-    void apply(Cmd &c);  // progress thread, or any thread once stopped
-    void run_commands();
-
-    int epfd_ = -1;
-    int wakefd_ = -1;
-    std::thread thread_;
-    std::thread::id thread_id_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<Cmd *> cmds_;
-    bool running_ = false;
-    bool stop_ = false;
-    uint64_t next_token_ = 1;
-    std::unordered_map<uint64_t, Entry> entries_;  // owned by the loop
-};
 
 // What the address discovery found: where to listen and what to advertise.
 struct Placement {
@@ -133,11 +81,11 @@ struct PeerConfig {
 PeerConfig peer_config(const Device &dev, const Options &o);
 
 // Initiator side towards one peer. Created connected (dial), then start()ed.
-class VerbsPeer final : public BackendPeer, private Progress::Source {
+class VerbsPeer final : public BackendPeer, private EventLoop::Source {
 public:
     // Connects and authenticates every QP before pc.deadline; throws Error.
     static std::unique_ptr<VerbsPeer> dial(const BackendContext &ctx, std::shared_ptr<Device> dev,
-                                           std::shared_ptr<Progress> progress, const PeerConfig &cfg,
+                                           EventLoop *loop, const PeerConfig &cfg,
                                            const PeerContext &pc);
     ~VerbsPeer() override;
 
@@ -186,11 +134,11 @@ private:
     };
     using Deliveries = std::vector<std::pair<uint64_t, int>>;
 
-    VerbsPeer(std::shared_ptr<Device> dev, std::shared_ptr<Progress> progress, const PeerConfig &cfg,
+    VerbsPeer(std::shared_ptr<Device> dev, EventLoop *loop, const PeerConfig &cfg,
               const PeerContext &pc);
     void setup_channels();
     void connect_qp(const BackendContext &ctx, const PeerContext &pc, size_t index);
-    void on_event(int tag) override;
+    void on_event(int tag, uint32_t events) override;
     void on_cq_event();
     void on_cm_event();
     void handle_wc(const ibv_wc &wc, Deliveries &out);
@@ -205,11 +153,12 @@ private:
     uint64_t wrs_for(const std::vector<Run> &runs) const;
 
     std::shared_ptr<Device> dev_;
-    std::shared_ptr<Progress> progress_;
+    EventLoop *loop_;
     PeerConfig cfg_;
     std::string peer_id_;
     std::string where_;  // "peer 'x' at 1.2.3.4:5" for messages
     CompletionSink *sink_;
+    net::Endpoint cm_;
     uint64_t remote_addr_ = 0;
     uint32_t rkey_ = 0;
 
@@ -235,7 +184,15 @@ private:
 // Maps a CM event that ended a connect attempt to a KVX_E* code.
 int connect_failure_code(rdma_cm_event_type type, int status);
 
-// Sets O_NONBLOCK; throws Error(KVX_EBACKEND).
-void set_nonblocking(int fd, const char *what);
+// The verbs section of the metadata: the rdma_cm address and the MR peers write into.
+struct SectionInfo {
+    net::Endpoint cm;
+    uint64_t mr_addr = 0;
+    uint64_t mr_len = 0;
+    uint32_t rkey = 0;
+};
+wire::Section encode_section(const SectionInfo &v);
+// Throws Error(KVX_EBADMETA) naming the defect; m: the rest of the peer's metadata.
+SectionInfo decode_section(const wire::Section &s, const wire::AgentMetadata &m);
 
 }  // namespace kvx::verbs

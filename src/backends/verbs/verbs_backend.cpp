@@ -4,8 +4,6 @@
 // the progress thread; the application never calls anything for data to land.
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <openssl/crypto.h>
-#include <openssl/rand.h>
 #include <sys/resource.h>
 
 #include <cerrno>
@@ -14,8 +12,9 @@
 #include <unordered_map>
 
 #include "backends/verbs/verbs.h"
-#include "backends/verbs/verbs_wire.h"
-#include "core/options.h"
+#include "handshake/handshake.h"
+#include "backend/registry.h"
+#include "util/bytes.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "util/net.h"
@@ -29,9 +28,26 @@ namespace {
 constexpr size_t kMaxChallenges = 1024;  // outstanding HELLOs; the oldest is evicted first
 constexpr int kListenBacklog = 128;
 
-std::string opt(const Options &o, const char *key) {
-    auto it = o.backend_specific.find(key);
-    return it == o.backend_specific.end() ? std::string() : it->second;
+constexpr uint16_t kSectionId = 3;
+constexpr uint8_t kSectionVersion = 0;
+constexpr size_t kSectionLen = wire::kEndpointLen + 24;
+
+constexpr OptionSpec kOptions[] = {
+    {"verbs.device", OptType::string, 0, 64, "", "RDMA device name (e.g. mlx5_0); default: the first with an ACTIVE port"},
+    {"verbs.port", OptType::uint, 1, 255, "", "port number on that device; default: the first ACTIVE port"},
+    {"verbs.gid_index", OptType::uint, 0, 65535, "",
+     "take the listen address from this GID (RoCE); default: rdma_cm's choice, logged"},
+    {"verbs.listen", OptType::hostport, 0, 0, "",
+     "IP:PORT for rdma_cm to listen on (an address of the RDMA device; PORT 0 = any); default: the chosen port's IPv4 address"},
+    {"verbs.qps_per_peer", OptType::uint, 1, 16, "1", "RC queue pairs per peer; transfers of 512 KiB or more are split over them"},
+};
+
+Selection selection(const Options &o) {
+    Selection sel;
+    sel.device = o.str("verbs.device");
+    sel.port = o.is_set("verbs.port") ? static_cast<int>(o.uint("verbs.port")) : 0;
+    sel.gid_index = o.is_set("verbs.gid_index") ? static_cast<int>(o.uint("verbs.gid_index")) : -1;
+    return sel;
 }
 
 bool is_wildcard(const sockaddr_storage &ss) {
@@ -45,7 +61,7 @@ void set_port(sockaddr_storage &ss, uint16_t port) {
     else reinterpret_cast<sockaddr_in6 &>(ss).sin6_port = htons(port);
 }
 
-class VerbsBackend final : public Backend, private Progress::Source {
+class VerbsBackend final : public Backend, private EventLoop::Source {
 public:
     VerbsBackend(const BackendContext &ctx) : ctx_(ctx) {}
     ~VerbsBackend() override {
@@ -58,49 +74,40 @@ public:
     bool init(std::string *why);
 
     const char *name() const override { return "verbs"; }
-    BackendCaps caps() const override { return BackendCaps{true, false}; }
-    void describe(wire::AgentMetadata &m) const override {
-        m.backend = wire::BackendKind::verbs;
-        wire::VerbsInfo v;
+    wire::Section describe() const override {
+        SectionInfo v;
         v.cm = advertised_;
         v.mr_addr = reinterpret_cast<uintptr_t>(dev_->region.base);
         v.mr_len = dev_->region.size();
         v.rkey = rkey_;
-        m.verbs = v;
+        return encode_section(v);
     }
     std::unique_ptr<BackendPeer> connect(const PeerContext &pc) override;
     void shutdown() override;
 
 private:
-    struct ChallengeEntry {
-        Challenge c;
-        Clock::time_point expires;
-    };
-
-    void on_event(int tag) override;
+    void on_event(int tag, uint32_t events) override;
     // Returns true when the request's id must be destroyed (refused).
     bool on_request(rdma_cm_event *ev);
+    bool accept(rdma_cm_id *id, const handshake::Accept &acc);
     void refuse(rdma_cm_id *id, int status);
     void challenge(rdma_cm_id *id);
-    bool take_challenge(uint32_t id, Challenge *out);
     void destroy_conn(rdma_cm_id *id);
 
     BackendContext ctx_;
-    std::array<uint8_t, kFingerprintBytes> fp_{};
     std::shared_ptr<Device> dev_;
-    std::shared_ptr<Progress> progress_;
+    EventLoop *loop_ = nullptr;
     PeerConfig peer_cfg_;
     rdma_event_channel *listen_ch_ = nullptr;
     rdma_cm_id *listen_id_ = nullptr;
     ibv_cq *passive_cq_ = nullptr;  // never signalled: RDMA WRITEs complete nothing at the target
     uint64_t listen_tok_ = 0;
-    wire::Endpoint advertised_;
+    net::Endpoint advertised_;
     uint32_t rkey_ = 0;
 
-    // Progress thread only (or after it stopped).
+    // Loop thread only (or after the listener is detached).
     std::unordered_map<rdma_cm_id *, bool> conns_;  // accepted ids -> established
-    std::deque<ChallengeEntry> challenges_;
-    uint32_t next_challenge_ = 0;
+    std::unique_ptr<handshake::ChallengeTable> challenges_;
 
     std::mutex mu_;  // guards closed_
     bool closed_ = false;
@@ -109,14 +116,8 @@ private:
 
 bool VerbsBackend::init(std::string *why) {
     const Options &o = *ctx_.options;
-    fp_ = fingerprint_bytes(ctx_.fingerprint);
-    Selection sel;
-    sel.device = opt(o, "verbs.device");
-    if (std::string s = opt(o, "verbs.port"); !s.empty())
-        sel.port = static_cast<int>(parse_uint_option("verbs.port", s, 1, 255));
-    if (std::string s = opt(o, "verbs.gid_index"); !s.empty())
-        sel.gid_index = static_cast<int>(parse_uint_option("verbs.gid_index", s, 0, 65535));
-    std::string listen = opt(o, "verbs.listen");
+    Selection sel = selection(o);
+    std::string listen = o.str("verbs.listen");
     sockaddr_storage bind_ss{};
     bool explicit_host = false;
     if (!listen.empty()) {
@@ -207,7 +208,7 @@ bool VerbsBackend::init(std::string *why) {
         dev->addr = bound;
     } else {
         dev->addr = pl.addr;
-        wire::Endpoint e = net::to_endpoint(pl.addr);
+        net::Endpoint e = net::to_endpoint(pl.addr);
         e.port = advertised_.port;
         advertised_ = e;
     }
@@ -242,13 +243,13 @@ bool VerbsBackend::init(std::string *why) {
     if (!passive_cq_) fail(KVX_EBACKEND, "verbs: ibv_create_cq: %s", strerror(errno));
     if (rdma_listen(listen_id_, kListenBacklog) != 0)
         fail(KVX_EBACKEND, "verbs: rdma_listen on %s: %s", advertised_.str().c_str(), strerror(errno));
-    set_nonblocking(listen_ch_->fd, "rdma_cm listener channel");
-    if (RAND_bytes(reinterpret_cast<unsigned char *>(&next_challenge_), sizeof next_challenge_) != 1)
-        fail(KVX_EINTERNAL, "RAND_bytes failed");
+    net::set_nonblocking(listen_ch_->fd, "rdma_cm listener channel");
+    // The initiator needs two CM round trips within its connect timeout; ours bounds the wait.
+    challenges_ = std::make_unique<handshake::ChallengeTable>(
+        kMaxChallenges, std::chrono::milliseconds(ctx_.options->uint("connect_timeout_ms")));
 
-    progress_ = std::make_shared<Progress>();
-    progress_->start();
-    listen_tok_ = progress_->attach(listen_ch_->fd, this, 0);
+    loop_ = ctx_.loop;
+    listen_tok_ = loop_->attach(listen_ch_->fd, EPOLLIN, this, 0);
     if (!listen_tok_) fail(KVX_EBACKEND, "verbs: cannot watch the rdma_cm listener");
     KVX_LOG(info, "verbs: listening on %s (device %s port %u, MR %llu bytes rkey 0x%x, %u QP(s)/peer, SQ %u, signal every %u)",
             advertised_.str().c_str(), dev_->name.c_str(), dev_->port, (unsigned long long)ctx_.region.size(), rkey_,
@@ -261,7 +262,7 @@ std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
         std::lock_guard<std::mutex> lk(mu_);
         if (closed_) fail(KVX_ECLOSED, "peer '%s': the verbs backend is shut down", pc.peer_id.c_str());
     }
-    std::unique_ptr<VerbsPeer> p = VerbsPeer::dial(ctx_, dev_, progress_, peer_cfg_, pc);
+    std::unique_ptr<VerbsPeer> p = VerbsPeer::dial(ctx_, dev_, loop_, peer_cfg_, pc);
     std::lock_guard<std::mutex> lk(mu_);
     if (closed_ || !p->start()) {
         p->shutdown();
@@ -270,7 +271,7 @@ std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
     return p;
 }
 
-void VerbsBackend::on_event(int) {
+void VerbsBackend::on_event(int, uint32_t) {
     for (;;) {
         rdma_cm_event *ev = nullptr;
         if (rdma_get_cm_event(listen_ch_, &ev) != 0) {
@@ -314,96 +315,69 @@ void VerbsBackend::destroy_conn(rdma_cm_id *id) {
 }
 
 void VerbsBackend::refuse(rdma_cm_id *id, int status) {
-    RefuseBytes b = encode(Refuse{status});
-    if (rdma_reject(id, b.data(), static_cast<uint8_t>(b.size())) != 0)
-        KVX_LOG(debug, "verbs: rdma_reject: %s", strerror(errno));
+    handshake::Bytes b;
+    size_t n = handshake::encode(handshake::Refuse{status}, b.data());
+    if (rdma_reject(id, b.data(), static_cast<uint8_t>(n)) != 0) KVX_LOG(debug, "verbs: rdma_reject: %s", strerror(errno));
 }
 
 void VerbsBackend::challenge(rdma_cm_id *id) {
-    auto now = Clock::now();
-    while (!challenges_.empty() && (challenges_.front().expires <= now || challenges_.size() >= kMaxChallenges))
-        challenges_.pop_front();
-    ChallengeEntry e;
-    e.c.challenge_id = next_challenge_++;
-    if (RAND_bytes(e.c.nonce.data(), static_cast<int>(e.c.nonce.size())) != 1) {
-        refuse(id, KVX_ECONNREFUSED);
-        return;
-    }
-    // The initiator needs two CM round trips within its connect timeout; ours bounds the wait.
-    e.expires = now + std::chrono::milliseconds(ctx_.options->connect_timeout_ms);
-    challenges_.push_back(e);
-    ChallengeBytes b = encode(e.c);
-    if (rdma_reject(id, b.data(), static_cast<uint8_t>(b.size())) != 0)
+    handshake::Bytes b;
+    size_t n = handshake::encode(challenges_->issue(), b.data());
+    if (rdma_reject(id, b.data(), static_cast<uint8_t>(n)) != 0)
         KVX_LOG(debug, "verbs: rdma_reject (challenge): %s", strerror(errno));
 }
 
-bool VerbsBackend::take_challenge(uint32_t cid, Challenge *out) {
-    auto now = Clock::now();
-    for (auto it = challenges_.begin(); it != challenges_.end(); ++it) {
-        if (it->c.challenge_id != cid) continue;
-        bool live = it->expires > now;
-        *out = it->c;
-        challenges_.erase(it);  // single use: a replayed AUTH finds nothing
-        return live;
-    }
-    return false;
-}
-
+// A connect request: HELLO gets a challenge (in a reject); AUTH against a
+// live challenge gets a QP and an ACCEPT. Returns true when the request's id
+// must be destroyed (refused).
 bool VerbsBackend::on_request(rdma_cm_event *ev) {
     rdma_cm_id *id = ev->id;
-    Message m;
+    handshake::Message m;
     try {
-        m = decode(ev->param.conn.private_data, ev->param.conn.private_data_len);
+        m = handshake::decode(ev->param.conn.private_data, ev->param.conn.private_data_len);
     } catch (const Error &e) {
         KVX_LOG(warn, "verbs: refused a connect request: %s", e.what());
-        refuse(id, e.code() == KVX_EVERSION ? KVX_EVERSION : KVX_EAUTH);
+        refuse(id, handshake::failure_code(e.code()));
         return true;
     }
-    if (m.kind == Kind::hello) {
-        if (m.hello.instance_id != ctx_.instance_id) {
-            KVX_LOG(warn, "verbs: refused a connection meant for another transport");
-            refuse(id, KVX_ECONNREFUSED);
-        } else {
-            challenge(id);
-        }
+    if (m.kind == handshake::Kind::hello) {
+        if (int st = handshake::on_hello(ctx_.identity, m.hello)) refuse(id, st);
+        else challenge(id);
         return true;
     }
-    if (m.kind != Kind::auth) {
+    if (m.kind != handshake::Kind::auth) {
         KVX_LOG(warn, "verbs: refused a connect request of kind %u", static_cast<unsigned>(m.kind));
         refuse(id, KVX_EAUTH);
         return true;
     }
-    const Auth &a = m.auth;
-    Challenge ch;
-    if (a.instance_id != ctx_.instance_id) {
+    handshake::Challenge ch;
+    if (m.auth.instance_id != ctx_.identity.instance_id) {
         KVX_LOG(warn, "verbs: refused an AUTH meant for another transport");
         refuse(id, KVX_EAUTH);
         return true;
     }
-    if (!take_challenge(a.challenge_id, &ch)) {
+    if (!challenges_->take(m.auth.challenge_id, &ch)) {
         // Expired or evicted: a fresh challenge lets an honest initiator retry.
-        KVX_LOG(debug, "verbs: AUTH with unknown or expired challenge %u, challenging again", a.challenge_id);
+        KVX_LOG(debug, "verbs: AUTH with unknown or expired challenge %u, challenging again", m.auth.challenge_id);
         challenge(id);
         return true;
     }
-    if (CRYPTO_memcmp(client_proof(ctx_.secret, ch, a).data(), a.mac.data(), kProofLen) != 0) {
-        KVX_LOG(warn, "verbs: refused a connection without a valid proof of the secret");
-        refuse(id, KVX_EAUTH);
+    handshake::Accept acc;
+    if (int st = handshake::verify(ctx_.identity, ch, m.auth, &acc, "an rdma_cm connect request")) {
+        refuse(id, st);
         return true;
     }
-    if (!fingerprints_compatible(fp_, a.fingerprint)) {
-        KVX_LOG(warn, "verbs: refused a connection with another config fingerprint (ours %s)", ctx_.fingerprint.c_str());
-        refuse(id, KVX_EFINGERPRINT);
-        return true;
-    }
+    return !accept(id, acc);
+}
+
+// Authenticated: only now does a QP exist that can reach the region.
+bool VerbsBackend::accept(rdma_cm_id *id, const handshake::Accept &acc) {
     if (id->verbs != dev_->ctx) {  // wildcard listener, request on another device: no MR there
         KVX_LOG(warn, "verbs: refused a connection arriving on device %s (the region is registered on %s)",
                 id->verbs ? ibv_get_device_name(id->verbs->device) : "?", dev_->name.c_str());
         refuse(id, KVX_ECONNREFUSED);
-        return true;
+        return false;
     }
-
-    // Authenticated: only now does a QP exist that can reach the region.
     ibv_qp_init_attr qa{};
     qa.send_cq = passive_cq_;
     qa.recv_cq = passive_cq_;
@@ -415,12 +389,12 @@ bool VerbsBackend::on_request(rdma_cm_event *ev) {
     if (rdma_create_qp(id, dev_->pd, &qa) != 0) {
         KVX_LOG(error, "verbs: rdma_create_qp for an inbound connection: %s", strerror(errno));
         refuse(id, KVX_ECONNREFUSED);
-        return true;
+        return false;
     }
-    AcceptBytes b = encode(Accept{server_proof(ctx_.secret, ch, a)});
+    handshake::Bytes b;
     rdma_conn_param cp{};
     cp.private_data = b.data();
-    cp.private_data_len = static_cast<uint8_t>(b.size());
+    cp.private_data_len = static_cast<uint8_t>(handshake::encode(acc, b.data()));
     // Write-only protocol: no RDMA READ/atomic resources, so the passive QP
     // is not even granted remote read access by rdma_cm.
     cp.responder_resources = 0;
@@ -429,11 +403,11 @@ bool VerbsBackend::on_request(rdma_cm_event *ev) {
     if (rdma_accept(id, &cp) != 0) {
         KVX_LOG(warn, "verbs: rdma_accept: %s", strerror(errno));
         rdma_destroy_qp(id);
-        return true;
+        return false;
     }
     conns_[id] = false;
     KVX_LOG(info, "verbs: accepted an authenticated connection (qp %u)", id->qp->qp_num);
-    return false;
+    return true;
 }
 
 void VerbsBackend::shutdown() {
@@ -442,11 +416,8 @@ void VerbsBackend::shutdown() {
             std::lock_guard<std::mutex> lk(mu_);
             closed_ = true;
         }
-        if (progress_) {
-            progress_->detach(listen_tok_);
-            progress_->stop();
-        }
-        // The loop is gone: the passive ids are ours alone.
+        // Detached: the loop never calls us again, the passive ids are ours alone.
+        if (loop_) loop_->detach(listen_tok_);
         for (auto &[id, est] : conns_) {
             if (est) rdma_disconnect(id);
             destroy_conn(id);
@@ -474,15 +445,62 @@ void VerbsBackend::shutdown() {
 
 }  // namespace verbs
 
-std::unique_ptr<Backend> make_verbs_backend(const BackendContext &ctx, std::string *why_not) {
-    std::string why;
-    auto b = std::make_unique<verbs::VerbsBackend>(ctx);
-    if (!b->init(&why)) {
-        KVX_LOG(info, "verbs: not usable: %s", why.c_str());
-        if (why_not) *why_not = why;
+wire::Section verbs::encode_section(const SectionInfo &v) {
+    Writer w;
+    wire::put_endpoint(w, v.cm);
+    w.u64(v.mr_addr);
+    w.u64(v.mr_len);
+    w.u32(v.rkey);
+    w.u32(0);
+    return wire::Section{kSectionId, kSectionVersion, std::move(w.buf())};
+}
+
+verbs::SectionInfo verbs::decode_section(const wire::Section &s, const wire::AgentMetadata &m) {
+    if (s.body.size() != kSectionLen && !(s.version > kSectionVersion && s.body.size() > kSectionLen))
+        fail(KVX_EBADMETA, "metadata: verbs section is %zu bytes, expected %zu", s.body.size(), kSectionLen);
+    Reader r(s.body.data(), s.body.size(), KVX_EBADMETA, "metadata verbs section");
+    SectionInfo v;
+    v.cm = wire::get_endpoint(r);
+    v.mr_addr = r.u64("verbs.mr_addr");
+    v.mr_len = r.u64("verbs.mr_len");
+    v.rkey = r.u32("verbs.rkey");
+    r.u32("verbs.reserved");
+    if (v.mr_len != m.num_blocks * m.block_len)
+        fail(KVX_EBADMETA, "metadata: verbs MR length %llu differs from the region size", (unsigned long long)v.mr_len);
+    if (v.mr_addr > UINT64_MAX - v.mr_len)
+        fail(KVX_EBADMETA, "metadata: verbs MR at 0x%llx + %llu bytes wraps around", (unsigned long long)v.mr_addr,
+             (unsigned long long)v.mr_len);
+    return v;
+}
+
+namespace verbs {
+
+namespace {
+
+bool probe(const Options &o, std::string *why) {
+    if (!o.str("verbs.listen").empty()) return true;  // an explicit address: create() finds out
+    Placement pl;
+    return find_placement(selection(o), &pl, why);
+}
+
+std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *why) {
+    auto b = std::make_unique<VerbsBackend>(ctx);
+    if (!b->init(why)) {
+        KVX_LOG(info, "verbs: not usable: %s", why->c_str());
         return nullptr;
     }
     return b;
 }
 
+void check_section(const wire::Section &s, const wire::AgentMetadata &m) { decode_section(s, m); }
+
+}  // namespace
+
+}  // namespace verbs
+
 }  // namespace kvx
+
+extern "C" const kvx::BackendDesc kvx_backend_verbs = {
+    "verbs", kvx::verbs::kSectionId, kvx::verbs::kOptions, kvx::verbs::probe, kvx::verbs::create,
+    kvx::verbs::check_section,
+};

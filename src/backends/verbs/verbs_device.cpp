@@ -1,4 +1,4 @@
-// Progress loop, device discovery and the registration of the region.
+// Device discovery and the registration of the region.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,158 +15,10 @@
 #include <fstream>
 
 #include "backends/verbs/verbs.h"
-#include "core/options.h"
 #include "util/error.h"
 #include "util/log.h"
 
 namespace kvx::verbs {
-
-void set_nonblocking(int fd, const char *what) {
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0)
-        fail(KVX_EBACKEND, "verbs: cannot make the %s non-blocking: %s", what, strerror(errno));
-}
-
-// ------------------------------------------------------------------ Progress
-
-Progress::Progress() {
-    epfd_ = epoll_create1(EPOLL_CLOEXEC);
-    if (epfd_ < 0) fail(KVX_EBACKEND, "verbs: epoll_create1: %s", strerror(errno));
-    wakefd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wakefd_ < 0) {
-        int e = errno;
-        ::close(epfd_);
-        fail(KVX_EBACKEND, "verbs: eventfd: %s", strerror(e));
-    }
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = 0;  // token 0: the wake-up eventfd
-    epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev);
-}
-
-Progress::~Progress() {
-    stop();
-    ::close(wakefd_);
-    ::close(epfd_);
-}
-
-void Progress::start() {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (running_ || stop_) return;
-    running_ = true;
-    thread_ = std::thread([this] { loop(); });
-    thread_id_ = thread_.get_id();
-}
-
-void Progress::stop() {
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (stop_) return;
-        stop_ = true;
-    }
-    uint64_t one = 1;
-    (void)!::write(wakefd_, &one, sizeof one);
-    if (thread_.joinable()) thread_.join();
-    std::lock_guard<std::mutex> lk(mu_);
-    running_ = false;
-    while (!cmds_.empty()) {  // queued before the loop saw stop_: finish them here
-        Cmd *c = cmds_.front();
-        cmds_.pop_front();
-        apply(*c);
-    }
-    cv_.notify_all();
-}
-
-void Progress::apply(Cmd &c) {
-    if (c.attach) {
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.u64 = c.token;
-        if (epoll_ctl(epfd_, EPOLL_CTL_ADD, c.entry.fd, &ev) == 0) entries_[c.token] = c.entry;
-        else c.token = 0;
-    } else {
-        auto it = entries_.find(c.token);
-        if (it != entries_.end()) {
-            epoll_ctl(epfd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
-            entries_.erase(it);
-        }
-    }
-    c.done = true;
-}
-
-uint64_t Progress::attach(int fd, Source *s, int tag) {
-    Cmd c{true, 0, Entry{fd, s, tag}};
-    std::unique_lock<std::mutex> lk(mu_);
-    if (!running_ || stop_) return 0;
-    c.token = next_token_++;
-    if (std::this_thread::get_id() == thread_id_) {
-        apply(c);
-        return c.token;
-    }
-    cmds_.push_back(&c);
-    uint64_t one = 1;
-    (void)!::write(wakefd_, &one, sizeof one);
-    cv_.wait(lk, [&] { return c.done; });
-    return c.token;
-}
-
-void Progress::detach(uint64_t token) {
-    if (token == 0) return;
-    Cmd c{false, token, Entry{-1, nullptr, 0}};
-    std::unique_lock<std::mutex> lk(mu_);
-    if (!running_ || std::this_thread::get_id() == thread_id_) {
-        apply(c);  // loop joined (or we are it): nobody else touches entries_
-        return;
-    }
-    cmds_.push_back(&c);
-    uint64_t one = 1;
-    (void)!::write(wakefd_, &one, sizeof one);
-    cv_.wait(lk, [&] { return c.done; });
-}
-
-void Progress::run_commands() {
-    std::lock_guard<std::mutex> lk(mu_);
-    while (!cmds_.empty()) {
-        Cmd *c = cmds_.front();
-        cmds_.pop_front();
-        apply(*c);
-    }
-    cv_.notify_all();
-}
-
-void Progress::loop() {
-    epoll_event evs[32];
-    for (;;) {
-        int n = epoll_wait(epfd_, evs, 32, -1);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            KVX_LOG(error, "verbs: progress thread: epoll_wait: %s", strerror(errno));
-            break;
-        }
-        bool woken = false;
-        for (int i = 0; i < n; i++) woken |= evs[i].data.u64 == 0;
-        if (woken) {
-            uint64_t v;
-            while (::read(wakefd_, &v, sizeof v) > 0) {
-            }
-            {
-                std::lock_guard<std::mutex> lk(mu_);
-                if (stop_) break;
-            }
-            // Detaches take effect before any event of this round is dispatched.
-            run_commands();
-        }
-        for (int i = 0; i < n; i++) {
-            uint64_t tok = evs[i].data.u64;
-            if (tok == 0) continue;
-            auto it = entries_.find(tok);
-            if (it == entries_.end()) continue;  // detached meanwhile
-            Entry e = it->second;
-            e.src->on_event(e.tag);
-            // A handler may attach/detach inline; re-lookup keeps us safe.
-        }
-    }
-}
 
 // ------------------------------------------------------------------ Device
 
@@ -184,9 +36,7 @@ void Device::deregister() {
 
 PeerConfig peer_config(const Device &dev, const Options &o) {
     PeerConfig c;
-    auto it = o.backend_specific.find("verbs.qps_per_peer");
-    if (it != o.backend_specific.end())
-        c.qps = static_cast<uint32_t>(parse_uint_option(it->first, it->second, 1, 16));
+    c.qps = static_cast<uint32_t>(o.uint("verbs.qps_per_peer"));
     // 1024 WRs per QP: deep enough to keep a link busy with 4 KiB blocks,
     // small enough that big transfers exercise the software queue.
     uint32_t depth = 1024;

@@ -3,8 +3,6 @@
 // port's max_msg_sz) with one SGE; a transfer's WRs go to the send queue as
 // one chained list. What does not fit waits in a software queue and is posted
 // by the progress thread as completions free send-queue slots.
-#include <openssl/crypto.h>
-#include <openssl/rand.h>
 #include <poll.h>
 
 #include <algorithm>
@@ -13,7 +11,7 @@
 #include <numeric>
 
 #include "backends/verbs/verbs.h"
-#include "backends/verbs/verbs_wire.h"
+#include "handshake/handshake.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "util/net.h"
@@ -80,11 +78,12 @@ int connect_failure_code(rdma_cm_event_type type, int status) {
 
 // ------------------------------------------------------------------ connect
 
-VerbsPeer::VerbsPeer(std::shared_ptr<Device> dev, std::shared_ptr<Progress> progress, const PeerConfig &cfg,
+VerbsPeer::VerbsPeer(std::shared_ptr<Device> dev, EventLoop *loop, const PeerConfig &cfg,
                      const PeerContext &pc)
-    : dev_(std::move(dev)), progress_(std::move(progress)), cfg_(cfg), peer_id_(pc.peer_id), sink_(pc.sink) {
-    const wire::VerbsInfo &v = *pc.meta->verbs;
+    : dev_(std::move(dev)), loop_(loop), cfg_(cfg), peer_id_(pc.peer_id), sink_(pc.sink) {
+    const SectionInfo v = decode_section(*pc.section, *pc.meta);
     where_ = strfmt("peer '%s' at %s", peer_id_.c_str(), v.cm.str().c_str());
+    cm_ = v.cm;
     remote_addr_ = v.mr_addr;
     rkey_ = v.rkey;
     wr_buf_.resize(cfg_.sq_depth);
@@ -94,16 +93,9 @@ VerbsPeer::VerbsPeer(std::shared_ptr<Device> dev, std::shared_ptr<Progress> prog
 VerbsPeer::~VerbsPeer() { shutdown(); }
 
 std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx, std::shared_ptr<Device> dev,
-                                           std::shared_ptr<Progress> progress, const PeerConfig &cfg,
+                                           EventLoop *loop, const PeerConfig &cfg,
                                            const PeerContext &pc) {
-    const wire::AgentMetadata &m = *pc.meta;
-    if (!m.verbs)
-        fail(KVX_ENOTSUP, "peer '%s' offers no verbs endpoint (its backend is %s)", pc.peer_id.c_str(),
-             wire::backend_kind_name(m.backend));
-    if (m.verbs->mr_addr > UINT64_MAX - m.verbs->mr_len)
-        fail(KVX_EBADMETA, "peer '%s': verbs MR at 0x%llx + %llu bytes wraps around", pc.peer_id.c_str(),
-             (unsigned long long)m.verbs->mr_addr, (unsigned long long)m.verbs->mr_len);
-    std::unique_ptr<VerbsPeer> p(new VerbsPeer(std::move(dev), std::move(progress), cfg, pc));
+    std::unique_ptr<VerbsPeer> p(new VerbsPeer(std::move(dev), loop, cfg, pc));
     try {
         p->setup_channels();
         for (uint32_t i = 0; i < cfg.qps; i++) p->connect_qp(ctx, pc, i);
@@ -119,10 +111,10 @@ std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx, std::share
 void VerbsPeer::setup_channels() {
     cm_ch_ = rdma_create_event_channel();
     if (!cm_ch_) fail(KVX_EBACKEND, "verbs: rdma_create_event_channel: %s", strerror(errno));
-    set_nonblocking(cm_ch_->fd, "rdma_cm event channel");
+    net::set_nonblocking(cm_ch_->fd, "rdma_cm event channel");
     comp_ch_ = ibv_create_comp_channel(dev_->ctx);
     if (!comp_ch_) fail(KVX_EBACKEND, "verbs: ibv_create_comp_channel: %s", strerror(errno));
-    set_nonblocking(comp_ch_->fd, "completion channel");
+    net::set_nonblocking(comp_ch_->fd, "completion channel");
     // One CQ per peer: its lifetime is the peer's, so removing a peer never
     // leaves stale completions in a shared CQ, and a broken peer's flushes
     // cannot crowd out another peer's completions. Every WR may complete
@@ -176,7 +168,7 @@ void VerbsPeer::connect_qp(const BackendContext &ctx, const PeerContext &pc, siz
         if (rdma_create_id(cm_ch_, &g.id, this, RDMA_PS_TCP) != 0)
             fail(KVX_EBACKEND, "verbs: rdma_create_id: %s", strerror(errno));
         socklen_t dlen = 0;
-        sockaddr_storage dst = net::from_endpoint(m.verbs->cm, &dlen);
+        sockaddr_storage dst = net::from_endpoint(cm_, &dlen);
         sockaddr_storage src = dev_->addr;
         int ms = std::max(1, remaining_ms(deadline));
         if (rdma_resolve_addr(g.id, src.ss_family == dst.ss_family ? reinterpret_cast<sockaddr *>(&src) : nullptr,
@@ -200,31 +192,26 @@ void VerbsPeer::connect_qp(const BackendContext &ctx, const PeerContext &pc, siz
         cp.retry_count = 7;
         cp.rnr_retry_count = 7;
     };
-    // A refusal or challenge from the target, out of REJECT private data.
-    auto parse_reject = [&](const CmEv &e, const char *what, Challenge *ch) {
-        Message msg;
+    // A challenge from the target, out of REJECT private data; anything
+    // else that does not decode is a reject by something that is no kvxfer
+    // target (nobody listening: IB CM pads its private data with zeros).
+    auto parse_reject = [&](const CmEv &e, const char *what) -> handshake::Challenge {
         try {
-            msg = decode(e.pdata.data(), e.pdata.size());
+            handshake::decode(e.pdata.data(), e.pdata.size());
         } catch (const Error &) {
             fail(KVX_ECONNREFUSED, "%s refused the connection (%s, reject reason %d)", where_.c_str(), what, e.status);
         }
-        if (msg.kind == Kind::challenge) {
-            *ch = msg.challenge;
-            return;
-        }
-        if (msg.kind == Kind::refuse)
-            fail(msg.refuse.status, "%s refused the connection: %s", where_.c_str(), kvx_strerror(msg.refuse.status));
-        fail(KVX_EAUTH, "%s answered %s with an unexpected message", where_.c_str(), what);
+        return handshake::expect_challenge(e.pdata.data(), e.pdata.size(), where_.c_str());
     };
 
     // 1. HELLO: the target rejects it with a fresh challenge. No QP yet.
-    Challenge ch;
+    handshake::Challenge ch;
     {
         IdGuard g;
         resolve(g);
-        HelloBytes hb = encode(Hello{m.instance_id});
+        handshake::Bytes hb;
         rdma_conn_param cp;
-        base_param(cp, hb.data(), hb.size());
+        base_param(cp, hb.data(), handshake::encode(handshake::Hello{m.instance_id}, hb.data()));
         cp.qp_num = 1;  // no QP exists: the target never accepts a HELLO
         if (rdma_connect(g.id, &cp) != 0) fail(KVX_EBACKEND, "%s: rdma_connect: %s", where_.c_str(), strerror(errno));
         CmEv e = wait_for(g.id, "HELLO");
@@ -233,11 +220,10 @@ void VerbsPeer::connect_qp(const BackendContext &ctx, const PeerContext &pc, siz
         if (e.type != RDMA_CM_EVENT_REJECTED)
             fail(connect_failure_code(e.type, e.status), "%s: connect failed: %s (status %d)", where_.c_str(),
                  rdma_event_str(e.type), e.status);
-        parse_reject(e, "HELLO", &ch);
+        ch = parse_reject(e, "HELLO");
     }
 
     // 2. AUTH with the QP: the target verifies before it creates its own QP.
-    const auto fp = fingerprint_bytes(ctx.fingerprint);
     for (int round = 1;; round++) {
         IdGuard g;
         resolve(g);
@@ -253,19 +239,14 @@ void VerbsPeer::connect_qp(const BackendContext &ctx, const PeerContext &pc, siz
         if (rdma_create_qp(g.id, dev_->pd, &qa) != 0)
             fail(KVX_EBACKEND, "%s: rdma_create_qp (send queue %u): %s", where_.c_str(), cfg_.sq_depth + 1,
                  strerror(errno));
-        Auth a;
-        a.instance_id = m.instance_id;
-        a.challenge_id = ch.challenge_id;
-        a.fingerprint = fp;
-        if (RAND_bytes(a.nonce.data(), static_cast<int>(a.nonce.size())) != 1) fail(KVX_EINTERNAL, "RAND_bytes failed");
-        a.mac = client_proof(m.secret, ch, a);
-        AuthBytes ab = encode(a);
+        handshake::Auth a = handshake::answer(ch, m.instance_id, m.secret, ctx.identity.fingerprint);
+        handshake::Bytes ab;
         rdma_conn_param cp;
-        base_param(cp, ab.data(), ab.size());
+        base_param(cp, ab.data(), handshake::encode(a, ab.data()));
         if (rdma_connect(g.id, &cp) != 0) fail(KVX_EBACKEND, "%s: rdma_connect: %s", where_.c_str(), strerror(errno));
         CmEv e = wait_for(g.id, "AUTH");
         if (e.type == RDMA_CM_EVENT_REJECTED) {
-            parse_reject(e, "AUTH", &ch);  // returns only for a new challenge
+            ch = parse_reject(e, "AUTH");  // returns only for a new challenge
             if (round >= kMaxAuthRounds)
                 fail(KVX_EAUTH, "%s keeps challenging (%d rounds)", where_.c_str(), round);
             continue;
@@ -273,15 +254,7 @@ void VerbsPeer::connect_qp(const BackendContext &ctx, const PeerContext &pc, siz
         if (e.type != RDMA_CM_EVENT_ESTABLISHED)
             fail(connect_failure_code(e.type, e.status), "%s: connect failed: %s (status %d)", where_.c_str(),
                  rdma_event_str(e.type), e.status);
-        Message msg;
-        try {
-            msg = decode(e.pdata.data(), e.pdata.size());
-        } catch (const Error &err) {
-            fail(KVX_EAUTH, "%s: bad accept message: %s", where_.c_str(), err.what());
-        }
-        if (msg.kind != Kind::accept ||
-            CRYPTO_memcmp(server_proof(m.secret, ch, a).data(), msg.accept.mac.data(), kProofLen) != 0)
-            fail(KVX_EAUTH, "%s could not prove it holds the metadata's secret", where_.c_str());
+        handshake::expect_accept(e.pdata.data(), e.pdata.size(), ch, a, m.secret, where_.c_str());
         // rdma_cm granted our QP remote write access too; nobody may use it.
         ibv_qp_attr at{};
         at.qp_access_flags = 0;
@@ -297,11 +270,11 @@ void VerbsPeer::connect_qp(const BackendContext &ctx, const PeerContext &pc, siz
 }
 
 bool VerbsPeer::start() {
-    tok_cq_ = progress_->attach(comp_ch_->fd, this, kTagCq);
-    tok_cm_ = progress_->attach(cm_ch_->fd, this, kTagCm);
+    tok_cq_ = loop_->attach(comp_ch_->fd, EPOLLIN, this, kTagCq);
+    tok_cm_ = loop_->attach(cm_ch_->fd, EPOLLIN, this, kTagCm);
     if (tok_cq_ && tok_cm_) return true;
-    progress_->detach(tok_cq_);
-    progress_->detach(tok_cm_);
+    loop_->detach(tok_cq_);
+    loop_->detach(tok_cm_);
     tok_cq_ = tok_cm_ = 0;
     return false;
 }
@@ -541,7 +514,7 @@ void VerbsPeer::handle_wc(const ibv_wc &wc, Deliveries &out) {
     for (Qp &o : qps_) fail_waiting(o, break_status_, out);
 }
 
-void VerbsPeer::on_event(int tag) {
+void VerbsPeer::on_event(int tag, uint32_t) {
     if (tag == kTagCq) on_cq_event();
     else on_cm_event();
 }
@@ -618,8 +591,8 @@ void VerbsPeer::abort(int status) {
 
 void VerbsPeer::shutdown() {
     std::call_once(shutdown_once_, [this] {
-        progress_->detach(tok_cq_);  // from here on the progress thread never calls us
-        progress_->detach(tok_cm_);
+        loop_->detach(tok_cq_);  // from here on the progress thread never calls us
+        loop_->detach(tok_cm_);
         tok_cq_ = tok_cm_ = 0;
         {
             Deliveries out;

@@ -1,17 +1,20 @@
 // The one interface between the core and the backends (tcp, verbs, shm).
-// The core never includes a backend's system headers; a backend never sees the
+// The core never includes a backend's headers; a backend never sees the
 // core's peer or transfer tables. Dependency direction:
-//   capi -> core -> backend.h <- backends/{tcp,verbs,shm}
+//   capi -> core -> backend/ (this interface, ops, registry) <- backends/{tcp,verbs,...}
+// A backend describes itself in a registry entry (registry.h); the core walks
+// the registry and never names a backend.
 #pragma once
 
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "core/options.h"
+#include "handshake/handshake.h"
+#include "util/event_loop.h"
+#include "util/options.h"
 #include "wire/metadata.h"
 
 namespace kvx {
@@ -50,25 +53,20 @@ protected:
     ~CompletionSink() = default;
 };
 
-struct BackendCaps {
-    bool one_sided = true;        // bytes land without the target calling anything
-    bool needs_progress = false;  // core must call BackendPeer::progress() (e.g. CQ polling)
-};
-
 // Everything a backend needs from the transport, fixed at creation.
 struct BackendContext {
     Region region;
-    const Options *options = nullptr;
-    uint64_t instance_id = 0;
-    std::array<uint8_t, wire::kSecretLen> secret{};
-    std::string fingerprint;
+    const Options *options = nullptr;  // the transport's options (every table)
+    handshake::Identity identity;      // what our metadata says about us
+    EventLoop *loop = nullptr;         // the transport's event loop, running
 };
 
 // What the core knows about a peer when it asks a backend to connect.
 struct PeerContext {
     std::string peer_id;
-    const wire::AgentMetadata *meta = nullptr;
-    Clock::time_point deadline;  // connect + authenticate before this
+    const wire::AgentMetadata *meta = nullptr;  // decoded and checked by the core
+    const wire::Section *section = nullptr;     // this backend's section of it (checked)
+    Clock::time_point deadline;                 // connect + authenticate before this
     CompletionSink *sink = nullptr;
 };
 
@@ -85,8 +83,8 @@ public:
     virtual bool broken() const = 0;
     // Break the connection without waiting (timeout path); pending ops fail.
     virtual void abort(int status) = 0;
-    // Fail what is pending, close connections, join threads. After return the
-    // sink is never called again for this peer.
+    // Fail what is pending, close connections, release resources. After
+    // return the sink is never called again for this peer.
     virtual void shutdown() = 0;
 };
 
@@ -94,17 +92,12 @@ class Backend {
 public:
     virtual ~Backend() = default;
     virtual const char *name() const = 0;
-    virtual BackendCaps caps() const = 0;
-    // Adds this backend's endpoints to the transport's metadata.
-    virtual void describe(wire::AgentMetadata &m) const = 0;
+    // This backend's section of the transport's metadata.
+    virtual wire::Section describe() const = 0;
     // Connect and authenticate within pc.deadline; throws Error on failure.
     virtual std::unique_ptr<BackendPeer> connect(const PeerContext &pc) = 0;
     // Stop serving: after return no byte lands in the region.
     virtual void shutdown() = 0;
 };
-
-std::unique_ptr<Backend> make_tcp_backend(const BackendContext &ctx);
-// Returns nullptr (and a reason) when no usable RDMA device exists.
-std::unique_ptr<Backend> make_verbs_backend(const BackendContext &ctx, std::string *why_not);
 
 }  // namespace kvx

@@ -10,7 +10,7 @@
 
 #include "util/error.h"
 
-namespace kvx::wire {
+namespace kvx {
 
 inline void put_le(uint8_t *p, uint64_t v, size_t n) {
     for (size_t i = 0; i < n; i++) p[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -80,4 +80,4 @@ private:
     const char *what_;
 };
 
-}  // namespace kvx::wire
+}  // namespace kvx

@@ -1,0 +1,64 @@
+// Data-path bookkeeping every backend shares: a transfer split into parts
+// (one per stream or queue pair), exactly-once completion of the transfer
+// from its parts, and the batch in which completions leave a backend's locks.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace kvx {
+
+// A transfer in a backend: reported exactly once, when its last part is done
+// or at its first failure, or never if it was dropped before it started.
+struct OpState {
+    uint64_t id = 0;
+    std::atomic<uint32_t> parts_left{0};
+    std::atomic<bool> started{false};
+    std::atomic<bool> reported{false};
+
+    // One part ended with status. True when the transfer is to be reported
+    // now, with that status (a success only for the last part).
+    bool finish_part(int status);
+    // Drop a transfer that has not started: true if it will never be reported.
+    bool claim_unstarted();
+};
+using OpRef = std::shared_ptr<OpState>;
+
+// The share of a transfer one stream or queue pair carries.
+struct Part {
+    OpRef op;
+    std::vector<Run> runs;
+    uint64_t bytes = 0;
+};
+
+// Splits op into at most max_parts parts of whole blocks and about the same
+// bytes, so that no part is below min_part bytes (one part when op is small).
+std::vector<Part> split_op(Op &&op, uint64_t max_parts, uint64_t min_part, uint64_t block_len);
+
+// Completions collected under a backend's lock and delivered after it is
+// released (the sink must never be called with a backend lock held).
+class CompletionBatch {
+public:
+    // A part ended: records the transfer if it is to be reported now.
+    void part_done(OpState &op, int status) {
+        if (op.finish_part(status)) out_.emplace_back(op.id, status);
+    }
+    // Fails the transfer at once (a broken link: all its parts are lost).
+    void fail(OpState &op, int status) {
+        if (!op.reported.exchange(true)) out_.emplace_back(op.id, status);
+    }
+    // Reports an id the backend never tracked (e.g. refused at submit).
+    void add(uint64_t id, int status) { out_.emplace_back(id, status); }
+    bool empty() const { return out_.empty(); }
+    void deliver(CompletionSink &sink);
+
+private:
+    std::vector<std::pair<uint64_t, int>> out_;
+};
+
+}  // namespace kvx

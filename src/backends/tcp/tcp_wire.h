@@ -1,0 +1,56 @@
+// The tcp backend's data frames (docs/wire-format.md, "tcp stream"); the
+// connection starts with the shared handshake (handshake/handshake.h).
+// Everything received from a socket goes through these parsers before a byte
+// touches the region; they are pure functions, fuzzed in tests/fuzz/fuzz_frame.cpp.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace kvx::tcp {
+
+constexpr uint32_t kFrameMagic = 0x4658564bu;  // "KVXF"
+constexpr uint32_t kAckMagic = 0x4158564bu;    // "KVXA"
+constexpr size_t kFrameMaxSegs = 1024;                 // one readv() (IOV_MAX)
+constexpr uint64_t kFrameMaxPayload = 256ull << 20;    // bytes per frame (a larger block travels alone)
+
+struct FrameHeader {
+    uint16_t type = 1;   // 1 = WRITE
+    uint16_t flags = 0;  // bit 0: ACK requested after this frame
+    uint64_t seq = 0;
+    uint32_t nseg = 0;
+    uint64_t total_len = 0;
+};
+constexpr size_t kFrameHeaderLen = 32;
+constexpr size_t kSegLen = 16;
+constexpr uint16_t kFrameWrite = 1;
+constexpr uint16_t kFlagAck = 1;
+
+struct Segment {
+    uint64_t offset = 0;  // remote region offset
+    uint64_t len = 0;
+};
+
+struct Ack {
+    int32_t status = 0;
+    uint64_t seq = 0;
+};
+constexpr size_t kAckLen = 16;
+
+void encode_frame_header(const FrameHeader &h, uint8_t out[kFrameHeaderLen]);
+void encode_segment(const Segment &s, uint8_t out[kSegLen]);
+void encode_ack(const Ack &a, uint8_t out[kAckLen]);
+Ack decode_ack(const uint8_t in[kAckLen]);
+
+// Validates a received frame header; throws Error(KVX_EINVAL) naming the defect.
+FrameHeader decode_frame_header(const uint8_t in[kFrameHeaderLen], uint64_t block_len);
+
+// Validates nseg segments (header already validated): each inside a region
+// of region_len bytes, on block boundaries, lengths summing to total_len.
+std::vector<Segment> decode_segments(const uint8_t *in, const FrameHeader &h, uint64_t block_len,
+                                     uint64_t region_len);
+
+}  // namespace kvx::tcp

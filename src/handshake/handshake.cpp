@@ -1,0 +1,291 @@
+#include "handshake/handshake.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <cstring>
+
+#include "util/bytes.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace kvx::handshake {
+
+namespace {
+
+constexpr size_t kAuthSignedLen = kAuthLen - kProofLen;  // AUTH minus its proof
+
+void put_header(uint8_t *out, Kind k) {
+    put_le(out, kMagic, 4);
+    out[4] = kVersion;
+    out[5] = static_cast<uint8_t>(k);
+    put_le(out + 6, 0, 2);
+}
+
+void random_fill(uint8_t *p, size_t n) {
+    if (RAND_bytes(p, static_cast<int>(n)) != 1) fail(KVX_EINTERNAL, "OpenSSL RAND_bytes failed");
+}
+
+// HMAC-SHA256(secret, label || challenge || AUTH without proof || accept
+// flags), first kProofLen bytes. Labels differ per side, so one proof cannot
+// be replayed as the other.
+std::array<uint8_t, kProofLen> proof(const wire::Secret &secret, const char *label, const Challenge &c,
+                                     const Auth &a, uint32_t accept_flags) {
+    uint8_t msg[64 + kChallengeNonceLen + 4 + kAuthSignedLen + 4];
+    size_t ll = strlen(label) + 1;  // with the NUL: labels are prefix-free
+    if (ll > 64) fail(KVX_EINTERNAL, "handshake: proof label too long");
+    size_t n = 0;
+    memcpy(msg + n, label, ll);
+    n += ll;
+    memcpy(msg + n, c.nonce.data(), kChallengeNonceLen);
+    n += kChallengeNonceLen;
+    put_le(msg + n, c.challenge_id, 4);
+    n += 4;
+    Auth unsigned_auth = a;
+    unsigned_auth.proof = {};
+    uint8_t ab[kAuthLen];
+    encode(unsigned_auth, ab);
+    memcpy(msg + n, ab, kAuthSignedLen);
+    n += kAuthSignedLen;
+    put_le(msg + n, accept_flags, 4);
+    n += 4;
+    uint8_t full[EVP_MAX_MD_SIZE];
+    unsigned len = 0;
+    if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), msg, n, full, &len) || len < kProofLen)
+        fail(KVX_EINTERNAL, "HMAC-SHA256 failed");
+    std::array<uint8_t, kProofLen> out{};
+    memcpy(out.data(), full, kProofLen);
+    return out;
+}
+
+std::array<uint8_t, kProofLen> client_proof(const wire::Secret &s, const Challenge &c, const Auth &a) {
+    return proof(s, "kvxfer handshake v1 client proof", c, a, 0);
+}
+
+std::array<uint8_t, kProofLen> server_proof(const wire::Secret &s, const Challenge &c, const Auth &a,
+                                            uint32_t flags) {
+    return proof(s, "kvxfer handshake v1 server proof", c, a, flags);
+}
+
+void decode_body(Message &m, const uint8_t *p) {
+    switch (m.kind) {
+    case Kind::hello: m.hello.instance_id = get_le(p + 8, 8); break;
+    case Kind::auth:
+        m.auth.instance_id = get_le(p + 8, 8);
+        m.auth.challenge_id = static_cast<uint32_t>(get_le(p + 16, 4));
+        memcpy(m.auth.fingerprint.data(), p + 20, kFingerprintBytes);
+        m.auth.flags = static_cast<uint32_t>(get_le(p + 28, 4));
+        memcpy(m.auth.nonce.data(), p + 32, kClientNonceLen);
+        memcpy(m.auth.proof.data(), p + 40, kProofLen);
+        break;
+    case Kind::challenge:
+        m.challenge.challenge_id = static_cast<uint32_t>(get_le(p + 8, 4));
+        memcpy(m.challenge.nonce.data(), p + 12, kChallengeNonceLen);
+        break;
+    case Kind::refuse: {
+        m.refuse.status = static_cast<int32_t>(get_le(p + 8, 4));
+        int s = m.refuse.status;
+        if (s != KVX_EAUTH && s != KVX_EFINGERPRINT && s != KVX_ECONNREFUSED && s != KVX_EVERSION)
+            fail(KVX_EINVAL, "handshake: refusal with unexpected status %d", s);
+        break;
+    }
+    case Kind::accept:
+        m.accept.flags = static_cast<uint32_t>(get_le(p + 8, 4));
+        memcpy(m.accept.proof.data(), p + 12, kProofLen);
+        break;
+    }
+}
+
+}  // namespace
+
+size_t encode(const Hello &m, uint8_t *out) {
+    put_header(out, Kind::hello);
+    put_le(out + 8, m.instance_id, 8);
+    return kHelloLen;
+}
+
+size_t encode(const Auth &m, uint8_t *out) {
+    put_header(out, Kind::auth);
+    put_le(out + 8, m.instance_id, 8);
+    put_le(out + 16, m.challenge_id, 4);
+    memcpy(out + 20, m.fingerprint.data(), kFingerprintBytes);
+    put_le(out + 28, m.flags, 4);
+    memcpy(out + 32, m.nonce.data(), kClientNonceLen);
+    memcpy(out + 40, m.proof.data(), kProofLen);
+    return kAuthLen;
+}
+
+size_t encode(const Challenge &m, uint8_t *out) {
+    put_header(out, Kind::challenge);
+    put_le(out + 8, m.challenge_id, 4);
+    memcpy(out + 12, m.nonce.data(), kChallengeNonceLen);
+    return kChallengeLen;
+}
+
+size_t encode(const Refuse &m, uint8_t *out) {
+    put_header(out, Kind::refuse);
+    put_le(out + 8, static_cast<uint32_t>(m.status), 4);
+    return kRefuseLen;
+}
+
+size_t encode(const Accept &m, uint8_t *out) {
+    put_header(out, Kind::accept);
+    put_le(out + 8, m.flags, 4);
+    memcpy(out + 12, m.proof.data(), kProofLen);
+    return kAcceptLen;
+}
+
+size_t message_len(const uint8_t *p) {
+    if (get_le(p, 4) != kMagic) fail(KVX_EINVAL, "handshake: bad magic 0x%08x", (unsigned)get_le(p, 4));
+    if (p[4] != kVersion)
+        fail(KVX_EVERSION, "handshake: protocol version %u, this kvxfer speaks %u", p[4], kVersion);
+    if (get_le(p + 6, 2) != 0) fail(KVX_EINVAL, "handshake: reserved header bytes are not 0");
+    switch (static_cast<Kind>(p[5])) {
+    case Kind::hello: return kHelloLen;
+    case Kind::auth: return kAuthLen;
+    case Kind::challenge: return kChallengeLen;
+    case Kind::refuse: return kRefuseLen;
+    case Kind::accept: return kAcceptLen;
+    }
+    fail(KVX_EINVAL, "handshake: unknown message kind %u", p[5]);
+}
+
+Message decode(const void *data, size_t n) {
+    const auto *p = static_cast<const uint8_t *>(data);
+    if (p == nullptr || n < kHeaderLen) fail(KVX_EINVAL, "handshake: %zu bytes of message", p ? n : 0);
+    size_t need = message_len(p);
+    if (n < need) fail(KVX_EINVAL, "handshake: message kind %u truncated (%zu of %zu bytes)", p[5], n, need);
+    Message m;
+    m.kind = static_cast<Kind>(p[5]);
+    decode_body(m, p);
+    return m;
+}
+
+int failure_code(int decode_error) { return decode_error == KVX_EVERSION ? KVX_EVERSION : KVX_EAUTH; }
+
+int refusal_code(const Refuse &r) { return r.status; }
+
+Fingerprint fingerprint_bytes(const std::string &hex) {
+    Fingerprint out{};
+    if (hex.empty()) return out;
+    if (hex.size() != 2 * kFingerprintBytes) fail(KVX_EINTERNAL, "fingerprint '%s' is not 16 hex", hex.c_str());
+    auto nib = [&](char c) -> uint8_t {
+        if (c >= '0' && c <= '9') return static_cast<uint8_t>(c - '0');
+        if (c >= 'a' && c <= 'f') return static_cast<uint8_t>(c - 'a' + 10);
+        fail(KVX_EINTERNAL, "fingerprint '%s' is not lowercase hex", hex.c_str());
+    };
+    for (size_t i = 0; i < kFingerprintBytes; i++)
+        out[i] = static_cast<uint8_t>(nib(hex[2 * i]) << 4 | nib(hex[2 * i + 1]));
+    return out;
+}
+
+bool fingerprints_compatible(const Fingerprint &a, const Fingerprint &b) {
+    static const Fingerprint none{};
+    return a == none || b == none || a == b;
+}
+
+Challenge new_challenge(uint32_t *next_id) {
+    Challenge c;
+    c.challenge_id = (*next_id)++;
+    random_fill(c.nonce.data(), c.nonce.size());
+    return c;
+}
+
+int on_hello(const Identity &me, const Hello &h) {
+    if (h.instance_id == me.instance_id) return 0;
+    KVX_LOG(warn, "handshake: refused a connection meant for another transport");
+    return KVX_ECONNREFUSED;
+}
+
+int verify(const Identity &me, const Challenge &issued, const Auth &a, Accept *out, const char *what) {
+    if (a.instance_id != me.instance_id || a.challenge_id != issued.challenge_id) {
+        KVX_LOG(warn, "handshake: refused %s: meant for another transport or challenge", what);
+        return KVX_EAUTH;
+    }
+    if (CRYPTO_memcmp(client_proof(me.secret, issued, a).data(), a.proof.data(), kProofLen) != 0) {
+        KVX_LOG(warn, "handshake: refused %s: no valid proof of the secret", what);
+        return KVX_EAUTH;
+    }
+    if (a.flags != 0) {
+        KVX_LOG(warn, "handshake: refused %s: unknown flags 0x%x", what, a.flags);
+        return KVX_EVERSION;
+    }
+    if (!fingerprints_compatible(me.fingerprint, a.fingerprint)) {
+        KVX_LOG(warn, "handshake: refused %s: another config fingerprint", what);
+        return KVX_EFINGERPRINT;
+    }
+    out->flags = 0;
+    out->proof = server_proof(me.secret, issued, a, out->flags);
+    return 0;
+}
+
+ChallengeTable::ChallengeTable(size_t capacity, std::chrono::milliseconds ttl) : capacity_(capacity), ttl_(ttl) {
+    random_fill(reinterpret_cast<uint8_t *>(&next_id_), sizeof next_id_);
+}
+
+Challenge ChallengeTable::issue() {
+    auto now = Clock::now();
+    while (!entries_.empty() && (entries_.front().expires <= now || entries_.size() >= capacity_))
+        entries_.pop_front();
+    Entry e{new_challenge(&next_id_), now + ttl_};
+    entries_.push_back(e);
+    return e.c;
+}
+
+bool ChallengeTable::take(uint32_t id, Challenge *out) {
+    auto now = Clock::now();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        if (it->c.challenge_id != id) continue;
+        bool live = it->expires > now;
+        *out = it->c;
+        entries_.erase(it);
+        return live;
+    }
+    return false;
+}
+
+Auth answer(const Challenge &c, uint64_t instance_id, const wire::Secret &secret, const Fingerprint &ours) {
+    Auth a;
+    a.instance_id = instance_id;
+    a.challenge_id = c.challenge_id;
+    a.fingerprint = ours;
+    random_fill(a.nonce.data(), a.nonce.size());
+    a.proof = client_proof(secret, c, a);
+    return a;
+}
+
+namespace {
+
+Message decode_reply(const void *p, size_t n, const char *where, const char *to) {
+    Message m;
+    try {
+        m = decode(p, n);
+    } catch (const Error &e) {
+        fail(failure_code(e.code()), "%s: bad answer to %s: %s", where, to, e.what());
+    }
+    if (m.kind == Kind::refuse)
+        fail(refusal_code(m.refuse), "%s refused the connection: %s", where, kvx_strerror(m.refuse.status));
+    return m;
+}
+
+}  // namespace
+
+Challenge expect_challenge(const void *p, size_t n, const char *where) {
+    Message m = decode_reply(p, n, where, "HELLO");
+    if (m.kind != Kind::challenge) fail(KVX_EAUTH, "%s answered HELLO with an unexpected message", where);
+    return m.challenge;
+}
+
+Accept expect_accept(const void *p, size_t n, const Challenge &c, const Auth &a, const wire::Secret &secret,
+                     const char *where) {
+    Message m = decode_reply(p, n, where, "AUTH");
+    if (m.kind != Kind::accept) fail(KVX_EAUTH, "%s answered AUTH with an unexpected message", where);
+    if (m.accept.flags != 0) fail(KVX_EVERSION, "%s accepted with unknown flags 0x%x", where, m.accept.flags);
+    if (CRYPTO_memcmp(server_proof(secret, c, a, m.accept.flags).data(), m.accept.proof.data(), kProofLen) != 0)
+        fail(KVX_EAUTH, "%s could not prove it holds the metadata's secret", where);
+    return m.accept;
+}
+
+}  // namespace kvx::handshake

@@ -1,0 +1,175 @@
+// The one connection handshake of every backend: challenge, HMAC proofs of
+// the metadata's secret over the transcript, the fingerprint rule, binding to
+// the target transport's instance, and the refusal codes a target may send.
+// Backends only carry these bytes: tcp on the stream, verbs in rdma_cm
+// private data (docs/wire-format.md, "Handshake").
+//
+//   initiator --HELLO{instance_id}--------------------------> target
+//   initiator <--CHALLENGE{challenge id, nonce}-------------- target
+//             (or REFUSE: no such transport here)
+//   initiator --AUTH{instance_id, challenge id, fingerprint,
+//                    flags, nonce, proof}--------------------> target
+//   initiator <--ACCEPT{flags, proof}------------------------ target
+//             (or REFUSE{status})
+//
+// Messages are little-endian, start with the 8-byte header {magic "KVXS",
+// version, kind, reserved}, and have a fixed length per kind. AUTH is 56
+// bytes: the most an RC connect request carries through rdma_cm on IB/RoCE.
+// Parsers here are pure functions over untrusted bytes (bounded, no
+// allocation), fuzzed in tests/fuzz/fuzz_handshake.cpp.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+
+#include "wire/metadata.h"
+
+namespace kvx::handshake {
+
+constexpr uint32_t kMagic = 0x5358564bu;  // "KVXS" in wire order
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeaderLen = 8;
+constexpr size_t kChallengeNonceLen = 16;
+constexpr size_t kClientNonceLen = 8;
+constexpr size_t kProofLen = 16;  // HMAC-SHA256 truncated to 128 bits
+constexpr size_t kFingerprintBytes = 8;
+
+enum class Kind : uint8_t { hello = 1, auth = 2, challenge = 3, refuse = 4, accept = 5 };
+
+constexpr size_t kHelloLen = kHeaderLen + 8;
+constexpr size_t kAuthLen = kHeaderLen + 8 + 4 + kFingerprintBytes + 4 + kClientNonceLen + kProofLen;
+constexpr size_t kChallengeLen = kHeaderLen + 4 + kChallengeNonceLen;
+constexpr size_t kRefuseLen = kHeaderLen + 4;
+constexpr size_t kAcceptLen = kHeaderLen + 4 + kProofLen;
+constexpr size_t kMaxMessageLen = kAuthLen;
+static_assert(kAuthLen == 56, "AUTH must fit an RC connect request's private data");
+
+using Fingerprint = std::array<uint8_t, kFingerprintBytes>;  // all zero = none
+
+struct Hello {
+    uint64_t instance_id = 0;  // the target transport the initiator means
+};
+struct Challenge {
+    uint32_t challenge_id = 0;
+    std::array<uint8_t, kChallengeNonceLen> nonce{};
+};
+struct Auth {
+    uint64_t instance_id = 0;
+    uint32_t challenge_id = 0;
+    Fingerprint fingerprint{};
+    uint32_t flags = 0;  // offered options; none defined yet (must be 0)
+    std::array<uint8_t, kClientNonceLen> nonce{};
+    std::array<uint8_t, kProofLen> proof{};
+};
+struct Refuse {
+    int32_t status = 0;  // KVX_EAUTH, KVX_EFINGERPRINT, KVX_ECONNREFUSED or KVX_EVERSION
+};
+struct Accept {
+    uint32_t flags = 0;  // chosen options; none defined yet (must be 0)
+    std::array<uint8_t, kProofLen> proof{};
+};
+
+// One decoded message; only the member named by kind is meaningful.
+struct Message {
+    Kind kind = Kind::hello;
+    Hello hello;
+    Auth auth;
+    Challenge challenge;
+    Refuse refuse;
+    Accept accept;
+};
+
+using Bytes = std::array<uint8_t, kMaxMessageLen>;
+// Encodes into out; returns the message's length.
+size_t encode(const Hello &m, uint8_t *out);
+size_t encode(const Challenge &m, uint8_t *out);
+size_t encode(const Auth &m, uint8_t *out);
+size_t encode(const Refuse &m, uint8_t *out);
+size_t encode(const Accept &m, uint8_t *out);
+
+// Length of the whole message from its 8-byte header (stream transports read
+// the header first). Throws like decode() for a bad header.
+size_t message_len(const uint8_t header[kHeaderLen]);
+
+// Parses a message from the other side. n may exceed the message (IB CM pads
+// private data with zeros to its fixed size). Throws Error(KVX_EVERSION) for
+// another protocol version, Error(KVX_EINVAL) for anything else that is not a
+// well-formed message.
+Message decode(const void *p, size_t n);
+
+// What a failed decode of the other side's bytes means to the caller:
+// KVX_EVERSION stays, anything else is an authentication failure.
+int failure_code(int decode_error);
+
+// A refusal is unauthenticated: only the codes a target may send pass, as
+// themselves; decode() already rejected any other.
+int refusal_code(const Refuse &r);
+
+// "" -> all zero; 16 lowercase hex -> 8 bytes. Throws Error(KVX_EINTERNAL) otherwise.
+Fingerprint fingerprint_bytes(const std::string &hex);
+// Both set and different: incompatible. Unset on either side: compatible.
+bool fingerprints_compatible(const Fingerprint &a, const Fingerprint &b);
+
+// Who we are, as the metadata we handed out says.
+struct Identity {
+    uint64_t instance_id = 0;
+    wire::Secret secret{};
+    Fingerprint fingerprint{};
+};
+
+// ---- target side
+
+// A fresh challenge with a random nonce and the next id. Throws Error(KVX_EINTERNAL).
+Challenge new_challenge(uint32_t *next_id);
+
+// 0 and a challenge to send for a HELLO meant for us, else the refusal code.
+int on_hello(const Identity &me, const Hello &h);
+
+// Verifies an AUTH against the challenge that was issued on this connection.
+// 0: accepted, *out is the ACCEPT to send. Else the refusal code to send
+// (KVX_EAUTH, KVX_EFINGERPRINT); what: where the request came from, for the log.
+int verify(const Identity &me, const Challenge &issued, const Auth &a, Accept *out, const char *what);
+
+// Outstanding challenges of a connectionless carrier (verbs: the challenge
+// travels in a reject, the AUTH arrives on a new request). Bounded: the
+// oldest is evicted first; expiring; single use, so a replayed AUTH finds nothing.
+class ChallengeTable {
+public:
+    using Clock = std::chrono::steady_clock;
+    ChallengeTable(size_t capacity, std::chrono::milliseconds ttl);
+    Challenge issue();
+    // The challenge with this id, if still live; removes it.
+    bool take(uint32_t id, Challenge *out);
+
+private:
+    struct Entry {
+        Challenge c;
+        Clock::time_point expires;
+    };
+    size_t capacity_;
+    std::chrono::milliseconds ttl_;
+    std::deque<Entry> entries_;
+    uint32_t next_id_ = 0;
+};
+
+// ---- initiator side
+
+// The AUTH answering challenge c for the target that metadata m describes.
+Auth answer(const Challenge &c, uint64_t instance_id, const wire::Secret &secret, const Fingerprint &ours);
+
+// The target's answer to HELLO, as received: its challenge. Throws the
+// refusal's code, or Error(KVX_EAUTH)/(KVX_EVERSION) for anything else; where
+// names the peer for the message.
+Challenge expect_challenge(const void *p, size_t n, const char *where);
+
+// The target's answer to AUTH, as received, checked: an ACCEPT whose proof
+// shows the target holds the secret. Throws the refusal's code, or
+// Error(KVX_EAUTH) naming where.
+Accept expect_accept(const void *p, size_t n, const Challenge &c, const Auth &a, const wire::Secret &secret,
+                     const char *where);
+
+}  // namespace kvx::handshake
