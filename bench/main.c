@@ -77,7 +77,7 @@ static const char usage_text2[] =
     "                             to the process it is given to.\n"
     "  --once                     with --serve: exit after one session\n"
     "  --connect HOST:PORT        be the initiator against a --serve target\n"
-    "  The control channel is the bench's own small TCP protocol (tools/bench/ctl.h):\n"
+    "  The control channel is the bench's own small TCP protocol (bench/ctl.h):\n"
     "  it carries agent metadata, which contains the secret that allows writing\n"
     "  into the target's region; use --serve only on a trusted network.\n"
     "  As in a vLLM deployment the metadata goes both ways: the target registers\n"
