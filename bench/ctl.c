@@ -306,9 +306,11 @@ static int split_hostport(const char *spec, char *host, size_t hcap, char *port,
     return 0;
 }
 
+/* Numeric only, so the text fits CTL_ADDR_LEN; getnameinfo fails rather than
+ * truncate. */
 static void fmt_sockaddr(const struct sockaddr *sa, socklen_t len, char *buf, size_t cap)
 {
-    char h[NI_MAXHOST], s[NI_MAXSERV];
+    char h[INET6_ADDRSTRLEN + IF_NAMESIZE], s[sizeof "65535"];
     if (getnameinfo(sa, len, h, sizeof h, s, sizeof s, NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
         snprintf(buf, cap, "?");
         return;
@@ -410,7 +412,7 @@ int ctl_connect(const char *spec, int timeout_ms, char *err, size_t err_cap)
             }
         }
         if (rc < 0) {
-            char a[128];
+            char a[CTL_ADDR_LEN];
             fmt_sockaddr(ai->ai_addr, ai->ai_addrlen, a, sizeof a);
             snprintf(err, err_cap, "connect to %s: %s", a, strerror(errno));
             close(s);

@@ -380,7 +380,7 @@ static int session(const struct bench_opts *o, int fd, bool quiet)
 
 int run_target(const struct bench_opts *o)
 {
-    char bound[160];
+    char bound[CTL_ADDR_LEN];
     int port = 0;
     int lfd = ctl_listen(o->serve, bound, sizeof bound, &port);
     if (lfd < 0)
@@ -407,7 +407,7 @@ int run_target(const struct bench_opts *o)
             die("accept: %s", strerror(errno));
         }
         ctl_nodelay(fd);
-        char peer[160];
+        char peer[CTL_ADDR_LEN];
         ctl_peer_name(fd, peer, sizeof peer);
         if (!quiet) {
             printf("session from %s\n", peer);
