@@ -1,6 +1,7 @@
 #include "core/registrations.h"
 
 #include <chrono>
+#include <system_error>
 
 #include "util/error.h"
 
@@ -72,35 +73,74 @@ Registrations::Status Registrations::wait(std::unique_lock<std::mutex> &lk, uint
     return s;
 }
 
-void Registrations::spawn_locked(std::function<void()> fn, std::vector<std::thread> *ended) {
-    for (auto it = workers_.begin(); it != workers_.end();) {
-        if (!*it->ended) {
-            ++it;
-            continue;
-        }
-        ended->push_back(std::move(it->thread));
-        it = workers_.erase(it);
-    }
-    auto flag = std::make_shared<bool>(false);
-    // The thread's last act, under the lock, is to say it ended: joining it
-    // afterwards never waits for work, and nothing of the transport is
-    // touched once the flag is set (fn and what it holds are gone by then).
-    std::thread th([this, flag, fn = std::move(fn)]() mutable {
+void Registrations::start() { launcher_ = std::thread([this] { launcher(); }); }
+
+void Registrations::submit_locked(const Ref &r, std::function<void()> fn) {
+    jobs_.push_back(Job{r, std::move(fn)});
+    launch_cv_.notify_one();
+}
+
+// The thread's last act, under the lock, is to say it ended: joining it
+// afterwards never waits for work, and nothing of the transport is touched
+// once the flag is set (fn and what it holds are gone by then).
+std::thread Registrations::start_worker(std::function<void()> fn, std::shared_ptr<bool> ended) {
+    return std::thread([this, ended, fn = std::move(fn)]() mutable {
         {
             std::function<void()> run = std::move(fn);
             run();
         }
         std::lock_guard<std::mutex> lk(mu_);
-        *flag = true;
+        *ended = true;
     });
-    workers_.push_back(Worker{std::move(th), flag});
 }
 
-std::vector<std::thread> Registrations::take_threads_locked() {
-    std::vector<std::thread> out;
-    for (auto &w : workers_) out.push_back(std::move(w.thread));
-    workers_.clear();
-    return out;
+void Registrations::launcher() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+        launch_cv_.wait(lk, [&] { return stopping_ || !jobs_.empty(); });
+        if (stopping_) return;  // close cancelled what is queued
+        Job job = std::move(jobs_.front());
+        jobs_.pop_front();
+        std::vector<std::thread> ended;
+        for (auto it = workers_.begin(); it != workers_.end();) {
+            if (!*it->ended) {
+                ++it;
+                continue;
+            }
+            ended.push_back(std::move(it->thread));
+            it = workers_.erase(it);
+        }
+        lk.unlock();
+        for (auto &t : ended) t.join();
+        auto flag = std::make_shared<bool>(false);
+        std::thread th;
+        try {
+            th = start_worker(std::move(job.fn), flag);
+        } catch (const std::system_error &e) {
+            lk.lock();
+            finish_locked(job.r, KVX_ENOMEM, strfmt("peer '%s': cannot start a thread to connect: %s",
+                                                     job.r->id.c_str(), e.what()));
+            continue;
+        }
+        lk.lock();
+        workers_.push_back(Worker{std::move(th), flag});
+    }
+}
+
+void Registrations::shutdown() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        stopping_ = true;
+        jobs_.clear();
+        launch_cv_.notify_all();
+    }
+    if (launcher_.joinable()) launcher_.join();
+    std::vector<Worker> workers;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        workers.swap(workers_);
+    }
+    for (auto &w : workers) w.thread.join();  // their connection attempts end by connect_timeout_ms
 }
 
 }  // namespace kvx

@@ -3,13 +3,17 @@
 // kvx_remove_remote_peer() or close cancel it, and a registration that lost
 // its reservation never publishes. Asynchronous ones
 // (kvx_add_remote_peer_async) also have an outcome, reported once, and a
-// thread that connects, owned here and joined at close.
+// thread that connects, owned here and joined at close. Those threads are
+// started by a launcher thread of the transport, never by the caller, whose
+// call must not block (a thread start alone can take milliseconds on a busy
+// host).
 //
 // Everything is guarded by the transport's mutex: *_locked methods expect it
 // held, wait() takes the caller's lock on it.
 #pragma once
 
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -56,8 +60,6 @@ public:
     void finish_locked(const Ref &r, int status, const std::string &message);
     // Cancels the registration of id in progress, if any: true if there was one.
     bool cancel_locked(const std::string &id, int code, const char *why);
-    // Forgets reg's outcome unreported (its start failed after all).
-    void discard_locked(uint64_t reg) { outcomes_.erase(reg); }
     // Cancels every one (close).
     void cancel_all_locked(int code, const char *why);
 
@@ -65,24 +67,36 @@ public:
     // pending; a final one is forgotten once returned. KVX_ENOENT if unknown.
     Status wait(std::unique_lock<std::mutex> &lk, uint64_t reg, int timeout_ms);
 
-    // Runs fn on a thread of its own. Threads that ended are handed back
-    // through *ended, to be joined by the caller without the lock.
-    void spawn_locked(std::function<void()> fn, std::vector<std::thread> *ended);
-    // Every thread, to be joined without the lock (close).
-    std::vector<std::thread> take_threads_locked();
+    // Starts the launcher thread (once, at transport creation).
+    void start();
+    // Has fn run on a thread of its own, for registration r (which fails
+    // with KVX_ENOMEM if no thread can be started).
+    void submit_locked(const Ref &r, std::function<void()> fn);
+    // Stops the launcher and joins every thread (close; without the lock).
+    void shutdown();
 
 private:
     struct Worker {
         std::thread thread;
         std::shared_ptr<bool> ended;  // set, under the lock, as the thread's last act
     };
+    struct Job {
+        Ref r;
+        std::function<void()> fn;
+    };
     void record_locked(uint64_t reg, int status, const std::string &message);
+    void launcher();
+    std::thread start_worker(std::function<void()> fn, std::shared_ptr<bool> ended);
 
     std::mutex &mu_;
     std::map<std::string, Ref> by_id_;
     std::unordered_map<uint64_t, Status> outcomes_;
     std::vector<Worker> workers_;
-    std::condition_variable cv_;
+    std::condition_variable cv_;  // an outcome was decided
+    std::deque<Job> jobs_;
+    bool stopping_ = false;
+    std::condition_variable launch_cv_;
+    std::thread launcher_;
 };
 
 }  // namespace kvx

@@ -78,6 +78,7 @@ Transport::Transport(void *base, uint64_t num_blocks, uint64_t block_len, const 
     for (const auto &b : backends_) m.sections.push_back(b->describe());
     metadata_ = wire::encode_metadata(m);
     watchdog_ = std::thread([this] { watchdog(); });
+    registrations_.start();
 }
 
 void Transport::start_backends(const BackendContext &ctx) {
@@ -113,18 +114,16 @@ void Transport::check_open_locked() const {
 
 void Transport::close() {
     std::map<std::string, std::shared_ptr<Peer>> peers;
-    std::vector<std::thread> workers;
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (closed_) return;
         closed_ = true;
         peers.swap(peers_);
         registrations_.cancel_all_locked(KVX_ECLOSED, "the transport was closed");
-        workers = registrations_.take_threads_locked();
         wd_cv_.notify_all();
     }
     if (watchdog_.joinable()) watchdog_.join();
-    for (auto &w : workers) w.join();  // their connection attempts end by connect_timeout_ms
+    registrations_.shutdown();  // waits for connection attempts (connect_timeout_ms at most)
     for (auto &[id, p] : peers) p->link->shutdown();
     for (auto &b : backends_) b->shutdown();
     loop_->stop();

@@ -2,7 +2,6 @@
 // cancel) and telemetry. The data path's hooks into both stay in
 // transport.cpp; what they call lives here.
 #include <new>
-#include <system_error>
 
 #include "core/transport.h"
 #include "util/error.h"
@@ -89,29 +88,19 @@ uint64_t Transport::add_peer_async(const std::string &id, const uint8_t *meta, s
     if (flags & ~static_cast<unsigned>(KVX_PEER_REPLACE)) fail(KVX_EINVAL, "flags 0x%x has unknown bits", flags);
     auto m = std::make_shared<wire::AgentMetadata>(check_peer(id, meta, meta_len, base_addr, num_blocks, block_len));
     std::shared_ptr<Peer> replaced;
-    std::vector<std::thread> ended;
     uint64_t reg;
     {
         std::lock_guard<std::mutex> lk(mu_);
         Registrations::Ref r = reserve_locked(id, next_reg_, flags & KVX_PEER_REPLACE, &replaced);
         reg = next_reg_++;
-        try {
-            registrations_.spawn_locked(
-                [this, r, m]() mutable {
-                    try {
-                        connect_and_publish(r, *m);
-                    } catch (...) {  // recorded as the outcome
-                    }
-                },
-                &ended);
-        } catch (const std::system_error &e) {
-            registrations_.finish_locked(r, KVX_ENOMEM, e.what());
-            registrations_.discard_locked(reg);  // reported by this call instead
-            fail(KVX_ENOMEM, "peer '%s': cannot start a thread to connect: %s", id.c_str(), e.what());
-        }
+        registrations_.submit_locked(r, [this, r, m] {
+            try {
+                connect_and_publish(r, *m);
+            } catch (...) {  // recorded as the outcome
+            }
+        });
     }
     if (replaced) replaced->link->shutdown();  // its transfers fail, as on remove
-    for (auto &t : ended) t.join();
     return reg;
 }
 
