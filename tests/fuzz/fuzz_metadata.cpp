@@ -122,11 +122,13 @@ void check_tcp_section(const Section &s) {
     if (again != eps) die("tcp decode_section(encode_section(e)) != e");
 }
 
-// The input as encode_metadata() writes what the reader kept: the reader
-// ignores the minor version and whatever a newer minor appended to the core
-// section, the core section's reserved bytes, the core section's flags and its
-// position among the sections. Backend sections are kept byte for byte, in
-// order. Only called on accepted input (the walk needs no bound checks).
+// The input as encode_metadata() writes what the reader kept. The reader
+// ignores (docs/wire-format.md): the minor version and whatever a newer minor
+// appended to the core section, the core section's reserved bytes, the
+// reserved flag bits 1..7 of every section; and, not written down there, the
+// core section's flags (critical, version) and its position among the
+// sections. Backend sections are otherwise kept byte for byte, in order.
+// Only called on accepted input (the walk needs no bound checks).
 std::vector<uint8_t> normalized(const uint8_t *p, size_t n) {
     const uint32_t nsec = static_cast<uint32_t>(kvx::get_le(p + 12, 4));
     std::vector<uint8_t> core, rest;
@@ -144,7 +146,9 @@ std::vector<uint8_t> normalized(const uint8_t *p, size_t n) {
             core.insert(core.end(), body, body + kCoreLen);
             std::fill(core.begin() + kSecHeader + kCoreReserved, core.end(), 0);
         } else {
+            const size_t at = rest.size();
             rest.insert(rest.end(), p + off, body + len);
+            rest[at + 2] &= 0x01;  // flags bits 1..7 (bit 0 stays: a critical one is refused)
         }
         off += kSecHeader + len;
     }
