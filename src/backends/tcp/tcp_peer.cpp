@@ -241,6 +241,8 @@ bool TcpPeer::read_acks(Stream &s) {
     }
     s.ack_have = have - used;
     memcpy(s.ack_part.data(), buf + used, s.ack_have);
+    // Parts of a larger transfer acknowledged: progress, though nothing completed.
+    if (used > 0 && done.empty()) sink_->progress();
     done.deliver(*sink_);
     return true;
 }
