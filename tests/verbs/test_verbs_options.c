@@ -106,6 +106,13 @@ static void test_unusable_choices(void **state) {
     assert_string_equal(kvx_transport_backend(t), "tcp");
     kvx_transport_destroy(t);
     kvx_options_destroy(o);
+    /* also when verbs only finds out at creation (its probe passes) */
+    o = vt_options("verbs.listen=127.0.0.1:0", NULL);
+    CHECK_OK(kvx_options_set(o, "backend", "auto"));
+    CHECK_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
+    assert_string_equal(kvx_transport_backend(t), "tcp");
+    kvx_transport_destroy(t);
+    kvx_options_destroy(o);
     /* and picks verbs by default */
     CHECK_OK(kvx_options_create(&o));
     CHECK_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
