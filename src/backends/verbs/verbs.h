@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/ops.h"
 #include "util/event_loop.h"
 #include "util/net.h"
 
@@ -99,20 +100,12 @@ public:
     void shutdown() override;
 
 private:
-    struct OpState {
-        uint64_t id = 0;
-        uint32_t parts_left = 0;
-        bool started = false;   // a WR of it was posted
-        bool reported = false;  // it reached the sink, or was dropped
-    };
-    using OpRef = std::shared_ptr<OpState>;
-    // The share of an op one QP carries, waiting for send-queue room.
-    struct Part {
-        OpRef op;
-        std::vector<Run> runs;
-        size_t run = 0;     // next run to post
-        uint64_t off = 0;   // bytes of runs[run] already posted
-        uint64_t wrs_left = 0;
+    // A part on its way to one QP's send queue: how far it is posted.
+    struct QueuedPart {
+        Part part;
+        size_t run = 0;         // next run to post
+        uint64_t off = 0;       // bytes of part.runs[run] already posted
+        uint64_t wrs_left = 0;  // WRs not posted yet
     };
     // One signalled WR in flight: when it completes, wrs slots free up and,
     // if op is set, that part of op is done (RC completes in order).
@@ -128,11 +121,10 @@ private:
         uint32_t since_signal = 0;  // unsignalled WRs after the last signalled one
         uint64_t next_seq = 1;
         std::deque<Mark> marks;
-        std::deque<Part> waiting;
+        std::deque<QueuedPart> waiting;
         uint64_t waiting_wrs = 0;
         bool dead = false;
     };
-    using Deliveries = std::vector<std::pair<uint64_t, int>>;
 
     VerbsPeer(std::shared_ptr<Device> dev, EventLoop *loop, const PeerConfig &cfg,
               const PeerContext &pc);
@@ -141,14 +133,13 @@ private:
     void on_event(int tag, uint32_t events) override;
     void on_cq_event();
     void on_cm_event();
-    void handle_wc(const ibv_wc &wc, Deliveries &out);
-    void post_ready(Qp &q, Deliveries &out);
-    void fail_op(const OpRef &op, int status, Deliveries &out);
-    void fail_waiting(Qp &q, int status, Deliveries &out);
-    void fail_inflight(Qp &q, int status, Deliveries &out);
+    void handle_wc(const ibv_wc &wc, CompletionBatch &out);
+    void post_ready(Qp &q, CompletionBatch &out);
+    void fail_waiting(Qp &q, int status, CompletionBatch &out);
+    void fail_inflight(Qp &q, int status, CompletionBatch &out);
     void set_broken(int status);
     void to_error(Qp &q);
-    void deliver(std::unique_lock<std::mutex> &lk, Deliveries &out);
+    void deliver(std::unique_lock<std::mutex> &lk, CompletionBatch &out);
     void teardown();
     uint64_t wrs_for(const std::vector<Run> &runs) const;
 

@@ -288,71 +288,39 @@ uint64_t VerbsPeer::wrs_for(const std::vector<Run> &runs) const {
 }
 
 void VerbsPeer::submit(Op op) {
-    Deliveries out;
+    CompletionBatch out;
     std::unique_lock<std::mutex> lk(mu_);
     if (broken_ || stopping_ || op.runs.empty()) {
-        out.emplace_back(op.id, op.runs.empty() ? 0 : stopping_ ? KVX_ECONNRESET : KVX_EPEERBROKEN);
+        out.add(op.id, op.runs.empty() ? 0 : stopping_ ? KVX_ECONNRESET : KVX_EPEERBROKEN);
         deliver(lk, out);
         return;
     }
-    auto st = std::make_shared<OpState>();
-    st->id = op.id;
-
     // Least loaded QPs first.
     std::vector<size_t> order(qps_.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
         return qps_[a].used + qps_[a].waiting_wrs < qps_[b].used + qps_[b].waiting_wrs;
     });
-    uint64_t nparts = 1;
-    if (qps_.size() > 1 && op.bytes >= 2 * kSplitMin) nparts = std::min<uint64_t>(qps_.size(), op.bytes / kSplitMin);
-    std::vector<std::vector<Run>> shares;
-    if (nparts == 1) {
-        shares.push_back(std::move(op.runs));
-    } else {
-        // Whole blocks per share, so each QP carries about the same bytes.
-        const uint64_t bl = dev_->region.block_len;
-        const uint64_t target = (op.bytes / nparts + bl - 1) / bl * bl;
-        std::vector<Run> cur;
-        uint64_t cur_bytes = 0;
-        for (Run r : op.runs) {
-            while (r.len > 0) {
-                uint64_t take = std::min(r.len, target - cur_bytes);
-                cur.push_back(Run{r.local_off, r.remote_off, take});
-                r.local_off += take;
-                r.remote_off += take;
-                r.len -= take;
-                cur_bytes += take;
-                if (cur_bytes == target) {
-                    shares.push_back(std::move(cur));
-                    cur.clear();
-                    cur_bytes = 0;
-                }
-            }
-        }
-        if (!cur.empty()) shares.push_back(std::move(cur));
-    }
-    st->parts_left = static_cast<uint32_t>(shares.size());
-    for (size_t i = 0; i < shares.size(); i++) {
+    std::vector<Part> parts = split_op(std::move(op), qps_.size(), kSplitMin, dev_->region.block_len);
+    for (size_t i = 0; i < parts.size(); i++) {
         Qp &q = qps_[order[i % order.size()]];
-        Part p;
-        p.op = st;
-        p.wrs_left = wrs_for(shares[i]);
-        p.runs = std::move(shares[i]);
-        q.waiting_wrs += p.wrs_left;
-        q.waiting.push_back(std::move(p));
+        QueuedPart queued;
+        queued.wrs_left = wrs_for(parts[i].runs);
+        queued.part = std::move(parts[i]);
+        q.waiting_wrs += queued.wrs_left;
+        q.waiting.push_back(std::move(queued));
     }
-    for (size_t i = 0; i < shares.size() && i < order.size(); i++) post_ready(qps_[order[i]], out);
+    for (size_t i = 0; i < parts.size() && i < order.size(); i++) post_ready(qps_[order[i]], out);
     deliver(lk, out);
 }
 
 // Posts waiting WRs while the send queue has room: each part's WRs (or as
 // many as fit) as one chain with one ibv_post_send. Signalled: the last WR of
 // a part, and every signal_every-th WR so slots keep coming back. mu_ held.
-void VerbsPeer::post_ready(Qp &q, Deliveries &out) {
+void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
     const uint32_t depth = cfg_.sq_depth;
     while (!broken_ && !q.dead && !q.waiting.empty() && q.used < depth) {
-        Part &p = q.waiting.front();
+        QueuedPart &p = q.waiting.front();
         const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(depth - q.used, p.wrs_left));
         const size_t marks_before = q.marks.size();
         uint32_t since = q.since_signal;
@@ -360,7 +328,7 @@ void VerbsPeer::post_ready(Qp &q, Deliveries &out) {
         size_t run = p.run;
         uint64_t off = p.off;
         for (uint32_t i = 0; i < n; i++) {
-            const Run &r = p.runs[run];
+            const Run &r = p.part.runs[run];
             const uint64_t len = std::min(r.len - off, dev_->max_msg);
             ibv_sge &s = sge_buf_[i];
             s.addr = reinterpret_cast<uintptr_t>(dev_->region.base) + r.local_off + off;
@@ -384,7 +352,7 @@ void VerbsPeer::post_ready(Qp &q, Deliveries &out) {
             if (part_end || since >= cfg_.signal_every) {
                 w.send_flags = IBV_SEND_SIGNALED;
                 w.wr_id = seq;
-                q.marks.push_back(Mark{seq, since, part_end ? p.op : nullptr});
+                q.marks.push_back(Mark{seq, since, part_end ? p.part.op : nullptr});
                 seq++;
                 since = 0;
             }
@@ -403,7 +371,7 @@ void VerbsPeer::post_ready(Qp &q, Deliveries &out) {
             for (Qp &o : qps_) fail_waiting(o, break_status_, out);
             return;
         }
-        p.op->started = true;
+        p.part.op->started.store(true);
         q.used += n;
         q.since_signal = since;
         q.next_seq = seq;
@@ -419,38 +387,31 @@ bool VerbsPeer::drop_if_not_started(uint64_t id) {
     std::lock_guard<std::mutex> lk(mu_);
     OpRef op;
     for (Qp &q : qps_)
-        for (Part &p : q.waiting)
-            if (p.op->id == id) op = p.op;
-    if (!op || op->started || op->reported) return false;
+        for (QueuedPart &p : q.waiting)
+            if (p.part.op->id == id) op = p.part.op;
+    if (!op || !op->claim_unstarted()) return false;  // claimed: never reaches the sink
     for (Qp &q : qps_)
         for (auto it = q.waiting.begin(); it != q.waiting.end();) {
-            if (it->op == op) {
+            if (it->part.op == op) {
                 q.waiting_wrs -= it->wrs_left;
                 it = q.waiting.erase(it);
             } else {
                 ++it;
             }
         }
-    op->reported = true;  // dropped: never reaches the sink
     return true;
 }
 
-void VerbsPeer::fail_op(const OpRef &op, int status, Deliveries &out) {
-    if (op->reported) return;
-    op->reported = true;
-    out.emplace_back(op->id, status);
-}
-
-void VerbsPeer::fail_waiting(Qp &q, int status, Deliveries &out) {
-    for (Part &p : q.waiting) fail_op(p.op, status, out);
+void VerbsPeer::fail_waiting(Qp &q, int status, CompletionBatch &out) {
+    for (QueuedPart &p : q.waiting) out.fail(*p.part.op, status);
     q.waiting.clear();
     q.waiting_wrs = 0;
 }
 
-void VerbsPeer::fail_inflight(Qp &q, int status, Deliveries &out) {
+void VerbsPeer::fail_inflight(Qp &q, int status, CompletionBatch &out) {
     // Marks without op belong to parts still (partly) waiting: failed there.
     for (Mark &mk : q.marks)
-        if (mk.op) fail_op(mk.op, status, out);
+        if (mk.op) out.fail(*mk.op, status);
     q.marks.clear();
     q.used = 0;  // the WRs are flushing; a dead QP is never posted to again
     q.since_signal = 0;
@@ -472,17 +433,16 @@ void VerbsPeer::to_error(Qp &q) {
 }
 
 // Calls the sink for out without holding mu_; shutdown() waits for these.
-void VerbsPeer::deliver(std::unique_lock<std::mutex> &lk, Deliveries &out) {
+void VerbsPeer::deliver(std::unique_lock<std::mutex> &lk, CompletionBatch &out) {
     if (out.empty()) return;
     delivering_++;
     lk.unlock();
-    for (const auto &[id, status] : out) sink_->complete(id, status);
-    out.clear();
+    out.deliver(*sink_);
     lk.lock();
     if (--delivering_ == 0) cv_.notify_all();
 }
 
-void VerbsPeer::handle_wc(const ibv_wc &wc, Deliveries &out) {
+void VerbsPeer::handle_wc(const ibv_wc &wc, CompletionBatch &out) {
     Qp *q = nullptr;
     for (Qp &c : qps_)
         if (c.qp && c.qp->qp_num == wc.qp_num) q = &c;
@@ -492,10 +452,7 @@ void VerbsPeer::handle_wc(const ibv_wc &wc, Deliveries &out) {
         while (!q->marks.empty() && q->marks.front().seq <= wc.wr_id) {
             Mark &mk = q->marks.front();
             q->used -= mk.wrs;
-            if (mk.op && !mk.op->reported && --mk.op->parts_left == 0) {
-                mk.op->reported = true;
-                out.emplace_back(mk.op->id, 0);
-            }
+            if (mk.op) out.part_done(*mk.op, 0);
             q->marks.pop_front();
         }
         return;
@@ -530,7 +487,7 @@ void VerbsPeer::on_cq_event() {
     // Re-arm first, then drain: a completion after the last poll raises a new event.
     if (ibv_req_notify_cq(cq_, 0) != 0) KVX_LOG(error, "verbs: %s: ibv_req_notify_cq failed", where_.c_str());
     ibv_wc wc[kCqPollBatch];
-    Deliveries out;
+    CompletionBatch out;
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
         int n = ibv_poll_cq(cq_, kCqPollBatch, wc);
@@ -560,7 +517,7 @@ void VerbsPeer::on_cm_event() {
         rdma_cm_event_type type = ev->event;
         rdma_ack_cm_event(ev);
         if (!ends_connection(type)) continue;
-        Deliveries out;
+        CompletionBatch out;
         std::unique_lock<std::mutex> lk(mu_);
         if (stopping_) continue;
         if (!broken_) KVX_LOG(warn, "verbs: %s: connection lost (%s)", where_.c_str(), rdma_event_str(type));
@@ -576,7 +533,7 @@ void VerbsPeer::on_cm_event() {
 }
 
 void VerbsPeer::abort(int status) {
-    Deliveries out;
+    CompletionBatch out;
     std::unique_lock<std::mutex> lk(mu_);
     if (stopping_) return;
     set_broken(status);
@@ -595,7 +552,7 @@ void VerbsPeer::shutdown() {
         loop_->detach(tok_cm_);
         tok_cq_ = tok_cm_ = 0;
         {
-            Deliveries out;
+            CompletionBatch out;
             std::unique_lock<std::mutex> lk(mu_);
             stopping_ = true;
             set_broken(KVX_ECONNRESET);
