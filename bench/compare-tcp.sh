@@ -13,6 +13,7 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$root/bench/common.sh"
 bench=${KVXFER_BENCH:-$root/build/kvxfer-bench}
 duration=${DURATION:-3}
 me=compare-tcp.sh
@@ -76,11 +77,7 @@ wait "$iperf_pid" 2>/dev/null || true
 iperf_pid=
 
 echo "$me: kvxfer-bench --backend tcp ..." >&2
-common=(--backend tcp --json --no-progress --duration "$duration")
-"$bench" "${common[@]}" --block-size 1M,64K --batch 1 --pattern seq "$@" >"$tmp/kvxfer.json" ||
-    die "kvxfer-bench failed (1M, 64K); output: $(cat "$tmp/kvxfer.json")"
-"$bench" "${common[@]}" --block-size 4K --batch 16 --pattern random "$@" >>"$tmp/kvxfer.json" ||
-    die "kvxfer-bench failed (4K); output: $(cat "$tmp/kvxfer.json")"
+kvx_bench_runs "$bench" tcp "$duration" "$tmp/kvxfer.json" "$@"
 
 iperf_gbps=$("$py" -c '
 import json, sys

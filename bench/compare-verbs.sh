@@ -16,6 +16,7 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$root/bench/common.sh"
 me=compare-verbs.sh
 die() { echo "$me: $*" >&2; exit 1; }
 
@@ -69,11 +70,7 @@ echo "$me: ib_write_bw on $dev ($addr) ..." >&2
 } >"$tmp/ibwbw.txt"
 
 echo "$me: kvxfer-bench --backend verbs ..." >&2
-common=(--backend verbs --json --no-progress --duration "$duration")
-"$build/kvxfer-bench" "${common[@]}" --block-size 1M,64K --batch 1 --pattern seq "$@" >"$tmp/kvx.json" ||
-    die "kvxfer-bench failed (1M, 64K): $(cat "$tmp/kvx.json")"
-"$build/kvxfer-bench" "${common[@]}" --block-size 4K --batch 16 --pattern random "$@" >>"$tmp/kvx.json" ||
-    die "kvxfer-bench failed (4K): $(cat "$tmp/kvx.json")"
+kvx_bench_runs "$build/kvxfer-bench" verbs "$duration" "$tmp/kvx.json" "$@"
 
 ref=$(awk '{ printf "%s%s=%s", (NR > 1 ? "," : ""), $1, $2 / 1000 }' "$tmp/ibwbw.txt")  # MB/s -> GB/s
 python3 "$root/bench/ratios.py" ib_write_bw "$ref" "$tmp/kvx.json"

@@ -315,7 +315,7 @@ KVX_API int kvx_remove_remote_peer(kvx_transport *t, const char *peer_id);
  *         KVX_EINVAL (a remote index repeated in one call); KVX_ENOENT
  *         (unknown peer); KVX_EPEERBROKEN (peer's connection failed: remove
  *         and re-add it); KVX_ECLOSED; KVX_ENOMEM.
- * The seed's "None" result maps to any failure here.
+ * vLLM's DataTransport "None" result maps to any failure here.
  */
 KVX_API int kvx_write_blocks(uint64_t *out_id, kvx_transport *t, const char *peer_id,
                              const uint64_t *local_idxs, const uint64_t *remote_idxs, size_t n);
@@ -348,7 +348,7 @@ typedef enum kvx_cancel_mode {
     /** Release what can be released: ids not started yet and ids finished
      *  but not yet polled are forgotten (never reported); ids on the wire are
      *  returned in inflight and surface in kvx_poll() exactly once as done or
-     *  failed (the seed's "wait" mode). */
+     *  failed (vLLM's DataTransport "wait" mode). */
     KVX_CANCEL_WAIT = 1
 } kvx_cancel_mode;
 

@@ -3,11 +3,11 @@
 # missing. Usage: scripts/deps.sh [build|test|all]   (default: all)
 set -eu
 build="cmake make g++ pkgconf libssl-dev nlohmann-json3-dev libibverbs-dev librdmacm-dev"
-test="libcmocka-dev python3 iperf3 clang libclang-rt-14-dev valgrind
+test="libcmocka-dev python3 iperf3 clang libclang-rt-14-dev valgrind universal-ctags
   swig python3-dev python3-pytest python3-numpy python3-setuptools python3-pip python3-wheel python3-venv
   golang-go bindgen libclang1-14 libclang-common-14-dev rustc cargo
   dpkg-dev file lintian rpm rpmlint abigail-tools
-  qemu-system-x86 busybox-static kmod xz-utils iproute2 ibverbs-providers ibverbs-utils rdmacm-utils perftest"
+  qemu-system-x86 busybox-static kmod xz-utils iproute2 nftables ibverbs-providers ibverbs-utils rdmacm-utils perftest"
 case "${1:-all}" in
     build) want=$build ;;
     test|all) want="$build $test" ;;

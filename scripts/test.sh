@@ -12,7 +12,9 @@ stage() { echo; echo "=== kvxfer test stage: $* ==="; }
 
 configure() { # dir, extra cmake args...
     local dir=$1; shift
-    [ -f "$dir/CMakeCache.txt" ] || cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+    # warnings are errors here (not in users' builds): also in a build dir `make build` made
+    if [ -f "$dir/CMakeCache.txt" ]; then cmake -S . -B "$dir" -DKVX_WERROR=ON >/dev/null
+    else cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_WERROR=ON "$@" >/dev/null; fi
     cmake --build "$dir" -j "$JOBS" >/dev/null
 }
 

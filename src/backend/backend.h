@@ -43,11 +43,15 @@ struct Op {
     uint64_t bytes = 0;
 };
 
-// Backends report each submitted op exactly once through the sink, from any
-// thread, holding none of their own locks. status is 0 or a KVX_E* code.
+// One per peer. Backends report each submitted op exactly once through it,
+// from any thread, holding none of their own locks. status is 0 or a KVX_E*
+// code. progress() says the peer acknowledged something that completed no
+// transfer (part of a large one): the transfer timeout measures a stall, so
+// a backend that can see partial progress reports it.
 class CompletionSink {
 public:
     virtual void complete(uint64_t id, int status) = 0;
+    virtual void progress() = 0;
 
 protected:
     ~CompletionSink() = default;

@@ -471,13 +471,13 @@ private:
         std::size_t off, len;
         if (!runs_.next(off, len)) {
             later("number without a token");
-            text = "0";
+            text.assign(1, '0');  // not = "0": gcc 12 -O3 warns -Wrestrict (a false positive)
         } else {
             try {
                 append_py_number(text, original_.substr(off, len));
             } catch (const Error &e) {
                 later(e.what());
-                text = "0";
+                text.assign(1, '0');  // not = "0": gcc 12 -O3 warns -Wrestrict (a false positive)
             }
         }
         return value(std::move(text), "a number");

@@ -174,17 +174,7 @@ void Transport::add_peer(const std::string &id, const uint8_t *meta, size_t meta
         fail(KVX_EFINGERPRINT, "peer '%s': config fingerprint %s differs from the local %s", id.c_str(),
              m.fingerprint.c_str(), fingerprint_.c_str());
 
-    auto peer = std::make_shared<Peer>();
-    peer->id = id;
-    peer->num_blocks = num_blocks;
-    PeerContext pc;
-    pc.peer_id = id;
-    pc.meta = &m;
-    pc.deadline = Clock::now() + std::chrono::milliseconds(core_.connect_timeout_ms);
-    pc.sink = this;
-    Backend &b = pick_backend(id, m, &pc.section);
-    peer->link = b.connect(pc);
-
+    std::shared_ptr<Peer> peer = connect_peer(id, m);
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (!closed_) {
@@ -194,6 +184,21 @@ void Transport::add_peer(const std::string &id, const uint8_t *meta, size_t meta
     }
     peer->link->shutdown();
     fail(KVX_ECLOSED, "transport was closed while peer '%s' connected", id.c_str());
+}
+
+std::shared_ptr<Transport::Peer> Transport::connect_peer(const std::string &id, const wire::AgentMetadata &m) {
+    auto peer = std::make_shared<Peer>();
+    peer->t = this;
+    peer->id = id;
+    peer->num_blocks = m.num_blocks;
+    PeerContext pc;
+    pc.peer_id = id;
+    pc.meta = &m;
+    pc.deadline = Clock::now() + std::chrono::milliseconds(core_.connect_timeout_ms);
+    pc.sink = peer.get();
+    Backend &b = pick_backend(id, m, &pc.section);
+    peer->link = b.connect(pc);
+    return peer;
 }
 
 // The first of our backends (in order of preference) that the peer offers too.
@@ -234,17 +239,12 @@ void Transport::remove_peer(const std::string &id) {
         peer = std::move(it->second);
         peers_.erase(it);
     }
-    peer->link->shutdown();  // its pending ops come back failed through complete()
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto it = inflight_.begin(); it != inflight_.end();) {
-        if (it->second.peer == peer) {
-            uint64_t tid = it->first;
-            ++it;
-            finish_locked(tid, id, KVX_ECONNRESET);
-        } else {
-            ++it;
-        }
-    }
+    // Its pending ops come back failed through complete(): after this
+    // returns none of its transfers is in flight any more.
+    peer->link->shutdown();
+    if (uint64_t left = peer->outstanding.load())
+        KVX_LOG(error, "peer '%s': backend %s left %llu transfers unreported at remove", id.c_str(),
+                backend_name(), (unsigned long long)left);
 }
 
 uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *local, const uint64_t *remote,
@@ -300,25 +300,29 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
             completions_[peer_id].done.push_back(op.id);
             return op.id;
         }
-        inflight_.emplace(op.id, Tracked{peer, Clock::now() + std::chrono::milliseconds(core_.transfer_timeout_ms)});
+        inflight_.emplace(op.id, Tracked{peer});
+        // Idle until now: the stall clock starts with this work.
+        if (peer->outstanding.fetch_add(1) == 0) peer->progress();
     }
     uint64_t id = op.id;
     peer->link->submit(std::move(op));
     return id;
 }
 
-void Transport::complete(uint64_t id, int status) {
+void Transport::complete(Peer &peer, uint64_t id, int status) {
+    if (status == 0) peer.progress();
     std::lock_guard<std::mutex> lk(mu_);
     auto it = inflight_.find(id);
-    if (it == inflight_.end()) return;  // cancelled, timed out or already failed
-    finish_locked(id, it->second.peer->id, status);
+    if (it == inflight_.end()) return;  // cancelled (immediate)
+    finish_locked(id, peer, status);
 }
 
-void Transport::finish_locked(uint64_t id, const std::string &peer_id, int status) {
+void Transport::finish_locked(uint64_t id, Peer &peer, int status) {
     inflight_.erase(id);
-    Completions &c = completions_[peer_id];
+    peer.outstanding.fetch_sub(1);
+    Completions &c = completions_[peer.id];
     (status == 0 ? c.done : c.failed).push_back(id);
-    if (status != 0) KVX_LOG(debug, "transfer %llu to peer '%s' failed: %s", (unsigned long long)id, peer_id.c_str(),
+    if (status != 0) KVX_LOG(debug, "transfer %llu to peer '%s' failed: %s", (unsigned long long)id, peer.id.c_str(),
                              kvx_strerror(status));
 }
 
@@ -377,15 +381,19 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
                 continue;
             }
             targets.emplace_back(ids[i], it->second.peer);
-            if (mode == KVX_CANCEL_IMMEDIATE) inflight_.erase(it);
+            if (mode == KVX_CANCEL_IMMEDIATE) {
+                it->second.peer->outstanding.fetch_sub(1);
+                inflight_.erase(it);
+            }
         }
     }
     for (auto &[id, peer] : targets) {
         bool dropped = peer->link->drop_if_not_started(id);
         if (mode == KVX_CANCEL_IMMEDIATE) continue;
         std::lock_guard<std::mutex> lk(mu_);
-        if (dropped) inflight_.erase(id);
-        else if (inflight_.count(id)) inflight[still++] = id;  // on the wire: poll reports it
+        if (dropped) {
+            if (inflight_.erase(id)) peer->outstanding.fetch_sub(1);
+        } else if (inflight_.count(id)) inflight[still++] = id;  // on the wire: poll reports it
         else finished.insert(id);                               // finished meanwhile
     }
     if (!finished.empty()) {
@@ -405,32 +413,52 @@ void Transport::drop_unpolled_locked(const std::unordered_set<uint64_t> &ids) {
     }
 }
 
+// A transfer times out only when its peer stalls: work outstanding and no
+// progress (no acknowledgement, nothing completed) for transfer_timeout_ms.
+// Time spent queued behind a healthy peer's other transfers does not count,
+// and nothing here scans the transfers in flight: the work is O(peers).
 void Transport::watchdog() {
     const auto timeout = std::chrono::milliseconds(core_.transfer_timeout_ms);
-    const auto tick = std::clamp<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(5),
-                                                            std::chrono::milliseconds(200));
+    // A peer that gets work while the watchdog sleeps is checked at most this late.
+    const auto slack = std::clamp<std::chrono::milliseconds>(timeout / 20, std::chrono::milliseconds(1),
+                                                             std::chrono::milliseconds(100));
     std::unique_lock<std::mutex> lk(mu_);
     while (!closed_) {
-        wd_cv_.wait_for(lk, tick);
-        if (closed_) break;
-        auto now = Clock::now();
-        std::vector<std::shared_ptr<Peer>> to_abort;
-        std::vector<uint64_t> expired;
-        for (auto &[id, t] : inflight_)
-            if (t.deadline <= now) expired.push_back(id);
-        for (uint64_t id : expired) {
-            auto peer = inflight_[id].peer;
-            KVX_LOG(warn, "transfer %llu to peer '%s' timed out after %u ms", (unsigned long long)id, peer->id.c_str(),
-                    core_.transfer_timeout_ms);
-            peer->timed_out.store(true);
-            finish_locked(id, peer->id, KVX_ETIMEDOUT);
-            if (std::find(to_abort.begin(), to_abort.end(), peer) == to_abort.end()) to_abort.push_back(peer);
-        }
-        if (to_abort.empty()) continue;
+        Clock::time_point next = Clock::now() + slack;
         lk.unlock();
-        for (auto &p : to_abort) p->link->abort(KVX_ETIMEDOUT);
+        std::vector<std::shared_ptr<Peer>> stalled = stalled_peers(&next);
         lk.lock();
+        for (auto &p : stalled) {
+            KVX_LOG(warn, "peer '%s' made no progress for %u ms with %llu transfers in flight: failing them",
+                    p->id.c_str(), core_.transfer_timeout_ms, (unsigned long long)p->outstanding.load());
+            p->timed_out.store(true);
+        }
+        if (!stalled.empty()) {
+            lk.unlock();
+            for (auto &p : stalled) p->link->abort(KVX_ETIMEDOUT);  // reports its transfers, failed
+            lk.lock();
+            continue;
+        }
+        wd_cv_.wait_until(lk, next);
     }
+}
+
+std::vector<std::shared_ptr<Transport::Peer>> Transport::stalled_peers(Clock::time_point *next) {
+    std::vector<std::shared_ptr<Peer>> peers, stalled;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        peers.reserve(peers_.size());
+        for (auto &[id, p] : peers_) peers.push_back(p);
+    }
+    const int64_t timeout_ns = std::chrono::nanoseconds(std::chrono::milliseconds(core_.transfer_timeout_ms)).count();
+    const int64_t now = Peer::now_ns();
+    for (auto &p : peers) {
+        if (p->outstanding.load() == 0 || p->timed_out.load()) continue;
+        int64_t due = p->progress_ns.load(std::memory_order_relaxed) + timeout_ns;
+        if (due <= now) stalled.push_back(p);
+        else *next = std::min(*next, Clock::now() + std::chrono::nanoseconds(due - now));
+    }
+    return stalled;
 }
 
 }  // namespace kvx

@@ -22,7 +22,7 @@
 
 namespace kvx {
 
-class Transport final : private CompletionSink {
+class Transport final {
 public:
     Transport(void *base, uint64_t num_blocks, uint64_t block_len, const char *config_json, const OptionBag *opts);
     ~Transport();
@@ -44,7 +44,9 @@ public:
     size_t cancel(const uint64_t *ids, size_t n, int mode, uint64_t *inflight);
 
 private:
-    struct Peer {
+    // A registered peer; also the sink its link reports to.
+    struct Peer final : CompletionSink {
+        Transport *t = nullptr;
         std::string id;
         uint64_t num_blocks = 0;
         std::unique_ptr<BackendPeer> link;
@@ -52,22 +54,34 @@ private:
         // caller who sees the failure also sees the peer broken; the link is
         // aborted right after.
         std::atomic<bool> timed_out{false};
+        // Stall detection: transfers in flight, and when the peer last made
+        // progress (or got work while idle). Written under mu_, read by the
+        // watchdog without it.
+        std::atomic<uint64_t> outstanding{0};
+        std::atomic<int64_t> progress_ns{0};
+
+        void complete(uint64_t op_id, int status) override { t->complete(*this, op_id, status); }
+        void progress() override { progress_ns.store(now_ns(), std::memory_order_relaxed); }
+        static int64_t now_ns() { return Clock::now().time_since_epoch().count(); }
     };
     struct Tracked {
         std::shared_ptr<Peer> peer;
-        Clock::time_point deadline;
     };
     struct Completions {
         std::deque<uint64_t> done, failed;
     };
 
-    void complete(uint64_t id, int status) override;
-    void finish_locked(uint64_t id, const std::string &peer_id, int status);
+    void complete(Peer &peer, uint64_t id, int status);
+    void finish_locked(uint64_t id, Peer &peer, int status);
     // Removes ids from the completion queues (cancel of finished, unpolled ids):
     // one pass over the queues, so cancel stays off poll's path.
     void drop_unpolled_locked(const std::unordered_set<uint64_t> &ids);
     void check_open_locked() const;
     void watchdog();
+    // Peers stalled now (work outstanding, no progress for the timeout); sets
+    // *next to when the next one could stall.
+    std::vector<std::shared_ptr<Peer>> stalled_peers(Clock::time_point *next);
+    std::shared_ptr<Peer> connect_peer(const std::string &id, const wire::AgentMetadata &m);
     void start_backends(const BackendContext &ctx);
     Backend &pick_backend(const std::string &id, const wire::AgentMetadata &m, const wire::Section **section);
 

@@ -9,6 +9,7 @@ namespace kvx::wire {
 namespace {
 
 constexpr uint16_t kFlagCritical = 1;  // a reader that does not know the type must refuse
+                                       // (bits 1..7: reserved, ignored by readers)
 constexpr unsigned kVersionShift = 8;  // flags bits 8..15: the section's version
 constexpr size_t kHeaderLen = 16;
 constexpr size_t kChecksumLen = 8;
@@ -143,8 +144,6 @@ AgentMetadata decode_metadata(const uint8_t *p, size_t n) {
         if (type == 0) fail(KVX_EBADMETA, "metadata: section type 0");
         if (flags & kFlagCritical)
             fail(KVX_EVERSION, "metadata: unknown critical section type %u (written by a newer kvxfer)", type);
-        if (flags & ~(0xffu << kVersionShift))
-            fail(KVX_EBADMETA, "metadata: section %u has unknown flags 0x%04x", type, flags);
         if (m.find(type)) fail(KVX_EBADMETA, "metadata: duplicate section type %u", type);
         Section s;
         s.type = type;

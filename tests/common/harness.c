@@ -85,7 +85,9 @@ kvx_options *options_va(const char *backend, const char *extra, va_list ap) {
     kvx_options *o = NULL;
     CHECK_OK(kvx_options_create(&o));
     CHECK_OK(kvx_options_set(o, "backend", backend));
-    if (strcmp(backend, "tcp") == 0) CHECK_OK(kvx_options_set(o, "tcp.listen", "127.0.0.1:0"));
+    /* KVX_TEST_LISTEN: another tcp listen address (tests across network namespaces) */
+    const char *listen = getenv("KVX_TEST_LISTEN");
+    if (strcmp(backend, "tcp") == 0) CHECK_OK(kvx_options_set(o, "tcp.listen", listen ? listen : "127.0.0.1:0"));
     for (const char *kv = extra; kv; kv = va_arg(ap, const char *)) {
         char key[128];
         const char *eq = strchr(kv, '=');

@@ -31,7 +31,7 @@ constexpr int64_t kAutoCount = -1;
 
 // Header, sections, then total_len and checksum. nsec overrides the section
 // count field (kAutoCount: the real count), magic the magic.
-inline Bytes assemble_metadata(const std::vector<Sec> &secs, uint16_t major = 1, uint16_t minor = 0,
+inline Bytes assemble_metadata(const std::vector<Sec> &secs, uint16_t major = wire::kMetaMajor, uint16_t minor = 0,
                                int64_t nsec = kAutoCount, uint32_t magic = wire::kMetaMagic) {
     Bytes b;
     le(b, magic, 4);

@@ -71,8 +71,14 @@ static void test_create_bad_input(void **state) {
     CHECK_ERR(kvx_options_set(o, "no.such.key", "1"), KVX_EINVAL);
     assert_non_null(strstr(kvx_last_error_message(), "no.such.key"));
     CHECK_ERR(kvx_options_set(o, "transfer_timeout_ms", "0"), KVX_EINVAL);
+    /* syntax is checked at set ... */
     CHECK_ERR(kvx_options_set(o, "tcp.listen", "not-an-address"), KVX_EINVAL);
     assert_non_null(strstr(kvx_last_error_message(), "not-an-address"));
+    /* ... whether the address can be used, at create (TEST-NET-1: never local) */
+    CHECK_OK(kvx_options_set(o, "tcp.listen", "192.0.2.1:1"));
+    CHECK_OK(kvx_options_set(o, "backend", "tcp"));
+    CHECK_ERR(kvx_transport_create(&t, buf, 4, 16, NULL, o), KVX_EBACKEND);
+    assert_non_null(strstr(kvx_last_error_message(), "192.0.2.1"));
     kvx_options_destroy(o);
     kvx_options_destroy(NULL);
     kvx_transport_destroy(NULL);

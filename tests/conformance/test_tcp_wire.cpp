@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "util/net.h"
-#include "wire/frame.h"
+#include "backends/tcp/tcp.h"
+#include "backends/tcp/tcp_wire.h"
+#include "handshake/handshake.h"
 #include "wire/metadata.h"
 
 // cmocka's macros clash with C++ headers: include it last.
@@ -43,49 +45,60 @@ bool untouched(const Target &tg) {
     return region_guards_ok(&tg.r) && block_is(tg.r.base, kNB * kBL, 0x77);
 }
 
+// Reads one handshake message: its header, then the rest its kind needs.
+kvx::handshake::Message read_message(int fd, kvx::net::Clock::time_point deadline) {
+    kvx::handshake::Bytes b{};
+    assert_int_equal(kvx::net::read_full_by(fd, b.data(), kvx::handshake::kHeaderLen, deadline), 0);
+    size_t len = kvx::handshake::message_len(b.data());
+    assert_int_equal(kvx::net::read_full_by(fd, b.data() + kvx::handshake::kHeaderLen, len - kvx::handshake::kHeaderLen,
+                                            deadline), 0);
+    return kvx::handshake::decode(b.data(), len);
+}
+
 // Connects and runs the handshake with the given secret and fingerprint;
-// returns the fd and the server's verdict status.
+// returns the fd and the server's verdict (0 or the refusal status).
 int handshake(const Target &tg, const std::array<uint8_t, 32> &secret, const char *fp, int *status) {
+    namespace hs = kvx::handshake;
     auto deadline = kvx::net::Clock::now() + std::chrono::seconds(5);
     kvx::net::Fd fd;
-    assert_int_equal(kvx::net::connect_by(tg.meta.tcp.back(), deadline, &fd), 0);
-    uint8_t shb[kvx::wire::kServerHelloLen];
-    assert_int_equal(kvx::net::read_full_by(fd.get(), shb, sizeof shb, deadline), 0);
-    kvx::wire::ServerHello sh = kvx::wire::decode_server_hello(shb);
-    kvx::wire::ClientHello ch;
-    ch.instance_id = tg.meta.instance_id;
-    ch.nonce.fill(3);
-    if (fp) memcpy(ch.fingerprint.data(), fp, 16);
-    ch.mac = kvx::wire::client_mac(secret, sh, ch);
-    uint8_t chb[kvx::wire::kClientHelloLen];
-    kvx::wire::encode_client_hello(ch, chb);
-    assert_int_equal(kvx::net::write_full_by(fd.get(), chb, sizeof chb, deadline), 0);
-    uint8_t vb[kvx::wire::kVerdictLen];
-    assert_int_equal(kvx::net::read_full_by(fd.get(), vb, sizeof vb, deadline), 0);
-    *status = kvx::wire::decode_verdict(vb).status;
+    const kvx::wire::Section *sec = tg.meta.find(2);
+    assert_non_null(sec);
+    assert_int_equal(kvx::net::connect_by(kvx::tcp::decode_section(*sec).back(), deadline, &fd), 0);
+    hs::Bytes b{};
+    assert_int_equal(kvx::net::write_full_by(fd.get(), b.data(), hs::encode(hs::Hello{tg.meta.instance_id}, b.data()),
+                                             deadline), 0);
+    hs::Message m = read_message(fd.get(), deadline);
+    assert_int_equal(static_cast<int>(m.kind), static_cast<int>(hs::Kind::challenge));
+    const hs::Challenge ch = m.challenge;
+    hs::Auth a = hs::answer(ch, tg.meta.instance_id, secret, hs::fingerprint_bytes(fp ? fp : ""));
+    assert_int_equal(kvx::net::write_full_by(fd.get(), b.data(), hs::encode(a, b.data()), deadline), 0);
+    m = read_message(fd.get(), deadline);
+    *status = m.kind == hs::Kind::refuse ? m.refuse.status : 0;
+    if (m.kind == hs::Kind::accept)  // the target proves it holds the secret too
+        hs::expect_accept(b.data(), hs::encode(m.accept, b.data()), ch, a, secret, "target");
     kvx::net::set_blocking(fd.get(), true);
     return fd.release();
 }
 
 // Sends one frame with the given segments and payload; returns 0 if the server
 // acknowledged it, -1 if it closed the connection.
-int send_frame(int fd, const std::vector<kvx::wire::Segment> &segs, uint64_t total, const std::vector<uint8_t> &payload) {
-    std::vector<uint8_t> buf(kvx::wire::kFrameHeaderLen + segs.size() * kvx::wire::kSegLen);
-    kvx::wire::FrameHeader h;
-    h.flags = kvx::wire::kFlagAck;
+int send_frame(int fd, const std::vector<kvx::tcp::Segment> &segs, uint64_t total, const std::vector<uint8_t> &payload) {
+    std::vector<uint8_t> buf(kvx::tcp::kFrameHeaderLen + segs.size() * kvx::tcp::kSegLen);
+    kvx::tcp::FrameHeader h;
+    h.flags = kvx::tcp::kFlagAck;
     h.seq = 77;
     h.nseg = static_cast<uint32_t>(segs.size());
     h.total_len = total;
-    kvx::wire::encode_frame_header(h, buf.data());
+    kvx::tcp::encode_frame_header(h, buf.data());
     for (size_t i = 0; i < segs.size(); i++)
-        kvx::wire::encode_segment(segs[i], buf.data() + kvx::wire::kFrameHeaderLen + i * kvx::wire::kSegLen);
+        kvx::tcp::encode_segment(segs[i], buf.data() + kvx::tcp::kFrameHeaderLen + i * kvx::tcp::kSegLen);
     buf.insert(buf.end(), payload.begin(), payload.end());
     kvx::net::write_full(fd, buf.data(), buf.size());  // may fail half-way once the server closes
-    uint8_t ack[kvx::wire::kAckLen];
+    uint8_t ack[kvx::tcp::kAckLen];
     struct timeval tv = {5, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (kvx::net::read_full(fd, ack, sizeof ack) != 0) return -1;
-    kvx::wire::Ack a = kvx::wire::decode_ack(ack);
+    kvx::tcp::Ack a = kvx::tcp::decode_ack(ack);
     return a.seq == 77 && a.status == 0 ? 0 : -1;
 }
 
@@ -133,7 +146,7 @@ void test_wrong_fingerprint(void **) {
     target_down(tg);
 }
 
-void bad_frame(const std::vector<kvx::wire::Segment> &segs, uint64_t total) {
+void bad_frame(const std::vector<kvx::tcp::Segment> &segs, uint64_t total) {
     Target tg;
     target_up(tg, nullptr);
     int st = 1;

@@ -1,4 +1,4 @@
-// Unit tests of option validation and parsing (src/core/options).
+// Unit tests of option validation and parsing (src/util/options, src/core/options).
 // Project headers first: cmocka.h defines a fail() macro that would clash
 // with kvx::fail() in util/error.h.
 #include "core/options.h"
@@ -81,7 +81,7 @@ void test_options_good_values(void **) {
              {"backend", "auto"}, {"backend", "tcp"}, {"backend", "verbs"}, {"backend", "shm"},
              {"connect_timeout_ms", "1"}, {"connect_timeout_ms", "3600000"}, {"connect_timeout_ms", "007"},
              {"transfer_timeout_ms", "30000"}, {"tcp.listen", "127.0.0.1:0"}, {"tcp.listen", "[::1]:5000"},
-             {"tcp.listen", ""}, {"tcp.advertise", "10.0.0.1:1,10.0.0.2:0"}, {"tcp.streams", "1"},
+             {"tcp.listen", ":0"}, {"tcp.advertise", "10.0.0.1:1,10.0.0.2:0"}, {"tcp.streams", "1"},
              {"tcp.streams", "16"}, {"verbs.device", "rxe0"}, {"verbs.port", "1"}, {"verbs.port", "255"},
              {"verbs.gid_index", "0"}, {"verbs.gid_index", "65535"}, {"verbs.qps_per_peer", "16"},
              {"verbs.listen", "0.0.0.0:0"}}) {
@@ -89,7 +89,8 @@ void test_options_good_values(void **) {
         int rc = code_of([&] { validate_option(kv.k, kv.v); }, &msg);
         if (rc != kNoError) fail_msg("option %s='%s' refused: %s", kv.k, kv.v, msg.c_str());
     }
-    std::string maxv(1024, 'x');
+    std::string maxv(1024 - 2, 'x');
+    maxv += ":1";
     assert_int_equal(code_of([&] { validate_option("tcp.advertise", maxv); }), kNoError);
 }
 
@@ -107,34 +108,68 @@ void test_options_parse_uint(void **) {
 }
 
 void test_options_from_bag(void **) {
-    Options d = Options::from(nullptr);
-    assert_string_equal(d.backend.c_str(), "auto");
-    assert_int_equal(d.connect_timeout_ms, 5000);
-    assert_int_equal(d.transfer_timeout_ms, 30000);
-    assert_int_equal(d.tcp_streams, 1);
-    assert_string_equal(d.tcp_listen.c_str(), "0.0.0.0:0");
+    Options d(nullptr, all_option_tables());
+    CoreOptions c = CoreOptions::from(d);
+    assert_string_equal(c.backend.c_str(), "auto");
+    assert_int_equal(c.connect_timeout_ms, 5000);
+    assert_int_equal(c.transfer_timeout_ms, 30000);
+    assert_int_equal(d.uint("tcp.streams"), 1);
+    assert_string_equal(d.str("tcp.listen").c_str(), "0.0.0.0:0");
+    assert_false(d.is_set("verbs.port"));
 
     OptionBag bag;
     bag.kv = {{"backend", "tcp"},       {"connect_timeout_ms", "250"}, {"transfer_timeout_ms", "3600000"},
               {"tcp.listen", "[::]:0"}, {"tcp.advertise", "h:1"},      {"tcp.streams", "4"},
               {"verbs.port", "2"}};
-    Options o = Options::from(&bag);
-    assert_string_equal(o.backend.c_str(), "tcp");
-    assert_int_equal(o.connect_timeout_ms, 250);
-    assert_int_equal(o.transfer_timeout_ms, 3600000);
-    assert_string_equal(o.tcp_listen.c_str(), "[::]:0");
-    assert_string_equal(o.tcp_advertise.c_str(), "h:1");
-    assert_int_equal(o.tcp_streams, 4);
-    assert_string_equal(o.backend_specific.at("verbs.port").c_str(), "2");
+    Options o(&bag, all_option_tables());
+    c = CoreOptions::from(o);
+    assert_string_equal(c.backend.c_str(), "tcp");
+    assert_int_equal(c.connect_timeout_ms, 250);
+    assert_int_equal(c.transfer_timeout_ms, 3600000);
+    assert_string_equal(o.str("tcp.listen").c_str(), "[::]:0");
+    assert_string_equal(o.str("tcp.advertise").c_str(), "h:1");
+    assert_int_equal(o.uint("tcp.streams"), 4);
+    assert_true(o.is_set("verbs.port"));
 
-    bag.kv["tcp.streams"] = "99";
     std::string msg;
-    assert_int_equal(code_of([&] { Options::from(&bag); }, &msg), KVX_EINVAL);
-    assert_contains(msg, "tcp.streams");
-    bag.kv.erase("tcp.streams");
-    bag.kv["bogus"] = "1";
-    assert_int_equal(code_of([&] { Options::from(&bag); }, &msg), KVX_EINVAL);
-    assert_contains(msg, "bogus");
+    assert_int_equal(code_of([&] { o.uint("no.such.key"); }, &msg), KVX_EINTERNAL);
+    assert_contains(msg, "no.such.key");
+}
+
+// Every key of every table is documented where users look: the header and
+// kvx_options_set(3), each with its range for integers.
+void test_options_documented(void **) {
+    auto slurp = [](const char *path) {
+        std::string s;
+        if (FILE *f = fopen(path, "r")) {
+            char buf[4096];
+            size_t n;
+            while ((n = fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+            fclose(f);
+        }
+        return s;
+    };
+    const std::string header = slurp(KVX_SOURCE_DIR "/include/kvxfer.h");
+    const std::string man = slurp(KVX_SOURCE_DIR "/docs/man/kvx_options_set.3");
+    assert_true(header.size() > 0 && man.size() > 0);
+    for (OptionTable t : all_option_tables())
+        for (const OptionSpec &s : t) {
+            assert_contains(header, s.key);
+            assert_contains(man, s.key);
+            if (s.type == OptType::uint) {
+                std::string range = std::to_string(s.lo) + ".." + std::to_string(s.hi);
+                assert_contains(header, range.c_str());
+            }
+            assert_true(strlen(s.doc) > 10);
+        }
+}
+
+// Syntax is checked at set, not first at transport creation.
+void test_options_hostport_syntax(void **) {
+    for (const char *v : {"garbage", "1.2.3.4", "1.2.3.4:", "1.2.3.4:70000", "[::1", "[::1]5", "a b:1"})
+        expect_option_rejected("tcp.listen", v, v);
+    for (const char *v : {"garbage", "h:1,", ",h:1", ":1", "h:1,x"}) expect_option_rejected("tcp.advertise", v, nullptr);
+    expect_option_rejected("verbs.listen", "nope", "nope");
 }
 
 }  // namespace
@@ -146,6 +181,8 @@ int main(void) {
         cmocka_unit_test(test_options_good_values),
         cmocka_unit_test(test_options_parse_uint),
         cmocka_unit_test(test_options_from_bag),
+        cmocka_unit_test(test_options_documented),
+        cmocka_unit_test(test_options_hostport_syntax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

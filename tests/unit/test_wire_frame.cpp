@@ -1,10 +1,9 @@
-// Unit tests of the tcp wire parsers (src/wire/frame): frame headers,
-// segment tables, and the handshake messages (client/server hello, verdict,
-// acknowledgement).
+// Unit tests of the tcp frame parsers (src/backends/tcp/tcp_wire): frame
+// headers, segment tables and acknowledgements.
 // Project headers first: cmocka.h defines a fail() macro that would clash
 // with kvx::fail() in util/error.h.
 #include "kvxfer.h"
-#include "wire/frame.h"
+#include "backends/tcp/tcp_wire.h"
 #include "util/error.h"
 
 #include <array>
@@ -17,7 +16,7 @@
 #include "unit_util.h"
 
 using namespace kvx;
-using namespace kvx::wire;
+using namespace kvx::tcp;
 using namespace kvx::testing;
 
 namespace {
@@ -182,97 +181,6 @@ void test_frame_max_segments(void **) {
     assert_int_equal(segs_code(segs, kFrameMaxSegs * kBl, 64 * kBl), KVX_EINVAL);
 }
 
-void test_handshake_messages(void **) {
-    ServerHello sh;
-    sh.instance_id = 0xfeedfacecafebeefull;
-    for (size_t i = 0; i < kNonceLen; i++) sh.nonce[i] = static_cast<uint8_t>(i * 7);
-    uint8_t shb[kServerHelloLen];
-    encode_server_hello(sh, shb);
-    ServerHello sd = decode_server_hello(shb);
-    assert_true(sd.instance_id == sh.instance_id && sd.nonce == sh.nonce && sd.major == kTcpMajor);
-
-    ClientHello ch;
-    ch.instance_id = sh.instance_id;
-    ch.nonce = sh.nonce;
-    memcpy(ch.fingerprint.data(), "0123456789abcdef", 16);
-    std::array<uint8_t, kSecretLen> secret{};
-    secret.fill(3);
-    ch.mac = client_mac(secret, sh, ch);
-    uint8_t chb[kClientHelloLen];
-    encode_client_hello(ch, chb);
-    ClientHello cd = decode_client_hello(chb);
-    assert_true(cd.instance_id == ch.instance_id && cd.nonce == ch.nonce && cd.fingerprint == ch.fingerprint &&
-                cd.mac == ch.mac);
-    // the MACs depend on the secret, the role, and every transcript field but the MAC itself
-    assert_true(client_mac(secret, sh, cd) == ch.mac);
-    assert_true(server_mac(secret, sh, ch) != ch.mac);
-    std::array<uint8_t, kSecretLen> other = secret;
-    other[31] ^= 1;
-    assert_true(client_mac(other, sh, ch) != ch.mac);
-    ClientHello ch2 = ch;
-    ch2.fingerprint[0] ^= 1;
-    assert_true(client_mac(secret, sh, ch2) != ch.mac);
-    ServerHello sh2 = sh;
-    sh2.nonce[5] ^= 1;
-    assert_true(client_mac(secret, sh2, ch) != ch.mac);
-
-    // server hello / client hello confusion and damage
-    {
-        uint8_t buf[kClientHelloLen] = {};
-        memcpy(buf, shb, kServerHelloLen);  // kind 1 read as a client hello
-        assert_int_equal(code_of([&] { decode_client_hello(buf); }), KVX_EINVAL);
-        memcpy(buf, chb, kServerHelloLen);  // kind 2 read as a server hello
-        assert_int_equal(code_of([&] { decode_server_hello(buf); }), KVX_EINVAL);
-        buf[0] ^= 0x20;
-        assert_int_equal(code_of([&] { decode_server_hello(buf); }), KVX_EINVAL);
-    }
-    uint8_t bad[kClientHelloLen];
-    memcpy(bad, chb, sizeof bad);
-    bad[4] = 2;  // major 2
-    std::string msg;
-    assert_int_equal(code_of([&] { decode_client_hello(bad); }, &msg), KVX_EVERSION);
-    assert_contains(msg, "major");
-    memcpy(bad, shb, kServerHelloLen);
-    bad[5] = 1;  // major 257
-    assert_int_equal(code_of([&] { decode_server_hello(bad); }), KVX_EVERSION);
-    memcpy(bad, chb, sizeof bad);
-    bad[3] = 0;
-    assert_int_equal(code_of([&] { decode_client_hello(bad); }, &msg), KVX_EINVAL);
-    assert_contains(msg, "magic");
-
-    // verdict
-    for (int32_t st : {0, -1, int(KVX_EAUTH), int(KVX_EVERSION), -2000}) {
-        ServerVerdict v;
-        v.status = st;
-        v.mac.fill(9);
-        uint8_t vb[kVerdictLen];
-        encode_verdict(v, vb);
-        ServerVerdict vd{};
-        assert_int_equal(code_of([&] { vd = decode_verdict(vb); }), kNoError);
-        assert_int_equal(vd.status, st);
-        assert_true(vd.mac == v.mac);
-    }
-    for (int32_t st : {1, -2001, INT32_MIN, INT32_MAX}) {
-        ServerVerdict v;
-        v.status = st;
-        uint8_t vb[kVerdictLen];
-        encode_verdict(v, vb);
-        assert_int_equal(code_of([&] { decode_verdict(vb); }, &msg), KVX_EINVAL);
-        assert_contains(msg, "status");
-    }
-
-    // ack
-    uint8_t ab[kAckLen];
-    encode_ack(Ack{-5, 77}, ab);
-    Ack a = decode_ack(ab);
-    assert_int_equal(a.status, -5);
-    assert_int_equal(a.seq, 77);
-    ab[2] ^= 1;
-    assert_int_equal(code_of([&] { decode_ack(ab); }), KVX_EINVAL);
-    memcpy(bad, chb, kAckLen);
-    assert_int_equal(code_of([&] { decode_ack(bad); }), KVX_EINVAL);  // a hello is not an ack
-}
-
 }  // namespace
 
 int main(void) {
@@ -280,7 +188,6 @@ int main(void) {
         cmocka_unit_test(test_frame_header),
         cmocka_unit_test(test_frame_segments),
         cmocka_unit_test(test_frame_max_segments),
-        cmocka_unit_test(test_handshake_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

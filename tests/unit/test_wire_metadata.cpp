@@ -1,5 +1,6 @@
-// Unit tests of the agent-metadata codec (src/wire/metadata): round trip and
-// rejection of every malformed blob we can think of. Blobs with invalid values
+// Unit tests of the agent-metadata codec (src/wire/metadata) and of the
+// backends' section codecs behind it (through the registry, as add_peer
+// checks them): round trip and rejection of every malformed blob we can think of. Blobs with invalid values
 // are written byte by byte (tests/common/meta_writer.h), independently of
 // encode_metadata(), so each case reaches the value check it means to exercise
 // instead of failing at the checksum.
@@ -7,6 +8,8 @@
 // with kvx::fail() in util/error.h.
 #include "kvxfer.h"
 #include "wire/metadata.h"
+#include "backend/registry.h"
+#include "backends/tcp/tcp.h"
 #include "meta_writer.h"
 #include "util/error.h"
 
@@ -27,7 +30,7 @@ namespace {
 
 // Header, sections, then total_len and checksum fixed up (unless told otherwise).
 constexpr int64_t kAuto = kAutoCount;
-Bytes build(const std::vector<Sec> &secs, uint16_t major = 1, uint16_t minor = 0, int64_t nsec = kAuto,
+Bytes build(const std::vector<Sec> &secs, uint16_t major = 2, uint16_t minor = 0, int64_t nsec = kAuto,
             uint32_t magic = kMetaMagic) {
     return assemble_metadata(secs, major, minor, nsec, magic);
 }
@@ -39,10 +42,15 @@ int decode_code(const std::vector<uint8_t> &b, std::string *msg = nullptr, Agent
     return code_of(
         [&] {
             AgentMetadata m = decode_metadata(copy.get(), b.size());
+            for (const Section &sec : m.sections)  // as add_peer does, for every section we know
+                for (const BackendDesc *d : backend_registry())
+                    if (d->id == sec.type) d->check_section(sec, m);
             if (out) *out = m;
         },
         msg);
 }
+
+using net::Endpoint;
 
 Endpoint ep4(uint8_t a, uint8_t b, uint8_t c, uint8_t d, uint16_t port) {
     Endpoint e;
@@ -76,22 +84,11 @@ AgentMetadata sample_tcp(const char *fp) {
     m.instance_id = 0x0123456789abcdefull;
     for (size_t i = 0; i < kSecretLen; i++) m.secret[i] = static_cast<uint8_t>(0xa0 + i);
     m.fingerprint = fp;
-    m.backend = BackendKind::tcp;
-    m.tcp = {ep4(10, 0, 0, 1, 5000), ep6_loopback(6000), ep6_sample(65535), ep4(127, 0, 0, 1, 1)};
+    m.sections = {tcp::encode_section({ep4(10, 0, 0, 1, 5000), ep6_loopback(6000), ep6_sample(65535), ep4(127, 0, 0, 1, 1)})};
     return m;
 }
 
-AgentMetadata sample_verbs(const char *fp) {
-    AgentMetadata m = sample_tcp(fp);
-    m.backend = BackendKind::verbs;
-    VerbsInfo v;
-    v.cm = ep6_sample(4791);
-    v.mr_addr = m.base_addr;
-    v.mr_len = m.num_blocks * m.block_len;
-    v.rkey = 0xdeadbeef;
-    m.verbs = v;
-    return m;
-}
+std::vector<Endpoint> tcp_endpoints(const AgentMetadata &m) { return tcp::decode_section(*m.find(2)); }
 
 // ---- independent metadata writer (docs/wire-format.md layout)
 
@@ -103,8 +100,7 @@ struct CoreFields {
     uint8_t secret_byte = 0x5a;
     uint8_t fplen = 0;
     std::array<uint8_t, 16> fp{};
-    uint8_t backend = 1;
-    std::array<uint8_t, 6> reserved{};
+    std::array<uint8_t, 7> reserved{};
 };
 
 Sec core_sec(const CoreFields &c, size_t extra = 0) {
@@ -116,7 +112,6 @@ Sec core_sec(const CoreFields &c, size_t extra = 0) {
     for (size_t i = 0; i < kSecretLen; i++) s.body.push_back(c.secret_byte);
     s.body.push_back(c.fplen);
     s.body.insert(s.body.end(), c.fp.begin(), c.fp.end());
-    s.body.push_back(c.backend);
     s.body.insert(s.body.end(), c.reserved.begin(), c.reserved.end());
     s.body.resize(s.body.size() + extra, 0xee);
     return s;
@@ -136,8 +131,8 @@ void put_ep(std::vector<uint8_t> &b, const RawEp &e) {
     b.insert(b.end(), e.addr.begin(), e.addr.end());
 }
 
-Sec tcp_sec(const std::vector<RawEp> &eps, int count_override = -1, size_t extra = 0) {
-    Sec s{2, 0, {}};
+Sec tcp_sec(const std::vector<RawEp> &eps, int count_override = -1, size_t extra = 0, uint8_t version = 0) {
+    Sec s{2, static_cast<uint16_t>(version << 8), {}};
     le(s.body, count_override >= 0 ? static_cast<uint64_t>(count_override) : eps.size(), 2);
     le(s.body, 0, 2);
     for (const auto &e : eps) put_ep(s.body, e);
@@ -157,6 +152,13 @@ Sec verbs_sec(const RawEp &cm, uint64_t mr_addr, uint64_t mr_len, uint32_t rkey)
 
 std::vector<Sec> good_secs() { return {core_sec(CoreFields{}), tcp_sec({RawEp{}})}; }
 
+AgentMetadata sample_verbs(const char *fp) {  // tcp and verbs sections, the verbs one raw
+    AgentMetadata m = sample_tcp(fp);
+    Sec v = verbs_sec(RawEp{}, m.base_addr, m.num_blocks * m.block_len, 0xdeadbeef);
+    m.sections.push_back(Section{v.type, 0, v.body});
+    return m;
+}
+
 void expect_badmeta(const std::vector<uint8_t> &b, const char *mention = nullptr) {
     std::string msg;
     int rc = decode_code(b, &msg);
@@ -175,16 +177,16 @@ void test_meta_roundtrip(void **) {
             assert_int_equal(decode_code(b, &msg, &d), kNoError);
             assert_true(d == m);
             assert_string_equal(d.fingerprint.c_str(), fp);
-            assert_int_equal(d.tcp.size(), 4);
-            assert_int_equal(d.tcp[1].family, 6);
-            assert_int_equal(d.tcp[2].port, 65535);
+            std::vector<Endpoint> eps = tcp_endpoints(d);
+            assert_int_equal(eps.size(), 4);
+            assert_int_equal(eps[1].family, 6);
+            assert_int_equal(eps[2].port, 65535);
             assert_true(encode_metadata(d) == b);  // encoding is canonical
         }
     }
-    // shm backend: no transport sections at all
+    // no backend sections at all (the container allows it; add_peer then finds no common backend)
     AgentMetadata m = sample_tcp("fedcba9876543210");
-    m.backend = BackendKind::shm;
-    m.tcp.clear();
+    m.sections.clear();
     AgentMetadata d;
     assert_int_equal(decode_code(encode_metadata(m), nullptr, &d), kNoError);
     assert_true(d == m);
@@ -199,11 +201,9 @@ void test_meta_layout_matches_encoder(void **) {
     m.block_len = 256;
     m.instance_id = 42;
     m.secret.fill(0x5a);
-    m.backend = BackendKind::verbs;
-    m.tcp = {ep4(127, 0, 0, 1, 7000)};
-    m.verbs = VerbsInfo{ep4(127, 0, 0, 1, 7000), 0x10000, 16 * 256, 77};
+    Sec vs = verbs_sec(RawEp{}, 0x10000, 16 * 256, 77);
+    m.sections = {tcp::encode_section({ep4(127, 0, 0, 1, 7000)}), Section{3, 0, vs.body}};
     CoreFields c;
-    c.backend = 2;
     std::vector<uint8_t> mine = build({core_sec(c), tcp_sec({RawEp{}}), verbs_sec(RawEp{}, 0x10000, 16 * 256, 77)});
     assert_true(mine == encode_metadata(m));
     assert_int_equal(decode_code(build(good_secs())), kNoError);
@@ -212,7 +212,6 @@ void test_meta_layout_matches_encoder(void **) {
 void test_meta_endpoint_str(void **) {
     assert_string_equal(ep4(10, 0, 0, 1, 5000).str().c_str(), "10.0.0.1:5000");
     assert_string_equal(ep6_loopback(6000).str().c_str(), "[::1]:6000");
-    assert_string_equal(backend_kind_name(BackendKind::verbs), "verbs");
 }
 
 void test_meta_truncated(void **) {
@@ -264,7 +263,7 @@ void test_meta_trailing(void **) {
 }
 
 void test_meta_major_version(void **) {
-    for (uint16_t major : {0, 2, 0xffff}) {
+    for (uint16_t major : {0, 1, 3, 0xffff}) {
         std::string msg;
         assert_int_equal(decode_code(build(good_secs(), major, 0), &msg), KVX_EVERSION);
         assert_contains(msg, "version");
@@ -273,8 +272,9 @@ void test_meta_major_version(void **) {
 }
 
 void test_meta_newer_minor(void **) {
-    // Version 1.3: longer core and tcp sections, unknown optional sections
-    // (before, between and after the known ones), a non-critical flag bit.
+    // Version 2.3: a longer core section, a newer (longer) tcp section,
+    // unknown optional sections (before, between and after the known ones),
+    // a reserved flag bit.
     CoreFields c;
     c.fplen = 16;
     memcpy(c.fp.data(), "00aa11bb22cc33dd", 16);
@@ -282,28 +282,31 @@ void test_meta_newer_minor(void **) {
         Sec{0x77, 0, {1, 2, 3}},
         core_sec(c, 24),
         Sec{0x78, 0x8002, {}},
-        tcp_sec({RawEp{}, RawEp{6, 0, 9, {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5}}}, -1, 12),
+        tcp_sec({RawEp{}, RawEp{6, 0, 9, {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5}}}, -1, 12, 1),
         Sec{0xffff, 0xfffe, std::vector<uint8_t>(300, 0xab)},
     };
     AgentMetadata d;
     std::string msg;
-    int rc = decode_code(build(secs, 1, 3), &msg, &d);
+    int rc = decode_code(build(secs, 2, 3), &msg, &d);
     if (rc != kNoError) fail_msg("newer minor refused: %d (%s)", rc, msg.c_str());
     assert_int_equal(d.num_blocks, 16);
     assert_int_equal(d.block_len, 256);
     assert_string_equal(d.fingerprint.c_str(), "00aa11bb22cc33dd");
-    assert_int_equal(d.tcp.size(), 2);
-    assert_int_equal(d.tcp[1].family, 6);
-    assert_int_equal(d.tcp[1].port, 9);
+    std::vector<Endpoint> eps = tcp_endpoints(d);
+    assert_int_equal(eps.size(), 2);
+    assert_int_equal(eps[1].family, 6);
+    assert_int_equal(eps[1].port, 9);
+    assert_int_equal(d.find(2)->version, 1);
+    assert_int_equal(d.sections.size(), 4);  // unknown sections are carried, not parsed
 
-    // the same longer sections from a 1.0 writer are corrupt
-    expect_badmeta(build({core_sec(c, 24), tcp_sec({RawEp{}})}, 1, 0));
-    expect_badmeta(build({core_sec(c), tcp_sec({RawEp{}}, -1, 12)}, 1, 0));
+    // the same longer sections from a 2.0 writer / a version-0 tcp section are corrupt
+    expect_badmeta(build({core_sec(c, 24), tcp_sec({RawEp{}})}, 2, 0));
+    expect_badmeta(build({core_sec(c), tcp_sec({RawEp{}}, -1, 12)}, 2, 3), "tcp section");
     // shorter sections are corrupt in any version
     Sec shortcore = core_sec(c);
     shortcore.body.resize(shortcore.body.size() - 1);
-    expect_badmeta(build({shortcore, tcp_sec({RawEp{}})}, 1, 3));
-    expect_badmeta(build({core_sec(c), tcp_sec({RawEp{}, RawEp{}}, 3)}, 1, 3));
+    expect_badmeta(build({shortcore, tcp_sec({RawEp{}})}, 2, 3));
+    expect_badmeta(build({core_sec(c), tcp_sec({RawEp{}, RawEp{}}, 3, 0, 1)}, 2, 3));
 }
 
 void test_meta_unknown_critical(void **) {
@@ -311,9 +314,9 @@ void test_meta_unknown_critical(void **) {
         std::vector<Sec> secs = good_secs();
         secs.push_back(Sec{9, flags, {0, 0, 0, 0}});
         std::string msg;
-        assert_int_equal(decode_code(build(secs, 1, 1), &msg), KVX_EVERSION);
+        assert_int_equal(decode_code(build(secs, 2, 1), &msg), KVX_EVERSION);
         assert_contains(msg, "critical");
-        assert_int_equal(decode_code(build(secs, 1, 0)), KVX_EVERSION);
+        assert_int_equal(decode_code(build(secs, 2, 0)), KVX_EVERSION);
     }
 }
 
@@ -353,10 +356,6 @@ void test_meta_invalid_core(void **) {
         reseal(b);
         expect_badmeta(b, "fingerprint");
     }
-    // backend kind
-    expect_badmeta(with([](CoreFields &c) { c.backend = 0; }), "backend");
-    expect_badmeta(with([](CoreFields &c) { c.backend = 4; }), "backend");
-    expect_badmeta(with([](CoreFields &c) { c.backend = 2; }), "verbs");  // verbs without a verbs section
 }
 
 void test_meta_invalid_endpoints(void **) {
@@ -386,12 +385,9 @@ void test_meta_invalid_endpoints(void **) {
     expect_badmeta(build({core_sec(CoreFields{}), tcp_sec({RawEp{}, RawEp{}}, 1)}));
     // tcp section too short to hold its count
     expect_badmeta(build({core_sec(CoreFields{}), Sec{2, 0, {1}}}));
-    // tcp backend without endpoints
-    expect_badmeta(build({core_sec(CoreFields{})}), "tcp backend");
-
-    // verbs section
+    // verbs section (checked only where the verbs backend is built)
+    if (!find_backend("verbs")) return;
     CoreFields v;
-    v.backend = 2;
     const uint64_t mr = v.num_blocks * v.block_len;
     assert_int_equal(decode_code(build({core_sec(v), verbs_sec(RawEp{}, 1, mr, 5)})), kNoError);
     expect_badmeta(build({core_sec(v), verbs_sec(RawEp{}, 1, mr + 1, 5)}), "MR length");
@@ -406,7 +402,6 @@ void test_meta_invalid_endpoints(void **) {
 
 void test_meta_invalid_structure(void **) {
     CoreFields v;
-    v.backend = 2;
     const uint64_t mr = v.num_blocks * v.block_len;
     // duplicates
     expect_badmeta(build({core_sec(CoreFields{}), core_sec(CoreFields{}), tcp_sec({RawEp{}})}), "duplicate");
@@ -416,11 +411,12 @@ void test_meta_invalid_structure(void **) {
     expect_badmeta(build({tcp_sec({RawEp{}})}), "core");
     expect_badmeta(build({Sec{0x55, 0, {}}}), "core");
     // section counts
-    expect_badmeta(build(good_secs(), 1, 0, 0), "section count");
-    expect_badmeta(build(good_secs(), 1, 0, 65), "section count");
-    expect_badmeta(build(good_secs(), 1, 0, 0xffffffffll), "section count");
-    expect_badmeta(build(good_secs(), 1, 0, 3));                     // one more announced than present
-    expect_badmeta(build(good_secs(), 1, 0, 1), "after the last");   // bytes after the announced ones
+    expect_badmeta(build(good_secs(), 2, 0, 0), "section count");
+    expect_badmeta(build(good_secs(), 2, 0, 65), "section count");
+    expect_badmeta(build(good_secs(), 2, 0, 0xffffffffll), "section count");
+    expect_badmeta(build(good_secs(), 2, 0, 3));                     // one more announced than present
+    expect_badmeta(build(good_secs(), 2, 0, 1), "after the last");   // bytes after the announced ones
+    expect_badmeta(build({core_sec(CoreFields{}), Sec{0, 0, {}}}), "type 0");
     // a section length beyond the blob
     {
         std::vector<uint8_t> b = build(good_secs());
@@ -430,7 +426,7 @@ void test_meta_invalid_structure(void **) {
         expect_badmeta(b, "truncated");
     }
     // header
-    expect_badmeta(build(good_secs(), 1, 0, kAuto, 0x4d58564c), "magic");
+    expect_badmeta(build(good_secs(), 2, 0, kAuto, 0x4d58564c), "magic");
     {
         std::vector<uint8_t> b = build(good_secs());
         b.resize(kMetaMaxLen + 1, 0);  // total_len claims more than the limit
@@ -448,7 +444,7 @@ void test_meta_invalid_structure(void **) {
         }
     }
     // just a header and a checksum: no sections
-    expect_badmeta(build({}, 1, 0, 0));
+    expect_badmeta(build({}, 2, 0, 0));
 }
 
 

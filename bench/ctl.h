@@ -29,6 +29,8 @@
 #ifndef KVXFER_BENCH_CTL_H
 #define KVXFER_BENCH_CTL_H
 
+#include <net/if.h>
+#include <netinet/in.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -93,9 +95,12 @@ int ctl_send(int fd, uint8_t type, const struct wbuf *payload);
 int ctl_recv(int fd, int timeout_ms, uint8_t *type, uint8_t **payload, size_t *len);
 
 /* Sockets. "HOST:PORT", "[V6]:PORT", or "PORT" (serve only: all interfaces). */
+/* Room for any address the functions below describe, NUL included: a numeric
+ * IPv6 address with a scope ("[fe80::1%eth0]:7400") is the longest. */
+#define CTL_ADDR_LEN (INET6_ADDRSTRLEN + IF_NAMESIZE + sizeof "[]:65535")
 int ctl_listen(const char *spec, char *bound, size_t bound_cap, int *port);
 int ctl_connect(const char *spec, int timeout_ms, char *err, size_t err_cap);
-/* Describe the peer address of fd as "HOST:PORT". */
+/* Describe the peer address of fd as "HOST:PORT" (cap: CTL_ADDR_LEN). */
 void ctl_peer_name(int fd, char *buf, size_t cap);
 /* TCP_NODELAY: the conversation is request/reply of small frames. */
 void ctl_nodelay(int fd);

@@ -19,6 +19,21 @@
 
 /* ------------------------------------------------------------ buffers */
 
+/* Every integer on the wire, frame lengths included, is n bytes big-endian. */
+static void put_be(uint8_t *p, uint64_t v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * (n - 1 - i)));
+}
+
+static uint64_t get_be(const uint8_t *p, size_t n)
+{
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
 void wb_reset(struct wbuf *b) { b->len = 0; b->oom = false; }
 
 void wb_free(struct wbuf *b)
@@ -60,21 +75,16 @@ void wb_u8(struct wbuf *b, uint8_t v)
         p[0] = v;
 }
 
-void wb_u32(struct wbuf *b, uint32_t v)
+static void wb_be(struct wbuf *b, uint64_t v, size_t n)
 {
-    uint8_t *p = wb_grow(b, 4);
+    uint8_t *p = wb_grow(b, n);
     if (p)
-        for (int i = 0; i < 4; i++)
-            p[i] = (uint8_t)(v >> (24 - 8 * i));
+        put_be(p, v, n);
 }
 
-void wb_u64(struct wbuf *b, uint64_t v)
-{
-    uint8_t *p = wb_grow(b, 8);
-    if (p)
-        for (int i = 0; i < 8; i++)
-            p[i] = (uint8_t)(v >> (56 - 8 * i));
-}
+void wb_u32(struct wbuf *b, uint32_t v) { wb_be(b, v, 4); }
+
+void wb_u64(struct wbuf *b, uint64_t v) { wb_be(b, v, 8); }
 
 void wb_blob(struct wbuf *b, const void *src, size_t n)
 {
@@ -107,25 +117,15 @@ uint8_t rb_u8(struct rbuf *b)
     return p ? p[0] : 0;
 }
 
-uint32_t rb_u32(struct rbuf *b)
+static uint64_t rb_be(struct rbuf *b, size_t n)
 {
-    const uint8_t *p = rb_take(b, 4);
-    uint32_t v = 0;
-    if (p)
-        for (int i = 0; i < 4; i++)
-            v = (v << 8) | p[i];
-    return v;
+    const uint8_t *p = rb_take(b, n);
+    return p ? get_be(p, n) : 0;
 }
 
-uint64_t rb_u64(struct rbuf *b)
-{
-    const uint8_t *p = rb_take(b, 8);
-    uint64_t v = 0;
-    if (p)
-        for (int i = 0; i < 8; i++)
-            v = (v << 8) | p[i];
-    return v;
-}
+uint32_t rb_u32(struct rbuf *b) { return (uint32_t)rb_be(b, 4); }
+
+uint64_t rb_u64(struct rbuf *b) { return rb_be(b, 8); }
 
 const uint8_t *rb_blob(struct rbuf *b, size_t max, size_t *n)
 {
@@ -234,11 +234,7 @@ int ctl_send(int fd, uint8_t type, const struct wbuf *payload)
         return -1;
     }
     uint8_t hdr[5];
-    uint32_t l = (uint32_t)(plen + 1);
-    hdr[0] = (uint8_t)(l >> 24);
-    hdr[1] = (uint8_t)(l >> 16);
-    hdr[2] = (uint8_t)(l >> 8);
-    hdr[3] = (uint8_t)l;
+    put_be(hdr, plen + 1, 4);
     hdr[4] = type;
     if (write_full(fd, hdr, sizeof hdr) < 0)
         return -1;
@@ -251,7 +247,7 @@ int ctl_recv(int fd, int timeout_ms, uint8_t *type, uint8_t **payload, size_t *l
     uint8_t hdr[5];
     if (read_full(fd, hdr, sizeof hdr, deadline) < 0)
         return -1;
-    uint32_t l = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
+    uint32_t l = (uint32_t)get_be(hdr, 4);
     if (l < 1 || l > CTL_MAX_FRAME) {
         errno = EPROTO; /* untrusted length: refuse before allocating */
         return -1;
@@ -310,9 +306,11 @@ static int split_hostport(const char *spec, char *host, size_t hcap, char *port,
     return 0;
 }
 
+/* Numeric only, so the text fits CTL_ADDR_LEN; getnameinfo fails rather than
+ * truncate. */
 static void fmt_sockaddr(const struct sockaddr *sa, socklen_t len, char *buf, size_t cap)
 {
-    char h[NI_MAXHOST], s[NI_MAXSERV];
+    char h[INET6_ADDRSTRLEN + IF_NAMESIZE], s[sizeof "65535"];
     if (getnameinfo(sa, len, h, sizeof h, s, sizeof s, NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
         snprintf(buf, cap, "?");
         return;
@@ -414,7 +412,7 @@ int ctl_connect(const char *spec, int timeout_ms, char *err, size_t err_cap)
             }
         }
         if (rc < 0) {
-            char a[128];
+            char a[CTL_ADDR_LEN];
             fmt_sockaddr(ai->ai_addr, ai->ai_addrlen, a, sizeof a);
             snprintf(err, err_cap, "connect to %s: %s", a, strerror(errno));
             close(s);

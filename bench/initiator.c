@@ -516,142 +516,215 @@ static void verify_remote(const struct engine *e, struct result *res)
     free(p);
 }
 
-static void run_size(const struct bench_opts *o, uint32_t run, uint64_t bs, uint64_t base_seed,
-                     struct result *res)
-{
+/* One block size, end to end: what its steps share. */
+struct size_run {
+    const struct bench_opts *o;
+    uint32_t run;
+    uint64_t bs, batch, nblocks, seed;
     char sz[32], label[64];
-    fmt_size(sz, sizeof sz, bs);
-    snprintf(label, sizeof label, "%s blocks", sz);
-    uint64_t batch, nblocks;
+    bool progress;
+    void *local;
+    kvx_transport *t;
+};
+
+/* The target's side of a run, from its RUN_OK reply (meta points into payload). */
+struct target_region {
+    uint8_t *payload;
+    uint64_t base, nblocks, block_len;
+    char *backend;
+    const uint8_t *meta;
+    size_t meta_len;
+};
+
+static void plan_run(struct size_run *sr, const struct bench_opts *o, uint32_t run, uint64_t bs,
+                     uint64_t base_seed)
+{
     char err[1024];
-    if (plan_size(o, bs, &batch, &nblocks, err, sizeof err) < 0)
+    memset(sr, 0, sizeof *sr);
+    sr->o = o;
+    sr->run = run;
+    sr->bs = bs;
+    fmt_size(sr->sz, sizeof sr->sz, bs);
+    snprintf(sr->label, sizeof sr->label, "%s blocks", sr->sz);
+    if (plan_size(o, bs, &sr->batch, &sr->nblocks, err, sizeof err) < 0)
         die("%s", err); /* checked in main already */
-    uint64_t seed = mix64(base_seed + run);
+    sr->seed = mix64(base_seed + run);
+    sr->progress = o->progress && isatty(2);
+}
 
-    bool progress = o->progress && isatty(2);
-    show_status(progress, label, "preparing regions and connections");
-
-    /* 1. target creates its region + transport and sends metadata + geometry */
+/* 1. the target creates its region + transport and sends metadata + geometry */
+static void request_region(const struct size_run *sr, struct target_region *tr)
+{
+    const struct bench_opts *o = sr->o;
     struct wbuf b = {0};
-    wb_u32(&b, run);
-    wb_u64(&b, bs);
-    wb_u64(&b, nblocks);
-    wb_u64(&b, seed);
+    wb_u32(&b, sr->run);
+    wb_u64(&b, sr->bs);
+    wb_u64(&b, sr->nblocks);
+    wb_u64(&b, sr->seed);
     wb_u8(&b, o->verify);
     wb_str(&b, o->backend);
     wb_u8(&b, o->config != NULL);
     wb_str(&b, o->config ? o->config : "");
     send_or_die(CTL_RUN, &b);
+    wb_free(&b);
     struct rbuf r;
-    uint8_t *p = expect(CTL_RUN_OK, &r, "RUN");
-    uint64_t rbase = rb_u64(&r), rnb = rb_u64(&r), rbl = rb_u64(&r);
-    char *rbackend = rb_str(&r, 64);
-    size_t rmeta_len;
-    const uint8_t *rmeta = rb_blob(&r, CTL_MAX_META, &rmeta_len);
+    tr->payload = expect(CTL_RUN_OK, &r, "RUN");
+    tr->base = rb_u64(&r);
+    tr->nblocks = rb_u64(&r);
+    tr->block_len = rb_u64(&r);
+    tr->backend = rb_str(&r, 64);
+    tr->meta = rb_blob(&r, CTL_MAX_META, &tr->meta_len);
     if (!rb_done(&r))
         die("control protocol: malformed RUN_OK");
-    if (rnb != nblocks || rbl != bs)
-        die("target created %llu blocks of %llu bytes, asked for %llu of %llu", (unsigned long long)rnb,
-            (unsigned long long)rbl, (unsigned long long)nblocks, (unsigned long long)bs);
+    if (tr->nblocks != sr->nblocks || tr->block_len != sr->bs)
+        die("target created %llu blocks of %llu bytes, asked for %llu of %llu",
+            (unsigned long long)tr->nblocks, (unsigned long long)tr->block_len,
+            (unsigned long long)sr->nblocks, (unsigned long long)sr->bs);
+}
 
-    /* 2. our region, with the pattern the target will check against */
-    uint64_t bytes = bs * nblocks;
-    void *local = region_alloc(bytes);
-    if (!local)
+/* 2. our region, with the pattern the target will check against */
+static void map_local_region(struct size_run *sr)
+{
+    uint64_t bytes = sr->bs * sr->nblocks;
+    sr->local = region_alloc(bytes);
+    if (!sr->local)
         die("cannot map a local region of %llu bytes: %s", (unsigned long long)bytes, strerror(errno));
-    if (o->verify)
-        for (uint64_t i = 0; i < nblocks; i++)
-            pattern_fill((uint8_t *)local + i * bs, bs, seed, i);
+    if (sr->o->verify)
+        for (uint64_t i = 0; i < sr->nblocks; i++)
+            pattern_fill((uint8_t *)sr->local + i * sr->bs, sr->bs, sr->seed, i);
     else
-        memset(local, 0x5a, bytes); /* fault pages in; never send the shared zero page */
+        memset(sr->local, 0x5a, bytes); /* fault pages in; never send the shared zero page */
+}
 
-    /* 3. our transport; register the target, then let it register us */
+/* 3. our transport; register the target, then let it register us */
+static void create_transport(struct size_run *sr, struct result *res)
+{
+    char err[1024];
     kvx_options *opts = NULL;
-    if (make_kvx_options(o, o->backend, &opts, err, sizeof err) < 0)
+    if (make_kvx_options(sr->o, sr->o->backend, &opts, err, sizeof err) < 0)
         die("%s", err);
-    kvx_transport *t = NULL;
-    int rc = kvx_transport_create(&t, local, nblocks, bs, o->config, opts);
+    int rc = kvx_transport_create(&sr->t, sr->local, sr->nblocks, sr->bs, sr->o->config, opts);
     if (rc) {
         fmt_kvx_error(err, sizeof err, "kvx_transport_create", rc);
         kvx_options_destroy(opts);
         die("%s", err);
     }
     kvx_options_destroy(opts);
-    res->backend = kvx_transport_backend(t);
-    if (rbackend && strcmp(rbackend, res->backend) != 0)
-        warnx_("%s: target uses backend '%s', this side '%s'", sz, rbackend, res->backend);
-    rc = kvx_add_remote_peer(t, PEER_ID, rmeta, rmeta_len, rbase, rnb, rbl);
+    res->backend = kvx_transport_backend(sr->t);
+}
+
+static void register_target(const struct size_run *sr, struct target_region *tr, const char *backend)
+{
+    if (tr->backend && strcmp(tr->backend, backend) != 0)
+        warnx_("%s: target uses backend '%s', this side '%s'", sr->sz, tr->backend, backend);
+    int rc = kvx_add_remote_peer(sr->t, PEER_ID, tr->meta, tr->meta_len, tr->base, tr->nblocks,
+                                 tr->block_len);
     if (rc)
         die_kvx("kvx_add_remote_peer(target)", rc);
-    free(rbackend);
-    free(p);
+    free(tr->backend);
+    free(tr->payload);
+}
 
+static void register_with_target(const struct size_run *sr)
+{
     size_t mlen = 0;
-    rc = kvx_get_agent_metadata(&mlen, t, NULL, 0);
+    int rc = kvx_get_agent_metadata(&mlen, sr->t, NULL, 0);
     if (rc && rc != KVX_ENOBUFS)
         die_kvx("kvx_get_agent_metadata(size)", rc);
     uint8_t *meta = xcalloc(mlen, 1);
-    if ((rc = kvx_get_agent_metadata(&mlen, t, meta, mlen)) != 0)
+    if ((rc = kvx_get_agent_metadata(&mlen, sr->t, meta, mlen)) != 0)
         die_kvx("kvx_get_agent_metadata", rc);
     uint64_t base = 0;
-    if ((rc = kvx_transport_base_addr(&base, t)) != 0)
+    if ((rc = kvx_transport_base_addr(&base, sr->t)) != 0)
         die_kvx("kvx_transport_base_addr", rc);
-    wb_reset(&b);
+    struct wbuf b = {0};
     wb_u64(&b, base);
-    wb_u64(&b, nblocks);
-    wb_u64(&b, bs);
+    wb_u64(&b, sr->nblocks);
+    wb_u64(&b, sr->bs);
     wb_blob(&b, meta, mlen);
     free(meta);
     send_or_die(CTL_PEER, &b);
     wb_free(&b);
+    struct rbuf r;
     free(expect(CTL_OK, &r, "PEER"));
+}
 
-    /* 4. warm up (connections, caches), then measure */
-    struct engine e;
-    engine_init(&e, o, t, nblocks, bs, batch, seed ^ 0x72616e646f6dull);
-    if (o->warmup > 0)
-        run_phase(&e, false, now_ns() + (uint64_t)(o->warmup * 1e9), 0, label, progress);
-    uint64_t warm_failed = e.n_failed, first_failed = e.first_failed;
-    run_phase(&e, true, o->total ? 0 : now_ns() + (uint64_t)(o->duration * 1e9), o->total, label,
-              progress);
-
-    res->block_size = bs;
-    res->batch = batch;
-    res->blocks = nblocks;
-    res->inflight = e.inflight;
-    res->bytes = e.bytes;
-    res->transfers = e.n_done;
-    res->failed = e.n_failed + warm_failed;
-    res->seconds = e.t_last > e.t_start ? (double)(e.t_last - e.t_start) / 1e9 : 0;
-    res->gbps = res->seconds > 0 ? (double)e.bytes / res->seconds / 1e9 : 0;
-    res->xps = res->seconds > 0 ? (double)e.n_done / res->seconds : 0;
-    qsort(e.samples, e.n_samples, sizeof *e.samples, cmp_u64);
-    res->p50 = pct_us(e.samples, e.n_samples, 500);
-    res->p99 = pct_us(e.samples, e.n_samples, 990);
-    res->p999 = pct_us(e.samples, e.n_samples, 999);
-    res->max_us = e.n_samples ? (double)e.samples[e.n_samples - 1] / 1e3 : 0;
+/* Throughput and latency of the measured phase; failures of both phases. */
+static void summarize(struct engine *e, uint64_t warm_failed, uint64_t warm_first_failed,
+                      struct result *res)
+{
+    res->block_size = e->bs;
+    res->batch = e->batch;
+    res->blocks = e->nblocks;
+    res->inflight = e->inflight;
+    res->bytes = e->bytes;
+    res->transfers = e->n_done;
+    res->failed = e->n_failed + warm_failed;
+    res->seconds = e->t_last > e->t_start ? (double)(e->t_last - e->t_start) / 1e9 : 0;
+    res->gbps = res->seconds > 0 ? (double)e->bytes / res->seconds / 1e9 : 0;
+    res->xps = res->seconds > 0 ? (double)e->n_done / res->seconds : 0;
+    qsort(e->samples, e->n_samples, sizeof *e->samples, cmp_u64);
+    res->p50 = pct_us(e->samples, e->n_samples, 500);
+    res->p99 = pct_us(e->samples, e->n_samples, 990);
+    res->p999 = pct_us(e->samples, e->n_samples, 999);
+    res->max_us = e->n_samples ? (double)e->samples[e->n_samples - 1] / 1e3 : 0;
     res->verified = "off";
     if (res->failed)
         snprintf(res->problem, sizeof res->problem, "%llu transfers failed (first id %llu)",
                  (unsigned long long)res->failed,
-                 (unsigned long long)(first_failed ? first_failed : e.first_failed));
+                 (unsigned long long)(warm_first_failed ? warm_first_failed : e->first_failed));
+}
 
-    /* 5. target checks every block; then both sides tear down */
-    if (o->verify) {
-        show_status(progress, label, "target is verifying");
-        verify_remote(&e, res);
+/* 4. warm up (connections, caches), then measure */
+static void measure(const struct size_run *sr, struct engine *e, struct result *res)
+{
+    const struct bench_opts *o = sr->o;
+    engine_init(e, o, sr->t, sr->nblocks, sr->bs, sr->batch, sr->seed ^ 0x72616e646f6dull);
+    if (o->warmup > 0)
+        run_phase(e, false, now_ns() + (uint64_t)(o->warmup * 1e9), 0, sr->label, sr->progress);
+    uint64_t warm_failed = e->n_failed, warm_first_failed = e->first_failed;
+    run_phase(e, true, o->total ? 0 : now_ns() + (uint64_t)(o->duration * 1e9), o->total, sr->label,
+              sr->progress);
+    summarize(e, warm_failed, warm_first_failed, res);
+}
+
+/* 5. the target checks every block; then both sides tear down */
+static void finish_run(struct size_run *sr, struct engine *e, struct result *res)
+{
+    if (sr->o->verify) {
+        show_status(sr->progress, sr->label, "target is verifying");
+        verify_remote(e, res);
     }
-    engine_free(&e);
-    if ((rc = kvx_remove_remote_peer(t, PEER_ID)) != 0)
+    engine_free(e);
+    int rc = kvx_remove_remote_peer(sr->t, PEER_ID);
+    if (rc)
         die_kvx("kvx_remove_remote_peer(target)", rc);
     send_or_die(CTL_END_RUN, NULL);
+    struct rbuf r;
     free(expect(CTL_OK, &r, "END_RUN"));
-    kvx_transport_destroy(t);
-    region_free(local, bytes);
-    if (progress) {
+    kvx_transport_destroy(sr->t);
+    region_free(sr->local, sr->bs * sr->nblocks);
+    if (sr->progress) {
         fprintf(stderr, "\r\033[K");
         fflush(stderr);
     }
+}
+
+static void run_size(const struct bench_opts *o, uint32_t run, uint64_t bs, uint64_t base_seed,
+                     struct result *res)
+{
+    struct size_run sr;
+    struct target_region tr;
+    struct engine e;
+    plan_run(&sr, o, run, bs, base_seed);
+    show_status(sr.progress, sr.label, "preparing regions and connections");
+    request_region(&sr, &tr);
+    map_local_region(&sr);
+    create_transport(&sr, res);
+    register_target(&sr, &tr, res->backend);
+    register_with_target(&sr);
+    measure(&sr, &e, res);
+    finish_run(&sr, &e, res);
 }
 
 /* ------------------------------------------------------------ output */

@@ -91,113 +91,161 @@ static uint64_t max_region_bytes(void)
     return (uint64_t)pages * (uint64_t)psz / 2;
 }
 
-static int handle_run(struct session *s, struct rbuf *r)
+/* A RUN request as received; backend and config are malloc'd (may be NULL). */
+struct run_request {
+    uint32_t run;
+    uint64_t block_len, num_blocks, seed;
+    bool verify, has_config;
+    char *backend, *config;
+};
+
+static void read_run_request(struct rbuf *r, struct run_request *q)
 {
-    uint32_t run = rb_u32(r);
-    uint64_t block_len = rb_u64(r), num_blocks = rb_u64(r), seed = rb_u64(r);
-    bool verify = rb_u8(r) != 0;
-    char *backend = rb_str(r, 64);
-    bool has_config = rb_u8(r) != 0;
-    char *config = rb_str(r, CTL_MAX_STR);
-    int ret = 0;
+    q->run = rb_u32(r);
+    q->block_len = rb_u64(r);
+    q->num_blocks = rb_u64(r);
+    q->seed = rb_u64(r);
+    q->verify = rb_u8(r) != 0;
+    q->backend = rb_str(r, 64);
+    q->has_config = rb_u8(r) != 0;
+    q->config = rb_str(r, CTL_MAX_STR);
+}
+
+/* The steps below return 0 or the code for an ERR reply, with its message in err. */
+
+/* A request this session cannot start, before anything is allocated. */
+static int refuse_run(const struct session *s, const struct rbuf *r, const struct run_request *q,
+                      char *err, size_t cap)
+{
     if (!rb_done(r)) {
-        ret = reply_err(s, KVX_EINVAL, "malformed RUN request");
-        goto out;
+        snprintf(err, cap, "malformed RUN request");
+        return KVX_EINVAL;
     }
     if (s->t) {
-        ret = reply_err(s, KVX_EBUSY, "RUN while run %u is still active", s->run);
-        goto out;
+        snprintf(err, cap, "RUN while run %u is still active", s->run);
+        return KVX_EBUSY;
     }
-    if (block_len == 0 || num_blocks == 0 || block_len > UINT64_MAX / num_blocks) {
-        ret = reply_err(s, KVX_EINVAL, "bad geometry: %llu blocks of %llu bytes",
-                        (unsigned long long)num_blocks, (unsigned long long)block_len);
-        goto out;
+    if (q->block_len == 0 || q->num_blocks == 0 || q->block_len > UINT64_MAX / q->num_blocks) {
+        snprintf(err, cap, "bad geometry: %llu blocks of %llu bytes",
+                 (unsigned long long)q->num_blocks, (unsigned long long)q->block_len);
+        return KVX_EINVAL;
     }
-    uint64_t bytes = block_len * num_blocks;
-    if (bytes > max_region_bytes()) {
-        ret = reply_err(s, KVX_ENOMEM, "region of %llu bytes is more than half of this host's memory",
-                        (unsigned long long)bytes);
-        goto out;
+    if (q->block_len * q->num_blocks > max_region_bytes()) {
+        snprintf(err, cap, "region of %llu bytes is more than half of this host's memory",
+                 (unsigned long long)(q->block_len * q->num_blocks));
+        return KVX_ENOMEM;
     }
+    return 0;
+}
+
+/* The run's region, every page touched now so page faults are not part of
+ * the measurement; with verification the poison makes unwritten blocks
+ * recognisable. */
+static int map_region(struct session *s, const struct run_request *q, char *err, size_t cap)
+{
+    uint64_t bytes = q->block_len * q->num_blocks;
     s->region = region_alloc(bytes);
     if (!s->region) {
-        ret = reply_err(s, KVX_ENOMEM, "cannot map a region of %llu bytes: %s",
-                        (unsigned long long)bytes, strerror(errno));
-        goto out;
+        snprintf(err, cap, "cannot map a region of %llu bytes: %s", (unsigned long long)bytes,
+                 strerror(errno));
+        return KVX_ENOMEM;
     }
     s->region_bytes = bytes;
-    s->num_blocks = num_blocks;
-    s->block_len = block_len;
-    s->seed = seed;
-    s->verify = verify;
-    s->run = run;
-    /* Touch every page now so page faults are not part of the measurement;
-     * with verification the poison makes unwritten blocks recognisable. */
-    if (verify) {
-        uint64_t ps = poison_seed(seed);
-        for (uint64_t i = 0; i < num_blocks; i++)
-            pattern_fill((uint8_t *)s->region + i * block_len, block_len, ps, i);
+    s->num_blocks = q->num_blocks;
+    s->block_len = q->block_len;
+    s->seed = q->seed;
+    s->verify = q->verify;
+    s->run = q->run;
+    if (q->verify) {
+        uint64_t ps = poison_seed(q->seed);
+        for (uint64_t i = 0; i < q->num_blocks; i++)
+            pattern_fill((uint8_t *)s->region + i * q->block_len, q->block_len, ps, i);
     } else {
         memset(s->region, 0, bytes);
     }
+    return 0;
+}
 
-    /* Our own --backend/--config win; otherwise follow the initiator. */
-    const char *be = s->o->backend_given ? s->o->backend : backend;
-    const char *cfg = s->o->config_given ? s->o->config : (has_config ? config : NULL);
+/* Our own --backend/--config win; otherwise follow the initiator. */
+static int create_transport(struct session *s, const struct run_request *q, char *err, size_t cap)
+{
+    const char *be = s->o->backend_given ? s->o->backend : q->backend;
+    const char *cfg = s->o->config_given ? s->o->config : (q->has_config ? q->config : NULL);
     kvx_options *opts = NULL;
-    char err[1024];
-    if (make_kvx_options(s->o, be && *be ? be : NULL, &opts, err, sizeof err) < 0) {
-        ret = reply_err(s, KVX_EINVAL, "%s", err);
-        end_run(s);
-        goto out;
-    }
-    int rc = kvx_transport_create(&s->t, s->region, num_blocks, block_len, cfg, opts);
+    if (make_kvx_options(s->o, be && *be ? be : NULL, &opts, err, cap) < 0)
+        return KVX_EINVAL;
+    int rc = kvx_transport_create(&s->t, s->region, q->num_blocks, q->block_len, cfg, opts);
     if (rc) {
-        fmt_kvx_error(err, sizeof err, "kvx_transport_create", rc);
-        kvx_options_destroy(opts);
+        fmt_kvx_error(err, cap, "kvx_transport_create", rc);
         s->t = NULL;
-        ret = reply_err(s, rc, "%s", err);
-        end_run(s);
-        goto out;
     }
     kvx_options_destroy(opts);
+    return rc;
+}
 
+/* The RUN_OK payload: geometry as the transport reports it, backend, metadata. */
+static int describe_run(struct session *s, struct wbuf *b, char *err, size_t cap)
+{
     size_t mlen = 0;
-    rc = kvx_get_agent_metadata(&mlen, s->t, NULL, 0);
+    int rc = kvx_get_agent_metadata(&mlen, s->t, NULL, 0);
     uint8_t *meta = NULL;
     if (rc == KVX_ENOBUFS || rc == 0) {
         meta = malloc(mlen ? mlen : 1);
         rc = meta ? kvx_get_agent_metadata(&mlen, s->t, meta, mlen) : KVX_ENOMEM;
     }
     if (rc) {
-        fmt_kvx_error(err, sizeof err, "kvx_get_agent_metadata", rc);
+        fmt_kvx_error(err, cap, "kvx_get_agent_metadata", rc);
         free(meta);
-        ret = reply_err(s, rc, "%s", err);
-        end_run(s);
-        goto out;
+        return rc;
     }
     uint64_t base = 0, nb = 0, bl = 0;
     if ((rc = kvx_transport_base_addr(&base, s->t)) != 0 ||
         (rc = kvx_transport_num_blocks(&nb, s->t)) != 0 ||
         (rc = kvx_transport_block_len(&bl, s->t)) != 0) {
-        fmt_kvx_error(err, sizeof err, "kvx_transport_* property", rc);
+        fmt_kvx_error(err, cap, "kvx_transport_* property", rc);
         free(meta);
-        ret = reply_err(s, rc, "%s", err);
-        end_run(s);
-        goto out;
+        return rc;
     }
-    struct wbuf b = {0};
-    wb_u64(&b, base);
-    wb_u64(&b, nb);
-    wb_u64(&b, bl);
-    wb_str(&b, kvx_transport_backend(s->t));
-    wb_blob(&b, meta, mlen);
+    wb_u64(b, base);
+    wb_u64(b, nb);
+    wb_u64(b, bl);
+    wb_str(b, kvx_transport_backend(s->t));
+    wb_blob(b, meta, mlen);
     free(meta);
-    ret = reply(s, CTL_RUN_OK, &b);
+    return 0;
+}
+
+/* Region, transport and the RUN_OK reply; on failure an ERR reply, and the
+ * run is torn down again. */
+static int start_run(struct session *s, const struct run_request *q)
+{
+    char err[1024];
+    struct wbuf b = {0};
+    int code = map_region(s, q, err, sizeof err);
+    if (!code)
+        code = create_transport(s, q, err, sizeof err);
+    if (!code)
+        code = describe_run(s, &b, err, sizeof err);
+    int ret;
+    if (code) {
+        ret = reply_err(s, code, "%s", err);
+        end_run(s);
+    } else {
+        ret = reply(s, CTL_RUN_OK, &b);
+    }
     wb_free(&b);
-out:
-    free(backend);
-    free(config);
+    return ret;
+}
+
+static int handle_run(struct session *s, struct rbuf *r)
+{
+    struct run_request q;
+    char err[1024];
+    read_run_request(r, &q);
+    int code = refuse_run(s, r, &q, err, sizeof err);
+    int ret = code ? reply_err(s, code, "%s", err) : start_run(s, &q);
+    free(q.backend);
+    free(q.config);
     return ret;
 }
 
@@ -380,7 +428,7 @@ static int session(const struct bench_opts *o, int fd, bool quiet)
 
 int run_target(const struct bench_opts *o)
 {
-    char bound[160];
+    char bound[CTL_ADDR_LEN];
     int port = 0;
     int lfd = ctl_listen(o->serve, bound, sizeof bound, &port);
     if (lfd < 0)
@@ -407,7 +455,7 @@ int run_target(const struct bench_opts *o)
             die("accept: %s", strerror(errno));
         }
         ctl_nodelay(fd);
-        char peer[160];
+        char peer[CTL_ADDR_LEN];
         ctl_peer_name(fd, peer, sizeof peer);
         if (!quiet) {
             printf("session from %s\n", peer);

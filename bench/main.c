@@ -77,7 +77,7 @@ static const char usage_text2[] =
     "                             to the process it is given to.\n"
     "  --once                     with --serve: exit after one session\n"
     "  --connect HOST:PORT        be the initiator against a --serve target\n"
-    "  The control channel is the bench's own small TCP protocol (tools/bench/ctl.h):\n"
+    "  The control channel is the bench's own small TCP protocol (bench/ctl.h):\n"
     "  it carries agent metadata, which contains the secret that allows writing\n"
     "  into the target's region; use --serve only on a trusted network.\n"
     "  As in a vLLM deployment the metadata goes both ways: the target registers\n"
@@ -127,8 +127,60 @@ static int parse_seconds(const char *s, double *out)
     return 0;
 }
 
-static void add_sizes(struct bench_opts *o, const char *arg)
+/* Options that take a value: "--name VALUE" or "--name=VALUE". */
+static const char *arg_value(int argc, char **argv, int *i, const char *name)
 {
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0)
+        return NULL;
+    if (a[n] == '=')
+        return a + n + 1;
+    if (a[n] != '\0')
+        return NULL;
+    if (*i + 1 >= argc)
+        usage_error("%s needs a value", name);
+    return argv[++*i];
+}
+
+/* ------------------------------------------------------------ options */
+
+/* The command line being read: the options it fills, and what only the
+ * checks after the last argument need. */
+struct cli {
+    struct bench_opts *o;
+    bool have_duration;
+};
+
+static void opt_help(struct cli *c, const char *v)
+{
+    (void)c;
+    (void)v;
+    fputs(usage_text, stdout);
+    fputs(usage_text2, stdout);
+    exit(0);
+}
+
+static void opt_version(struct cli *c, const char *v)
+{
+    (void)c;
+    (void)v;
+    printf("kvxfer-bench (library %s, built against %d.%d.%d)\n", kvx_version_string(),
+           KVX_VERSION_MAJOR, KVX_VERSION_MINOR, KVX_VERSION_PATCH);
+    exit(0);
+}
+
+static void opt_backend(struct cli *c, const char *v)
+{
+    if (strcmp(v, "auto") && strcmp(v, "tcp") && strcmp(v, "verbs") && strcmp(v, "shm"))
+        usage_error("--backend: '%s' is not auto, tcp, verbs or shm", v);
+    c->o->backend = v;
+    c->o->backend_given = true;
+}
+
+static void opt_block_size(struct cli *c, const char *arg)
+{
+    struct bench_opts *o = c->o;
     char buf[512];
     if (strlen(arg) >= sizeof buf)
         usage_error("--block-size: list too long");
@@ -144,23 +196,146 @@ static void add_sizes(struct bench_opts *o, const char *arg)
     }
 }
 
-/* Options that take a value: "--name VALUE" or "--name=VALUE". */
-static const char *opt_value(int argc, char **argv, int *i, const char *name)
+static void opt_blocks(struct cli *c, const char *v)
 {
-    const char *a = argv[*i];
-    size_t n = strlen(name);
-    if (strncmp(a, name, n) != 0)
-        return NULL;
-    if (a[n] == '=')
-        return a + n + 1;
-    if (a[n] != '\0')
-        return NULL;
-    if (*i + 1 >= argc)
-        usage_error("%s needs a value", name);
-    return argv[++*i];
+    if (parse_size(v, &c->o->blocks) < 0 || c->o->blocks == 0)
+        usage_error("--blocks: '%s' is not a positive count", v);
 }
 
-static void parse_args(int argc, char **argv, struct bench_opts *o)
+static void opt_batch(struct cli *c, const char *v)
+{
+    if (parse_u64(v, &c->o->batch) < 0 || c->o->batch == 0 || c->o->batch > (1u << 20))
+        usage_error("--batch: '%s' is not a count in 1..1048576", v);
+}
+
+static void opt_inflight(struct cli *c, const char *v)
+{
+    if (parse_u64(v, &c->o->inflight) < 0 || c->o->inflight == 0 || c->o->inflight > (1u << 16))
+        usage_error("--inflight: '%s' is not a count in 1..65536", v);
+}
+
+static void opt_pattern(struct cli *c, const char *v)
+{
+    if (!strcmp(v, "seq"))
+        c->o->pattern = PATTERN_SEQ;
+    else if (!strcmp(v, "random"))
+        c->o->pattern = PATTERN_RANDOM;
+    else
+        usage_error("--pattern: '%s' is not seq or random", v);
+}
+
+static void opt_duration(struct cli *c, const char *v)
+{
+    if (parse_seconds(v, &c->o->duration) < 0 || c->o->duration <= 0)
+        usage_error("--duration: '%s' is not a positive number of seconds", v);
+    c->have_duration = true;
+}
+
+static void opt_total(struct cli *c, const char *v)
+{
+    if (parse_size(v, &c->o->total) < 0 || c->o->total == 0)
+        usage_error("--total: '%s' is not a size like 1G", v);
+}
+
+static void opt_warmup(struct cli *c, const char *v)
+{
+    if (parse_seconds(v, &c->o->warmup) < 0)
+        usage_error("--warmup: '%s' is not a number of seconds", v);
+}
+
+static void opt_verify(struct cli *c, const char *v) { (void)v; c->o->verify = true; }
+static void opt_no_verify(struct cli *c, const char *v) { (void)v; c->o->verify = false; }
+static void opt_json(struct cli *c, const char *v) { (void)v; c->o->json = true; }
+static void opt_no_progress(struct cli *c, const char *v) { (void)v; c->o->progress = false; }
+
+static void opt_option(struct cli *c, const char *v)
+{
+    const char *eq = strchr(v, '=');
+    if (!eq || eq == v || eq - v >= 256)
+        usage_error("--option: '%s' is not KEY=VALUE", v);
+    if (!strncmp(v, "backend=", 8))
+        usage_error("--option backend=...: use --backend");
+    if (c->o->n_options == BENCH_MAX_OPTIONS)
+        usage_error("--option: at most %d", BENCH_MAX_OPTIONS);
+    c->o->options[c->o->n_options++] = v;
+}
+
+static void opt_config(struct cli *c, const char *v)
+{
+    c->o->config = v;
+    c->o->config_given = true;
+}
+
+static void opt_seed(struct cli *c, const char *v)
+{
+    if (parse_u64(v, &c->o->seed) < 0)
+        usage_error("--seed: '%s' is not a number", v);
+    c->o->seed_given = true;
+}
+
+static void opt_serve(struct cli *c, const char *v) { c->o->serve = v; }
+static void opt_connect(struct cli *c, const char *v) { c->o->connect = v; }
+static void opt_once(struct cli *c, const char *v) { (void)v; c->o->once = true; }
+
+/* Hidden: how a local-mode target tells its parent the port. */
+static void opt_port_fd(struct cli *c, const char *v)
+{
+    uint64_t u;
+    if (parse_u64(v, &u) < 0 || u < 3 || u > 1024)
+        usage_error("--port-fd: bad descriptor '%s'", v);
+    c->o->port_fd = (int)u;
+}
+
+struct cli_option {
+    const char *name;
+    bool takes_value; /* "--name VALUE" or "--name=VALUE"; else exactly "--name" */
+    void (*apply)(struct cli *c, const char *value);
+};
+
+static const struct cli_option cli_options[] = {
+    {"-h", false, opt_help},
+    {"--help", false, opt_help},
+    {"--version", false, opt_version},
+    {"--backend", true, opt_backend},
+    {"--block-size", true, opt_block_size},
+    {"--blocks", true, opt_blocks},
+    {"--batch", true, opt_batch},
+    {"--inflight", true, opt_inflight},
+    {"--pattern", true, opt_pattern},
+    {"--duration", true, opt_duration},
+    {"--total", true, opt_total},
+    {"--warmup", true, opt_warmup},
+    {"--verify", false, opt_verify},
+    {"--no-verify", false, opt_no_verify},
+    {"--json", false, opt_json},
+    {"--no-progress", false, opt_no_progress},
+    {"--option", true, opt_option},
+    {"--config", true, opt_config},
+    {"--seed", true, opt_seed},
+    {"--serve", true, opt_serve},
+    {"--connect", true, opt_connect},
+    {"--once", false, opt_once},
+    {"--port-fd", true, opt_port_fd},
+};
+
+/* The option argv[*i] names, its value in *value (argv[*i] moves on to a
+ * separate value); NULL if it names none. */
+static const struct cli_option *match_option(int argc, char **argv, int *i, const char **value)
+{
+    for (size_t k = 0; k < sizeof cli_options / sizeof cli_options[0]; k++) {
+        const struct cli_option *opt = &cli_options[k];
+        if (!opt->takes_value) {
+            *value = NULL;
+            if (!strcmp(argv[*i], opt->name))
+                return opt;
+        } else if ((*value = arg_value(argc, argv, i, opt->name)) != NULL) {
+            return opt;
+        }
+    }
+    return NULL;
+}
+
+static void set_defaults(struct bench_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->backend = "auto";
@@ -171,97 +346,17 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
     o->verify = true;
     o->progress = true;
     o->port_fd = -1;
-    bool have_duration = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        uint64_t u;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(usage_text, stdout);
-            fputs(usage_text2, stdout);
-            exit(0);
-        } else if (!strcmp(a, "--version")) {
-            printf("kvxfer-bench (library %s, built against %d.%d.%d)\n", kvx_version_string(),
-                   KVX_VERSION_MAJOR, KVX_VERSION_MINOR, KVX_VERSION_PATCH);
-            exit(0);
-        } else if ((v = opt_value(argc, argv, &i, "--backend"))) {
-            if (strcmp(v, "auto") && strcmp(v, "tcp") && strcmp(v, "verbs") && strcmp(v, "shm"))
-                usage_error("--backend: '%s' is not auto, tcp, verbs or shm", v);
-            o->backend = v;
-            o->backend_given = true;
-        } else if ((v = opt_value(argc, argv, &i, "--block-size"))) {
-            add_sizes(o, v);
-        } else if ((v = opt_value(argc, argv, &i, "--blocks"))) {
-            if (parse_size(v, &u) < 0 || u == 0)
-                usage_error("--blocks: '%s' is not a positive count", v);
-            o->blocks = u;
-        } else if ((v = opt_value(argc, argv, &i, "--batch"))) {
-            if (parse_u64(v, &u) < 0 || u == 0 || u > (1u << 20))
-                usage_error("--batch: '%s' is not a count in 1..1048576", v);
-            o->batch = u;
-        } else if ((v = opt_value(argc, argv, &i, "--inflight"))) {
-            if (parse_u64(v, &u) < 0 || u == 0 || u > (1u << 16))
-                usage_error("--inflight: '%s' is not a count in 1..65536", v);
-            o->inflight = u;
-        } else if ((v = opt_value(argc, argv, &i, "--pattern"))) {
-            if (!strcmp(v, "seq"))
-                o->pattern = PATTERN_SEQ;
-            else if (!strcmp(v, "random"))
-                o->pattern = PATTERN_RANDOM;
-            else
-                usage_error("--pattern: '%s' is not seq or random", v);
-        } else if ((v = opt_value(argc, argv, &i, "--duration"))) {
-            if (parse_seconds(v, &o->duration) < 0 || o->duration <= 0)
-                usage_error("--duration: '%s' is not a positive number of seconds", v);
-            have_duration = true;
-        } else if ((v = opt_value(argc, argv, &i, "--total"))) {
-            if (parse_size(v, &o->total) < 0 || o->total == 0)
-                usage_error("--total: '%s' is not a size like 1G", v);
-        } else if ((v = opt_value(argc, argv, &i, "--warmup"))) {
-            if (parse_seconds(v, &o->warmup) < 0)
-                usage_error("--warmup: '%s' is not a number of seconds", v);
-        } else if (!strcmp(a, "--verify")) {
-            o->verify = true;
-        } else if (!strcmp(a, "--no-verify")) {
-            o->verify = false;
-        } else if (!strcmp(a, "--json")) {
-            o->json = true;
-        } else if (!strcmp(a, "--no-progress")) {
-            o->progress = false;
-        } else if ((v = opt_value(argc, argv, &i, "--option"))) {
-            const char *eq = strchr(v, '=');
-            if (!eq || eq == v || eq - v >= 256)
-                usage_error("--option: '%s' is not KEY=VALUE", v);
-            if (!strncmp(v, "backend=", 8))
-                usage_error("--option backend=...: use --backend");
-            if (o->n_options == BENCH_MAX_OPTIONS)
-                usage_error("--option: at most %d", BENCH_MAX_OPTIONS);
-            o->options[o->n_options++] = v;
-        } else if ((v = opt_value(argc, argv, &i, "--config"))) {
-            o->config = v;
-            o->config_given = true;
-        } else if ((v = opt_value(argc, argv, &i, "--seed"))) {
-            if (parse_u64(v, &o->seed) < 0)
-                usage_error("--seed: '%s' is not a number", v);
-            o->seed_given = true;
-        } else if ((v = opt_value(argc, argv, &i, "--serve"))) {
-            o->serve = v;
-        } else if ((v = opt_value(argc, argv, &i, "--connect"))) {
-            o->connect = v;
-        } else if (!strcmp(a, "--once")) {
-            o->once = true;
-        } else if ((v = opt_value(argc, argv, &i, "--port-fd"))) { /* hidden: local mode */
-            if (parse_u64(v, &u) < 0 || u < 3 || u > 1024)
-                usage_error("--port-fd: bad descriptor '%s'", v);
-            o->port_fd = (int)u;
-        } else {
-            usage_error("unknown argument '%s'", a);
-        }
-    }
+}
+
+/* Options that only make sense together or apart; then the default sizes. */
+static void check_combinations(const struct cli *c)
+{
+    struct bench_opts *o = c->o;
     if (o->serve && o->connect)
         usage_error("--serve and --connect exclude each other");
     if (o->once && !o->serve)
         usage_error("--once needs --serve");
-    if (o->total && have_duration)
+    if (o->total && c->have_duration)
         usage_error("--duration and --total exclude each other");
     if (o->n_sizes == 0) {
         o->block_sizes[0] = 4u << 10;
@@ -269,9 +364,15 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
         o->block_sizes[2] = 1u << 20;
         o->n_sizes = 3;
     }
-    if (o->config) { /* fail early, on this side, with the library's message */
+}
+
+/* Fail early, on this side, with the library's own message: --config, the
+ * geometry of every size, and --option (kvx_options_set checks key and value). */
+static void check_with_library(const struct bench_opts *o)
+{
+    char err[1024];
+    if (o->config) {
         char fp[KVX_FINGERPRINT_LEN + 1];
-        char err[1024];
         int rc = kvx_config_fingerprint(fp, o->config);
         if (rc) {
             fmt_kvx_error(err, sizeof err, "--config: kvx_config_fingerprint", rc);
@@ -280,16 +381,28 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
     }
     for (size_t i = 0; i < o->n_sizes && !o->serve; i++) {
         uint64_t batch, nblocks;
-        char err[512];
         if (plan_size(o, o->block_sizes[i], &batch, &nblocks, err, sizeof err) < 0)
             usage_error("%s", err);
     }
-    /* Same for --option: kvx_options_set validates key and value syntax. */
     kvx_options *opts = NULL;
-    char err[1024];
     if (make_kvx_options(o, o->backend_given ? o->backend : NULL, &opts, err, sizeof err) < 0)
         usage_error("%s", err);
     kvx_options_destroy(opts);
+}
+
+static void parse_args(int argc, char **argv, struct bench_opts *o)
+{
+    struct cli c = {.o = o};
+    set_defaults(o);
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        const struct cli_option *opt = match_option(argc, argv, &i, &v);
+        if (!opt)
+            usage_error("unknown argument '%s'", argv[i]);
+        opt->apply(&c, v);
+    }
+    check_combinations(&c);
+    check_with_library(o);
 }
 
 /* ------------------------------------------------------------ local mode */
@@ -319,15 +432,10 @@ static void self_exe(char *buf, size_t cap)
         snprintf(buf, cap, "/proc/self/exe"); /* rebuilt or removed meanwhile */
 }
 
-/* Start "<self> --serve 127.0.0.1:0 --once --port-fd N ..." and return its port. */
-static int spawn_target(const struct bench_opts *o)
+/* "kvxfer-bench --serve 127.0.0.1:0 --once --port-fd FD" plus what the
+ * target must share with us: --backend, --config and every --option. */
+static void target_args(const struct bench_opts *o, const char *fdarg, const char **args)
 {
-    int pfd[2];
-    if (pipe2(pfd, O_CLOEXEC) < 0)
-        die("pipe: %s", strerror(errno));
-    char fdarg[16];
-    snprintf(fdarg, sizeof fdarg, "%d", pfd[1]);
-    const char *args[16 + 2 * BENCH_MAX_OPTIONS];
     size_t n = 0;
     args[n++] = "kvxfer-bench";
     args[n++] = "--serve";
@@ -348,9 +456,13 @@ static int spawn_target(const struct bench_opts *o)
         args[n++] = o->options[i];
     }
     args[n] = NULL;
+}
+
+/* fork + exec ourselves with args; only port_fd stays open across exec. */
+static pid_t start_target(const char *const *args, int port_fd)
+{
     char exe[4096];
     self_exe(exe, sizeof exe);
-
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0)
@@ -360,21 +472,23 @@ static int spawn_target(const struct bench_opts *o)
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() == 1)
             _exit(1);
-        fcntl(pfd[1], F_SETFD, 0); /* keep only the write end across exec */
+        fcntl(port_fd, F_SETFD, 0);
         execv(exe, (char *const *)args);
         fprintf(stderr, "kvxfer-bench: exec %s: %s\n", exe, strerror(errno));
         _exit(127);
     }
-    g_child = pid;
-    g_die_hook = kill_child;
-    close(pfd[1]);
+    return pid;
+}
 
+/* The port line the target writes to fd once it listens (30 s at most). */
+static int read_port(int fd)
+{
     char buf[32];
     size_t got = 0;
     uint64_t deadline = now_ns() + 30ull * 1000000000u;
     while (got < sizeof buf - 1 && !memchr(buf, '\n', got)) {
         uint64_t now = now_ns();
-        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+        struct pollfd p = {.fd = fd, .events = POLLIN};
         int ms = now < deadline ? (int)((deadline - now) / 1000000u) + 1 : 0;
         int r = poll(&p, 1, ms);
         if (r == 0)
@@ -384,14 +498,13 @@ static int spawn_target(const struct bench_opts *o)
                 continue;
             die("poll: %s", strerror(errno));
         }
-        ssize_t k = read(pfd[0], buf + got, sizeof buf - 1 - got);
+        ssize_t k = read(fd, buf + got, sizeof buf - 1 - got);
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
             break;
         got += (size_t)k;
     }
-    close(pfd[0]);
     buf[got] = '\0';
     uint64_t port;
     char *nl = strchr(buf, '\n');
@@ -400,6 +513,24 @@ static int spawn_target(const struct bench_opts *o)
     if (!nl || parse_u64(buf, &port) < 0 || port == 0 || port > 65535)
         die("local target failed to start (see its message above)");
     return (int)port;
+}
+
+/* Start the local target and return its port; it is killed if we die. */
+static int spawn_target(const struct bench_opts *o)
+{
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) < 0)
+        die("pipe: %s", strerror(errno));
+    char fdarg[16];
+    snprintf(fdarg, sizeof fdarg, "%d", pfd[1]);
+    const char *args[16 + 2 * BENCH_MAX_OPTIONS];
+    target_args(o, fdarg, args);
+    g_child = start_target(args, pfd[1]);
+    g_die_hook = kill_child;
+    close(pfd[1]);
+    int port = read_port(pfd[0]);
+    close(pfd[0]);
+    return port;
 }
 
 /* Ctrl-C during a run: wipe the progress line so the shell prompt is clean,

@@ -1,0 +1,52 @@
+#!/bin/bash
+# Structure rules the build and review rely on (src/backends/README.md):
+#   1. no function in src/ or bench/ over 80 lines;
+#   2. the core names no backend: no KVX_HAVE_* switch, no backend folder include;
+#   3. layers: each layer's include farm (BUILD/layers/NAME) lets through what
+#      it may include and nothing else — checked by compiling one include each;
+#   4. no "seed" in code or the public header (say "vLLM's DataTransport").
+# Usage: scripts/check-structure.sh BUILD_DIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:?usage: $0 BUILD_DIR}
+CXX=${CXX:-c++}
+bad=0
+complain() { echo "check-structure: $*" >&2; bad=1; }
+
+# 1. function length (universal-ctags gives each function's first and last line)
+long=$(ctags --languages=C,C++ --fields=+ne -o - --kinds-c++=f --kinds-c=f -R src bench $(ls -d tools 2>/dev/null) 2>/dev/null |
+    awk -F'\t' '{l=e=0; for(i=1;i<=NF;i++){if($i~/^line:/)l=substr($i,6); if($i~/^end:/)e=substr($i,5)}
+                 if(e-l+1>80) printf "%s:%s %s (%d lines)\n", $2, l, $1, e-l+1}')
+[ -z "$long" ] || complain "functions over 80 lines:"$'\n'"$long"
+n=$(ctags --languages=C,C++ --fields=+ne -o - --kinds-c++=f --kinds-c=f -R src | grep -c "end:")
+[ "$n" -gt 100 ] || complain "ctags found only $n functions in src/: is universal-ctags installed?"
+
+# 2. the core walks the registry
+git grep -n 'KVX_HAVE_' -- src/core src/capi && complain "a backend switch in the core"
+git grep -n '#include "backends/' -- src/core src/capi src/backend && complain "the core includes a backend"
+
+# 3. layer boundaries: what must and must not compile from each layer
+try() { # layer header expect(ok|fail)
+    local out
+    out=$(printf '#include "%s"\n' "$2" | $CXX -std=c++20 -fsyntax-only -x c++ -I "$BUILD/layers/$1" \
+          -I include $(pkg-config --cflags-only-I libibverbs 2>/dev/null) - 2>&1)
+    local rc=$?
+    if [ "$3" = ok ] && [ $rc -ne 0 ]; then complain "layer $1 cannot include $2: $out"; fi
+    if [ "$3" = fail ] && [ $rc -eq 0 ]; then complain "layer $1 may include $2, but must not"; fi
+}
+[ -d "$BUILD/layers/core" ] || complain "no layer include farms in $BUILD/layers (configure first)"
+try util util/event_loop.h ok;       try util wire/metadata.h fail
+try wire wire/metadata.h ok;         try wire handshake/handshake.h fail
+try handshake handshake/handshake.h ok; try handshake backend/backend.h fail
+try backend backend/ops.h ok;        try backend backends/tcp/tcp.h fail;  try backend core/transport.h fail
+try core core/transport.h ok;        try core backends/tcp/tcp.h fail
+try tcp backends/tcp/tcp.h ok;       try tcp core/transport.h fail
+if [ -d "$BUILD/layers/verbs" ]; then
+    try verbs backends/verbs/verbs.h ok; try verbs backends/tcp/tcp.h fail; try tcp backends/verbs/verbs.h fail
+fi
+
+# 4. names
+git grep -n -i -w 'seed' -- src include && complain "'seed' in code or header"
+
+[ $bad -eq 0 ] && echo "check-structure: ok ($n functions, layers and names as drawn)"
+exit $bad
