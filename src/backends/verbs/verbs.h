@@ -234,6 +234,7 @@ private:
     bool broken_ = false;
     bool stopping_ = false;
     int break_status_ = 0;
+    bool progressed_ = false;  // signalled WRs completed since the sink last heard
     std::atomic<bool> broken_flag_{false};
     std::vector<ibv_send_wr> wr_buf_;
     std::vector<ibv_sge> sge_buf_;

@@ -381,10 +381,14 @@ void VerbsPeer::to_error(Qp &q) {
 }
 
 // Calls the sink for out without holding mu_; shutdown() waits for these.
+// Signalled WRs that completed no transfer (a large one is under way) are
+// progress too: the transfer timeout measures a stall, so the sink hears of it.
 void VerbsPeer::deliver(std::unique_lock<std::mutex> &lk, CompletionBatch &out) {
-    if (out.empty()) return;
+    const bool progressed = std::exchange(progressed_, false);
+    if (out.empty() && !progressed) return;
     delivering_++;
     lk.unlock();
+    if (progressed) sink_->progress();
     out.deliver(*sink_);
     lk.lock();
     if (--delivering_ == 0) cv_.notify_all();
@@ -398,6 +402,7 @@ void VerbsPeer::complete_marks(Qp &q, uint64_t seq, CompletionBatch &out) {
         q.used -= mk.wrs;
         if (mk.op) out.part_done(*mk.op, 0);
         q.marks.pop_front();
+        progressed_ = true;
     }
 }
 
