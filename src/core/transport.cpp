@@ -323,7 +323,7 @@ void Transport::finish_locked(uint64_t id, Peer &peer, int status) {
     Completions &c = completions_[peer.id];
     (status == 0 ? c.done : c.failed).push_back(id);
     if (status != 0) KVX_LOG(debug, "transfer %llu to peer '%s' failed: %s", (unsigned long long)id, peer.id.c_str(),
-                             kvx_strerror(status));
+                             error_name(status));
 }
 
 void Transport::poll(const char *peer_id, uint64_t *done, size_t done_cap, size_t *n_done, uint64_t *failed,
