@@ -1,52 +1,140 @@
-// tcp backend internals: the listener that lets peers write into our region
-// (TcpServer) and the outbound side that writes into a peer's (TcpPeer).
+// tcp backend internals. Every socket lives on the transport's event loop
+// (util/event_loop.h), so the thread count does not grow with peers or
+// streams: the listener and each accepted connection (TcpServer, TcpConn:
+// handshake, then frames read straight into the region) and each outbound
+// stream (TcpPeer: frames written from the region, acks read). Only the
+// connect and handshake of an outbound stream block, in the thread that adds
+// the peer, bounded by its deadline.
 #pragma once
 
+#include <sys/uio.h>
+
+#include <array>
 #include <atomic>
-#include <condition_variable>
 #include <deque>
-#include <list>
 #include <memory>
 #include <mutex>
-#include <sys/uio.h>
-#include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/ops.h"
+#include "backends/tcp/tcp_wire.h"
+#include "handshake/handshake.h"
+#include "util/event_loop.h"
 #include "util/net.h"
 
 namespace kvx::tcp {
 
-// Accepts connections, authenticates them, then receives frames straight into
-// the region on one thread per connection.
-class TcpServer {
+class TcpServer;
+
+// One accepted connection, on the loop thread: the handshake (HELLO ->
+// CHALLENGE, AUTH -> ACCEPT, or REFUSE) before a deadline, then frames whose
+// header and segment table are validated before their payload is read into
+// the region, and the acknowledgements, written without blocking.
+class TcpConn final : private EventLoop::Source {
+public:
+    TcpConn(TcpServer &server, net::Fd fd);
+    // Attaches to the loop and arms the handshake deadline; false when the
+    // loop is stopped.
+    bool start(Clock::time_point deadline);
+    // Never called again once this returns; the socket closes with the object.
+    void stop();
+    bool authenticated() const { return state_ >= State::frame_head; }
+
+private:
+    enum class State { hello, auth, refused, frame_head, frame_segs, payload };
+    enum class Next { more, wait, close };  // after one read: read again, wait for the loop, close
+    void on_event(int tag, uint32_t events) override;
+    void on_timer(int tag) override;
+    Next read_turn();
+    Next read_handshake();
+    Next answer();
+    void on_authenticated();
+    Next read_head();
+    void start_payload();
+    Next read_payload();
+    bool flush();
+    void update_interest();
+
+    TcpServer &server_;
+    const BackendContext &ctx_;
+    net::Fd fd_;
+    uint64_t token_ = 0, deadline_ = 0;
+    uint32_t events_ = 0;
+    State state_ = State::hello;
+    size_t have_ = 0, need_ = 0;  // of the handshake message or frame head being read
+    handshake::Bytes msg_{};
+    handshake::Challenge challenge_;
+    std::vector<uint8_t> head_;  // frame header + segment table
+    FrameHeader frame_;
+    std::vector<iovec> iov_;  // the frame's payload in the region
+    size_t iov_at_ = 0;
+    std::vector<uint8_t> out_;  // handshake answers, acks: not yet sent
+    size_t out_at_ = 0;
+};
+
+// The listener: accepts on the loop thread and admits connections to the
+// handshake. Admission today: at most 64 unauthenticated connections at
+// once, each closed if it has not authenticated within connect_timeout_ms.
+class TcpServer final : private EventLoop::Source {
 public:
     explicit TcpServer(const BackendContext &ctx);
     ~TcpServer();
     const std::vector<net::Endpoint> &advertised() const { return advertised_; }
+    // After return no byte lands in the region.
     void shutdown();
 
+    // For TcpConn, on the loop thread.
+    const BackendContext &ctx() const { return ctx_; }
+    void authenticated();
+    void close(TcpConn &c);  // frees c
+
 private:
-    struct Conn {
-        net::Fd fd;
-        std::thread thread;
-        std::atomic<bool> finished{false};
-    };
-    void accept_loop();
-    void serve(Conn *c);
-    bool handshake(int fd);
-    void reap(bool all);
+    void on_event(int tag, uint32_t events) override;
+    void on_timer(int tag) override;
+    void admit(net::Fd fd);
+    void pause_accepting();
 
     BackendContext ctx_;
     net::Fd listen_fd_;
-    int wake_[2] = {-1, -1};
     std::vector<net::Endpoint> advertised_;
-    std::thread acceptor_;
-    std::mutex mu_;
-    std::list<std::unique_ptr<Conn>> conns_;
-    bool stopping_ = false;
-    std::atomic<size_t> handshaking_{0};
+    uint64_t listen_tok_ = 0, resume_timer_ = 0;
+    // The loop thread's.
+    std::unordered_map<TcpConn *, std::unique_ptr<TcpConn>> conns_;
+    size_t handshaking_ = 0;  // unauthenticated connections
+    bool stopped_ = false;
+};
+
+// The frames of a batch of parts, written to a non-blocking socket over as
+// many sendmsg calls as it takes. A part's frames are consecutive; its last
+// frame asks for the acknowledgement. Each frame's header and segment table
+// are contiguous and travel in one iovec before the frame's data.
+class FrameWriter {
+public:
+    explicit FrameWriter(const Region &r) : region_(r) {}
+    bool idle() const { return parts_.empty(); }
+    // Adds a part to the next batch (only while idle, before write()).
+    void add(Part p, uint64_t seq);
+    // 1: the batch is out; 0: the socket would block (call again when it is
+    // writable); -errno: the socket failed.
+    int write(int fd);
+    void clear();
+
+private:
+    void fill();
+    void next_part();
+
+    Region region_;
+    std::vector<Part> parts_;
+    std::vector<uint64_t> seqs_;
+    size_t pi_ = 0, ri_ = 0;  // framing cursor: part, run, and what is left of the run
+    Run run_{0, 0, 0};
+    std::vector<uint8_t> head_;
+    std::vector<iovec> iov_;
+    std::vector<std::pair<size_t, size_t>> heads_;  // iovec index, offset in head_
+    size_t iov_at_ = 0;
 };
 
 // A part sent on a stream, waiting for its acknowledgement.
@@ -55,10 +143,15 @@ struct Awaiting {
     uint64_t seq = 0;
 };
 
+// The streams to one peer. Callers queue parts under mu_ and wake the loop;
+// the loop thread alone writes frames and reads acknowledgements, and
+// completes transfers with no lock held.
 class TcpPeer final : public BackendPeer {
 public:
     TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<net::Fd> fds);
     ~TcpPeer() override;
+    // Puts the streams on the loop; throws Error(KVX_ECLOSED) when it is stopped.
+    void start();
     void submit(Op op) override;
     bool drop_if_not_started(uint64_t id) override;
     bool broken() const override { return broken_.load(); }
@@ -66,31 +159,40 @@ public:
     void shutdown() override;
 
 private:
-    struct Stream {
+    struct Stream final : EventLoop::Source {
+        Stream(TcpPeer &p, net::Fd f, const Region &r) : peer(p), fd(std::move(f)), writer(r) {}
+        void on_event(int, uint32_t events) override { peer.on_stream(*this, events); }
+        TcpPeer &peer;
         net::Fd fd;
-        std::thread sender, acker;
-        std::mutex mu;  // guards awaiting
+        uint64_t token = 0;
+        uint32_t events = 0;
+        FrameWriter writer;
         std::deque<Awaiting> awaiting;
-        std::vector<uint8_t> head;  // frame headers + segment tables of one sendmsg, reused
-        std::vector<iovec> iov;     // sender thread only
+        std::array<uint8_t, kAckLen> ack_part{};  // an ack cut by a recv
+        size_t ack_have = 0;
     };
-    void send_loop(Stream *s);
-    void ack_loop(Stream *s);
-    int send_parts(Stream *s, const std::vector<Part> &parts, const std::vector<uint64_t> &seqs);
-    void fail_all(int status);
-    bool stop_flag_seen();
+    void pump();
+    void on_stream(Stream &s, uint32_t events);
+    void send_more(Stream &s);
+    bool take_batch(Stream &s);
+    bool read_acks(Stream &s);
+    void want_writable(Stream &s, bool on);
+    void fail_on_loop(int status, CompletionBatch &victims);
+    void fail_now(int status);
 
+    EventLoop *loop_;
     Region region_;
     std::string peer_id_;
     CompletionSink *sink_;
     std::vector<std::unique_ptr<Stream>> streams_;
-    std::mutex mu_;  // guards queue_, stop_
-    std::condition_variable cv_;
+    std::mutex mu_;  // guards queue_, stop_, kicked_, alive_, next_seq_
     std::deque<Part> queue_;
     bool stop_ = false;
+    bool kicked_ = false;           // a pump is posted and has not started yet
+    std::shared_ptr<void> alive_;   // a posted pump runs only while this lives
+    uint64_t next_seq_ = 1;
     std::atomic<bool> broken_{false};
     std::atomic<int> break_status_{0};
-    std::atomic<uint64_t> next_seq_{1};
     std::once_flag shutdown_once_;
 };
 

@@ -1,5 +1,5 @@
-// Initiator side of the tcp backend: authenticated streams to one peer, a
-// sender and an acknowledgement reader per stream.
+// Initiator side of the tcp backend: streams to one peer, connected and
+// authenticated in the caller's thread, then served by the event loop.
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -17,26 +17,10 @@ namespace kvx::tcp {
 namespace {
 
 constexpr uint64_t kSplitMin = 1 << 20;  // an op is spread over streams in parts of at least this
-constexpr size_t kSendMaxSegs = kFrameMaxSegs - 1;  // + the header iovec <= IOV_MAX
-constexpr size_t kSendIovMax = kFrameMaxSegs;       // iovecs per sendmsg (IOV_MAX)
-constexpr size_t kSendHeadBytes = 32 << 10;               // frame headers + segment tables per sendmsg
-constexpr size_t kBatchParts = 32;                        // parts one sendmsg may carry ...
-constexpr uint64_t kBatchBytes = 1 << 20;                 // ... up to about this many bytes
-
-int sendmsg_full(int fd, iovec *iov, size_t cnt) {
-    while (cnt > 0) {
-        msghdr mh{};
-        mh.msg_iov = iov;
-        mh.msg_iovlen = cnt;
-        ssize_t r = ::sendmsg(fd, &mh, MSG_NOSIGNAL);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
-        cnt = net::advance_iov(iov, cnt, static_cast<size_t>(r));
-    }
-    return 0;
-}
+constexpr size_t kBatchParts = 32;        // parts one sendmsg may carry ...
+constexpr uint64_t kBatchBytes = 1 << 20; // ... up to about this many bytes
+constexpr int kTurnBatches = 8;           // batches per writable event, then other sources get a turn
+constexpr size_t kAckBatch = 256;         // acks one recv may return
 
 // Reads one handshake message (header, then the rest its kind needs) into buf.
 int read_message(int fd, handshake::Bytes &buf, size_t *len, Clock::time_point deadline) {
@@ -88,8 +72,7 @@ net::Fd open_stream(const BackendContext &ctx, const PeerContext &pc, const std:
         int rc = net::connect_by(ep, pc.deadline, &fd);
         if (rc == 0) rc = authenticate(fd.get(), ctx, pc, where);
         if (rc == 0) {
-            net::set_blocking(fd.get(), true);
-            net::set_nodelay(fd.get());
+            net::set_nodelay(fd.get());  // stays non-blocking: it goes on the event loop
             KVX_LOG(info, "tcp: connected to %s", where.c_str());
             return fd;
         }
@@ -112,37 +95,51 @@ std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerC
     std::vector<net::Fd> fds;
     const uint64_t streams = ctx.options->uint("tcp.streams");
     for (uint64_t i = 0; i < streams; i++) fds.push_back(open_stream(ctx, pc, eps));
-    return std::make_unique<TcpPeer>(ctx, pc, std::move(fds));
+    auto peer = std::make_unique<TcpPeer>(ctx, pc, std::move(fds));
+    peer->start();
+    return peer;
 }
 
 TcpPeer::TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<net::Fd> fds)
-    : region_(ctx.region), peer_id_(pc.peer_id), sink_(pc.sink) {
-    for (auto &fd : fds) {
-        auto s = std::make_unique<Stream>();
-        s->fd = std::move(fd);
-        s->head.resize(kSendHeadBytes);
-        s->iov.resize(kSendIovMax);
-        streams_.push_back(std::move(s));
-    }
-    for (auto &s : streams_) {
-        Stream *raw = s.get();
-        raw->sender = std::thread([this, raw] { send_loop(raw); });
-        raw->acker = std::thread([this, raw] { ack_loop(raw); });
-    }
+    : loop_(ctx.loop), region_(ctx.region), peer_id_(pc.peer_id), sink_(pc.sink), alive_(std::make_shared<char>()) {
+    for (auto &fd : fds) streams_.push_back(std::make_unique<Stream>(*this, std::move(fd), region_));
 }
 
 TcpPeer::~TcpPeer() { shutdown(); }
 
+// On the loop thread: an event of the first stream may fail the peer, which
+// must then find every stream's token in place.
+void TcpPeer::start() {
+    bool attached = true;
+    loop_->call([&] {
+        for (auto &s : streams_) {
+            s->events = EPOLLIN;
+            s->token = loop_->attach(s->fd.get(), s->events, s.get(), 0);
+            attached &= s->token != 0;
+        }
+    });
+    if (!attached) fail(KVX_ECLOSED, "peer '%s': the transport is closing", peer_id_.c_str());
+}
+
 void TcpPeer::submit(Op op) {
     std::vector<Part> parts = split_op(std::move(op), streams_.size(), kSplitMin, region_.block_len);
+    std::weak_ptr<void> alive;
+    bool queued = false, kick = false;
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (!stop_) {
             for (auto &p : parts) queue_.push_back(std::move(p));
-            cv_.notify_all();
-            return;
+            queued = true;
+            kick = !kicked_;
+            kicked_ = true;
+            alive = alive_;
         }
     }
+    // One pump per burst of submits; it runs only while the peer is alive.
+    if (kick) loop_->post([this, alive] {
+        if (auto a = alive.lock()) pump();
+    });
+    if (queued) return;
     CompletionBatch out;
     out.fail(*parts.front().op, break_status_.load() ? break_status_.load() : KVX_EPEERBROKEN);
     out.deliver(*sink_);
@@ -158,173 +155,143 @@ bool TcpPeer::drop_if_not_started(uint64_t id) {
     return true;
 }
 
-void TcpPeer::send_loop(Stream *s) {
-    std::vector<Part> batch;
-    std::vector<uint64_t> seqs;
-    for (;;) {
-        batch.clear();
-        seqs.clear();
-        {
-            std::unique_lock<std::mutex> lk(mu_);
-            cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-            if (stop_) return;
-            // Small parts queued together leave in one sendmsg: fewer
-            // syscalls and wake-ups per transfer (64 KiB blocks, batch 1).
-            uint64_t bytes = 0;
-            std::lock_guard<std::mutex> slk(s->mu);
-            while (!queue_.empty() && batch.size() < kBatchParts && (batch.empty() || bytes < kBatchBytes)) {
-                Part p = std::move(queue_.front());
-                queue_.pop_front();
-                p.op->started.store(true);
-                seqs.push_back(next_seq_++);
-                bytes += p.bytes;
-                s->awaiting.push_back(Awaiting{p.op, seqs.back()});
-                batch.push_back(std::move(p));
-            }
-        }
-        int rc = send_parts(s, batch, seqs);
-        if (rc != 0) {
+// Loop thread: every idle stream takes queued parts. A stream still writing
+// its batch takes more when it becomes writable again.
+void TcpPeer::pump() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        kicked_ = false;
+    }
+    for (auto &s : streams_)
+        if (s->token && s->writer.idle()) send_more(*s);
+}
+
+void TcpPeer::on_stream(Stream &s, uint32_t events) {
+    if ((events & (EPOLLIN | EPOLLERR | EPOLLHUP)) && !read_acks(s)) return;
+    if (events & EPOLLOUT) send_more(s);
+}
+
+void TcpPeer::send_more(Stream &s) {
+    for (int turn = 0;; turn++) {
+        int rc = s.writer.write(s.fd.get());
+        if (rc < 0) {
             KVX_LOG(warn, "tcp: peer '%s': send failed: %s", peer_id_.c_str(), strerror(-rc));
-            fail_all(KVX_ECONNRESET);
-            return;
+            return fail_now(KVX_ECONNRESET);
         }
+        if (rc == 0) return want_writable(s, true);
+        // Past the turn's budget, come back on the next writable event.
+        if (turn == kTurnBatches) return want_writable(s, true);
+        if (!take_batch(s)) return want_writable(s, false);
     }
 }
 
-// Writes the frames of several parts with as few sendmsg calls as the iovec
-// and header budgets allow. A part's frames are consecutive; its last frame
-// asks for the acknowledgement. Each frame's header and segment table are
-// contiguous in s->head and travel in one iovec before the frame's data.
-int TcpPeer::send_parts(Stream *s, const std::vector<Part> &parts, const std::vector<uint64_t> &seqs) {
-    const uint64_t bl = region_.block_len;
-    const uint64_t maxp = std::max<uint64_t>(kFrameMaxPayload / bl * bl, bl);
-    uint8_t *const heads = s->head.data();
-    iovec *const iov = s->iov.data();
-    const size_t hcap = s->head.size(), icap = s->iov.size();
-    size_t hused = 0, iused = 0;
-    auto flush_io = [&]() -> int {
-        int rc = iused ? sendmsg_full(s->fd.get(), iov, iused) : 0;
-        hused = iused = 0;
-        return rc;
-    };
-    for (size_t pi = 0; pi < parts.size(); pi++) {
-        const Part &p = parts[pi];
-        size_t ri = 0;
-        Run r = p.runs.empty() ? Run{0, 0, 0} : p.runs[0];
-        bool last = false;
-        while (!last) {
-            // Open a frame: room for its header, one segment and its iovecs.
-            if (hused + kFrameHeaderLen + kSegLen > hcap || iused + 2 > icap) {
-                int rc = flush_io();
-                if (rc) return rc;
-            }
-            const size_t hpos = hused, hiov = iused++;
-            hused += kFrameHeaderLen;
-            size_t nseg = 0;
-            uint64_t total = 0;
-            for (;;) {
-                if (r.len == 0 && ri + 1 >= p.runs.size()) {
-                    last = true;
-                    break;
-                }
-                if (r.len == 0) {
-                    r = p.runs[++ri];
-                    continue;
-                }
-                if (nseg == kSendMaxSegs || total == maxp || hused + kSegLen > hcap || iused + 1 > icap) break;
-                uint64_t take = std::min(r.len, maxp - total);
-                encode_segment(Segment{r.remote_off, take}, heads + hused);
-                hused += kSegLen;
-                iov[iused++] = iovec{region_.base + r.local_off, take};
-                nseg++;
-                total += take;
-                r.local_off += take;
-                r.remote_off += take;
-                r.len -= take;
-            }
-            FrameHeader h;
-            h.flags = last ? kFlagAck : 0;
-            h.seq = seqs[pi];
-            h.nseg = static_cast<uint32_t>(nseg);
-            h.total_len = total;
-            encode_frame_header(h, heads + hpos);
-            iov[hiov] = iovec{heads + hpos, kFrameHeaderLen + nseg * kSegLen};
-        }
-    }
-    return flush_io();
-}
-
-void TcpPeer::ack_loop(Stream *s) {
-    // Acks are read in batches: one recv returns every ack that has arrived.
-    constexpr size_t kBatch = 64;
-    uint8_t buf[kBatch * kAckLen];
-    size_t have = 0;
-    CompletionBatch done;
-    for (;;) {
-        ssize_t r = ::recv(s->fd.get(), buf + have, sizeof buf - have, 0);
-        if (r <= 0) {
-            if (r < 0 && errno == EINTR) continue;
-            if (!stop_flag_seen())
-                KVX_LOG(warn, "tcp: peer '%s': connection lost: %s", peer_id_.c_str(), r == 0 ? "closed" : strerror(errno));
-            fail_all(KVX_ECONNRESET);
-            return;
-        }
-        have += static_cast<size_t>(r);
-        size_t used = 0;
-        try {
-            std::lock_guard<std::mutex> lk(s->mu);
-            for (; have - used >= kAckLen; used += kAckLen) {
-                Ack a = decode_ack(buf + used);
-                if (s->awaiting.empty() || s->awaiting.front().seq != a.seq || a.status != 0)
-                    fail(KVX_ECONNRESET, "unexpected acknowledgement %llu", (unsigned long long)a.seq);
-                done.part_done(*s->awaiting.front().op, 0);
-                s->awaiting.pop_front();
-            }
-        } catch (const Error &e) {
-            done.deliver(*sink_);  // acknowledged before the bad one
-            KVX_LOG(warn, "tcp: peer '%s': %s", peer_id_.c_str(), e.what());
-            fail_all(KVX_ECONNRESET);
-            return;
-        }
-        memmove(buf, buf + used, have - used);
-        have -= used;
-        done.deliver(*sink_);
-    }
-}
-
-bool TcpPeer::stop_flag_seen() {
+// Small parts queued together leave in one sendmsg: fewer syscalls and
+// wake-ups per transfer (64 KiB blocks, batch 1).
+bool TcpPeer::take_batch(Stream &s) {
     std::lock_guard<std::mutex> lk(mu_);
-    return stop_;
+    if (stop_) return false;
+    uint64_t bytes = 0;
+    size_t n = 0;
+    while (!queue_.empty() && n < kBatchParts && (n == 0 || bytes < kBatchBytes)) {
+        Part p = std::move(queue_.front());
+        queue_.pop_front();
+        p.op->started.store(true);
+        const uint64_t seq = next_seq_++;
+        bytes += p.bytes;
+        s.awaiting.push_back(Awaiting{p.op, seq});
+        s.writer.add(std::move(p), seq);
+        n++;
+    }
+    return n > 0;
 }
 
-void TcpPeer::fail_all(int status) {
-    CompletionBatch victims;
+void TcpPeer::want_writable(Stream &s, bool on) {
+    const uint32_t ev = EPOLLIN | (on ? uint32_t{EPOLLOUT} : 0);
+    if (ev != s.events) loop_->modify(s.token, s.events = ev);
+}
+
+// Acks are read in batches: one recv returns every ack that has arrived.
+// false: the peer failed.
+bool TcpPeer::read_acks(Stream &s) {
+    uint8_t buf[kAckBatch * kAckLen];
+    memcpy(buf, s.ack_part.data(), s.ack_have);
+    ssize_t r = ::recv(s.fd.get(), buf + s.ack_have, sizeof buf - s.ack_have, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+    if (r <= 0) {
+        KVX_LOG(warn, "tcp: peer '%s': connection lost: %s", peer_id_.c_str(), r == 0 ? "closed" : strerror(errno));
+        fail_now(KVX_ECONNRESET);
+        return false;
+    }
+    const size_t have = s.ack_have + static_cast<size_t>(r);
+    size_t used = 0;
+    CompletionBatch done;
+    try {
+        for (; have - used >= kAckLen; used += kAckLen) {
+            Ack a = decode_ack(buf + used);
+            if (s.awaiting.empty() || s.awaiting.front().seq != a.seq || a.status != 0)
+                fail(KVX_ECONNRESET, "unexpected acknowledgement %llu", (unsigned long long)a.seq);
+            done.part_done(*s.awaiting.front().op, 0);
+            s.awaiting.pop_front();
+        }
+    } catch (const Error &e) {
+        done.deliver(*sink_);  // acknowledged before the bad one
+        KVX_LOG(warn, "tcp: peer '%s': %s", peer_id_.c_str(), e.what());
+        fail_now(KVX_ECONNRESET);
+        return false;
+    }
+    s.ack_have = have - used;
+    memcpy(s.ack_part.data(), buf + used, s.ack_have);
+    // Parts of a larger transfer acknowledged: progress, though nothing completed.
+    if (used > 0 && done.empty()) sink_->progress();
+    done.deliver(*sink_);
+    return true;
+}
+
+// Loop thread (or inline once the loop is stopped): breaks the peer and
+// collects every pending part's transfer as failed.
+void TcpPeer::fail_on_loop(int status, CompletionBatch &victims) {
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (!broken_.exchange(true)) break_status_.store(status);
         stop_ = true;
-        cv_.notify_all();
         for (auto &p : queue_) victims.fail(*p.op, status);
         queue_.clear();
-        for (auto &s : streams_) {
-            std::lock_guard<std::mutex> slk(s->mu);
-            for (auto &a : s->awaiting) victims.fail(*a.op, status);
-            s->awaiting.clear();
-            ::shutdown(s->fd.get(), SHUT_RDWR);
-        }
     }
+    for (auto &s : streams_) {
+        for (auto &a : s->awaiting) victims.fail(*a.op, status);
+        s->awaiting.clear();
+        s->writer.clear();
+        loop_->detach(s->token);
+        s->token = 0;
+        if (s->fd) ::shutdown(s->fd.get(), SHUT_RDWR);
+    }
+}
+
+void TcpPeer::fail_now(int status) {
+    CompletionBatch victims;
+    fail_on_loop(status, victims);
     victims.deliver(*sink_);
 }
 
-void TcpPeer::abort(int status) { fail_all(status); }
+void TcpPeer::abort(int status) {
+    CompletionBatch victims;
+    loop_->call([&] { fail_on_loop(status, victims); });
+    victims.deliver(*sink_);
+}
 
 void TcpPeer::shutdown() {
     std::call_once(shutdown_once_, [this] {
-        fail_all(KVX_ECONNRESET);
-        for (auto &s : streams_) {
-            if (s->sender.joinable()) s->sender.join();
-            if (s->acker.joinable()) s->acker.join();
+        {
+            // A pump posted from here on, or not started yet, never runs.
+            std::lock_guard<std::mutex> lk(mu_);
+            alive_.reset();
         }
+        CompletionBatch victims;
+        loop_->call([&] {
+            fail_on_loop(KVX_ECONNRESET, victims);
+            for (auto &s : streams_) s->fd = net::Fd();
+        });
+        victims.deliver(*sink_);
     });
 }
 
