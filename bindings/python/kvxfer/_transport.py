@@ -540,14 +540,18 @@ class Transport:
         TransportError (not ValueErrors) for the transport's own trouble.
         On failure no peer is registered under peer_id."""
         h, reg = self._start_registration(peer_id, agent_metadata, base_addr, num_blocks, block_len)
-        while True:  # in slices, so that signals (Ctrl-C) get through
-            rc, state, err = _native.kvx_registration_status(h, reg, 200)
-            if rc:
-                raise self._error(rc)
-            if state == _native.KVX_REGISTRATION_DONE:
-                return
-            if state == _native.KVX_REGISTRATION_FAILED:
-                raise self._error(err)  # the message is the registration's, set for this thread
+        state = _native.KVX_REGISTRATION_PENDING
+        try:
+            while state == _native.KVX_REGISTRATION_PENDING:  # in slices, so that signals get through
+                rc, state, err = _native.kvx_registration_status(h, reg, 200)
+                if rc:
+                    raise self._error(rc)
+        except BaseException:
+            if state == _native.KVX_REGISTRATION_PENDING:  # interrupted: it must not publish behind our back
+                _native.kvx_remove_remote_peer(h, peer_id)
+            raise
+        if state == _native.KVX_REGISTRATION_FAILED:
+            raise self._error(err)  # the message is the registration's, set for this thread
 
     def add_remote_peer_async(self, peer_id: str, agent_metadata: bytes, base_addr: int, num_blocks: int,
                               block_len: int) -> "concurrent.futures.Future[None]":
