@@ -40,13 +40,14 @@ bool Registrations::cancel_locked(const std::string &id, int code, const char *w
     r->cancel_code = code;
     // Reported now, so that nobody waits for the attempt still connecting;
     // the attempt itself only closes what it opened.
-    if (r->reg) record_locked(r->reg, code, strfmt("peer '%s': registration %llu cancelled: %s", id.c_str(),
+    // (id may have been the erased key: r owns a copy)
+    if (r->reg) record_locked(r->reg, code, strfmt("peer '%s': registration %llu cancelled: %s", r->id.c_str(),
                                                    (unsigned long long)r->reg, why));
     return true;
 }
 
 void Registrations::cancel_all_locked(int code, const char *why) {
-    while (!by_id_.empty()) cancel_locked(by_id_.begin()->first, code, why);
+    while (!by_id_.empty()) cancel_locked(std::string(by_id_.begin()->first), code, why);
 }
 
 void Registrations::record_locked(uint64_t reg, int status, const std::string &message) {
