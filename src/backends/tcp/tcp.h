@@ -182,7 +182,6 @@ public:
     // Puts the streams on the loop; throws Error(KVX_ECLOSED) when it is stopped.
     void start();
     void submit(Op op) override;
-    bool drop_if_not_started(uint64_t id) override;
     bool broken() const override { return broken_.load(); }
     void abort(int status) override;
     void shutdown() override;
