@@ -68,12 +68,13 @@ int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const
 // is done: worth another try before the deadline.
 bool transient(int rc) { return rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED; }
 
-// Sleeps a backoff of 2, 4, ... up to 64 ms with jitter, never past the deadline.
+// Sleeps 1..2 ms, doubling per attempt up to 64..128 ms (jittered, so a crowd
+// spreads out), never past the deadline.
 void back_off(int attempt, Clock::time_point deadline) {
-    static thread_local uint32_t seed = static_cast<uint32_t>(Clock::now().time_since_epoch().count());
-    seed = seed * 1664525u + 1013904223u;
+    static thread_local uint32_t jitter = static_cast<uint32_t>(Clock::now().time_since_epoch().count());
+    jitter = jitter * 1664525u + 1013904223u;
     const int64_t base_us = int64_t{1000} << std::min(attempt, 6);
-    auto pause = std::chrono::microseconds(base_us + (seed >> 8) % base_us);
+    auto pause = std::chrono::microseconds(base_us + (jitter >> 8) % base_us);
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, std::max<Clock::duration>(deadline - Clock::now(), {})));
 }
 
