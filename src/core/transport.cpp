@@ -20,8 +20,9 @@ void random_bytes(void *p, size_t n) {
         fail(KVX_EINTERNAL, "OpenSSL RAND_bytes failed");
 }
 
-// The backends a transport serves on, in order of preference: the one named,
-// or for "auto" the first registered backend whose probe says it is usable.
+// The backends a transport may serve on, in order of preference: the one
+// named, or for "auto" every registered backend whose probe says it is usable
+// (creation may still find one unusable: the next one then serves).
 std::vector<const BackendDesc *> choose_backends(const std::string &name, const Options &o) {
     if (name != "auto") {
         const BackendDesc *b = find_backend(name);
@@ -31,12 +32,14 @@ std::vector<const BackendDesc *> choose_backends(const std::string &name, const 
         if (!b->probe(o, &why)) fail(KVX_ENOTSUP, "backend %s: %s", b->name, why.c_str());
         return {b};
     }
+    std::vector<const BackendDesc *> usable;
     for (const BackendDesc *b : backend_registry()) {
         std::string why;
-        if (b->probe(o, &why)) return {b};
-        KVX_LOG(info, "backend auto: %s not usable here (%s)", b->name, why.c_str());
+        if (b->probe(o, &why)) usable.push_back(b);
+        else KVX_LOG(info, "backend auto: %s not usable here (%s)", b->name, why.c_str());
     }
-    fail(KVX_ENOTSUP, "backend auto: no backend is usable here");
+    if (usable.empty()) fail(KVX_ENOTSUP, "backend auto: no backend is usable here");
+    return usable;
 }
 
 }  // namespace
@@ -90,13 +93,16 @@ void Transport::start_backends(const BackendContext &ctx) {
             t->loop_->stop();
         }
     } guard{this};
+    std::string why;
     for (const BackendDesc *d : choose_backends(core_.backend, options_)) {
-        std::string why;
-        std::unique_ptr<Backend> b = d->create(ctx, &why);
-        if (!b) fail(KVX_ENOTSUP, "backend %s: %s", d->name, why.c_str());
-        backends_.push_back(std::move(b));
+        if (std::unique_ptr<Backend> b = d->create(ctx, &why)) {
+            backends_.push_back(std::move(b));
+            guard.armed = false;
+            return;
+        }
+        KVX_LOG(info, "backend %s: not usable (%s)", d->name, why.c_str());
     }
-    guard.armed = false;
+    fail(KVX_ENOTSUP, "backend %s: %s", core_.backend.c_str(), why.c_str());
 }
 
 Transport::~Transport() { close(); }
@@ -317,7 +323,7 @@ void Transport::finish_locked(uint64_t id, Peer &peer, int status) {
     Completions &c = completions_[peer.id];
     (status == 0 ? c.done : c.failed).push_back(id);
     if (status != 0) KVX_LOG(debug, "transfer %llu to peer '%s' failed: %s", (unsigned long long)id, peer.id.c_str(),
-                             kvx_strerror(status));
+                             error_name(status));
 }
 
 void Transport::poll(const char *peer_id, uint64_t *done, size_t done_cap, size_t *n_done, uint64_t *failed,

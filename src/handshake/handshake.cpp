@@ -266,7 +266,7 @@ Message decode_reply(const void *p, size_t n, const char *where, const char *to)
         fail(failure_code(e.code()), "%s: bad answer to %s: %s", where, to, e.what());
     }
     if (m.kind == Kind::refuse)
-        fail(refusal_code(m.refuse), "%s refused the connection: %s", where, kvx_strerror(m.refuse.status));
+        fail(refusal_code(m.refuse), "%s refused the connection: %s", where, error_name(m.refuse.status));
     return m;
 }
 

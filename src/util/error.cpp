@@ -40,4 +40,35 @@ void fail(int code, const char *fmt, ...) {
     throw Error(code, std::move(s));
 }
 
+const char *error_name(int code) {
+    switch (code) {
+    case KVX_OK: return "success";
+    case KVX_EPERM: return "operation not permitted";
+    case KVX_ENOENT: return "unknown peer";
+    case KVX_ENOMEM: return "out of memory";
+    case KVX_EBUSY: return "resource busy";
+    case KVX_EEXIST: return "peer already registered";
+    case KVX_EINVAL: return "invalid argument";
+    case KVX_ERANGE: return "block index out of range";
+    case KVX_ENOBUFS: return "buffer too small";
+    case KVX_ENOTSUP: return "not supported";
+    case KVX_EOVERFLOW: return "size overflow";
+    case KVX_ECONNREFUSED: return "connection refused";
+    case KVX_ETIMEDOUT: return "timed out";
+    case KVX_ECONNRESET: return "connection lost";
+    case KVX_EHOSTUNREACH: return "peer unreachable";
+    case KVX_ECLOSED: return "transport closed";
+    case KVX_EBADMETA: return "invalid agent metadata";
+    case KVX_EVERSION: return "unsupported protocol version";
+    case KVX_EFINGERPRINT: return "config fingerprint mismatch";
+    case KVX_EGEOMETRY: return "region geometry mismatch";
+    case KVX_EPEERBROKEN: return "peer connection broken";
+    case KVX_EAUTH: return "authentication failed";
+    case KVX_ECONFIG: return "invalid config";
+    case KVX_EBACKEND: return "backend failure";
+    case KVX_EINTERNAL: return "internal error";
+    default: return "unknown error code";
+    }
+}
+
 }  // namespace kvx

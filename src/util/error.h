@@ -24,6 +24,10 @@ private:
 std::string strfmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string vstrfmt(const char *fmt, va_list ap);
 
+// The text of a KVX_E* code (kvx_strerror() is this, exported): the layers
+// below the C API use it for messages.
+const char *error_name(int code);
+
 // Throw Error(code, formatted message).
 [[noreturn]] void fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -170,14 +170,11 @@ size_t advance_iov(iovec *&iov, size_t cnt, size_t n) {
     return cnt;
 }
 
-namespace {
-
 int ms_left(Clock::time_point deadline) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
 }
 
-// Waits for events on fd until the deadline: 0 ready, -ETIMEDOUT, -errno.
 int wait_fd(int fd, short events, Clock::time_point deadline) {
     for (;;) {
         int ms = ms_left(deadline);
@@ -189,8 +186,6 @@ int wait_fd(int fd, short events, Clock::time_point deadline) {
         if (errno != EINTR) return -errno;
     }
 }
-
-}  // namespace
 
 int connect_by(const Endpoint &e, Clock::time_point deadline, Fd *out) {
     socklen_t len = 0;

@@ -57,6 +57,12 @@ private:
     int fd_ = -1;
 };
 
+// Milliseconds until deadline, 0 once it has passed (for poll and friends).
+int ms_left(Clock::time_point deadline);
+// Waits for events (POLLIN, POLLOUT) on fd until the deadline: 0 ready,
+// -ETIMEDOUT, -errno.
+int wait_fd(int fd, short events, Clock::time_point deadline);
+
 // Connects before the deadline; returns the fd or -errno.
 int connect_by(const Endpoint &e, Clock::time_point deadline, Fd *out);
 

@@ -1,5 +1,7 @@
-// libFuzzer target: the tcp backend's receive path (src/wire/frame.cpp as
-// used by src/backends/tcp/tcp_server.cpp after the handshake).
+// libFuzzer target: the tcp backend's receive path: the frame parsers of
+// src/backends/tcp/tcp_wire.cpp as used by src/backends/tcp/tcp_server.cpp
+// after the handshake, and the shared handshake's stream framing
+// (src/handshake/handshake.cpp: message_len, decode) on the stream prefix.
 //
 // Input layout:
 //   byte 0, byte 1   geometry (see Geometry below)
@@ -14,9 +16,11 @@
 // regions (up to 2^64 - 1 bytes) that are never allocated: they exercise the
 // overflow-sensitive bound checks, the payload is only consumed.
 // Every accepted header/segment table is also checked against the documented
-// rules independently of the parser, and the handshake decoders
-// (client/server hello, verdict, ack) run on the stream prefix. Any exception
-// other than kvx::Error with KVX_EINVAL (KVX_EVERSION for the hellos) is a bug.
+// rules independently of the parser. The same stream prefix also goes through
+// the handshake reader (header, message_len, decode: up to two messages, each
+// must re-encode to its bytes) and the ack decoder; the deeper handshake
+// properties are fuzz_handshake.cpp's. Any exception other than kvx::Error
+// with KVX_EINVAL (KVX_EVERSION for a handshake header) is a bug.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -27,9 +31,11 @@
 
 #include "kvxfer.h"
 #include "util/error.h"
-#include "wire/frame.h"
+#include "backends/tcp/tcp_wire.h"
+#include "handshake/handshake.h"
 
-using namespace kvx::wire;
+using namespace kvx::tcp;
+namespace hs = kvx::handshake;
 
 namespace {
 
@@ -75,51 +81,58 @@ std::unique_ptr<uint8_t[]> exact(const uint8_t *p, size_t avail, size_t n) {
     return b;
 }
 
-void handshake_decoders(const uint8_t *p, size_t n) {
-    {
-        auto b = exact(p, n, kServerHelloLen);
+// Re-encodes a decoded handshake message; returns its length.
+size_t encode_message(const hs::Message &m, uint8_t *out) {
+    switch (m.kind) {
+    case hs::Kind::hello: return hs::encode(m.hello, out);
+    case hs::Kind::auth: return hs::encode(m.auth, out);
+    case hs::Kind::challenge: return hs::encode(m.challenge, out);
+    case hs::Kind::refuse: return hs::encode(m.refuse, out);
+    case hs::Kind::accept: return hs::encode(m.accept, out);
+    }
+    die("decode returned an unknown message kind");
+}
+
+// The stream starts with the shared handshake (HELLO, then AUTH), read as
+// tcp_server.cpp reads it: the 8-byte header, message_len() of it, the rest,
+// decode(). The initiator reads acks (decode_ack) from its side of the stream.
+void stream_prefix(const uint8_t *p, size_t n) {
+    for (int i = 0; i < 2 && n >= hs::kHeaderLen; i++) {
+        auto hb = exact(p, n, hs::kHeaderLen);
+        size_t len = 0;
         try {
-            ServerHello h = decode_server_hello(b.get());
-            uint8_t re[kServerHelloLen];
-            encode_server_hello(h, re);
-            if (memcmp(re, b.get(), kServerHelloLen) != 0) die("server hello does not re-encode to its bytes");
+            len = hs::message_len(hb.get());
         } catch (const kvx::Error &e) {
             check_code(e, true);
+            break;  // refused, connection closed
         }
-    }
-    {
-        auto b = exact(p, n, kClientHelloLen);
+        if (len < hs::kHeaderLen || len > hs::kMaxMessageLen) die("message_len out of range");
+        if (n < len) break;  // the target would wait for the rest
+        auto mb = exact(p, n, len);
+        hs::Message m;
         try {
-            ClientHello h = decode_client_hello(b.get());
-            uint8_t re[kClientHelloLen];
-            encode_client_hello(h, re);
-            if (memcmp(re, b.get(), kClientHelloLen) != 0) die("client hello does not re-encode to its bytes");
+            m = hs::decode(mb.get(), len);
         } catch (const kvx::Error &e) {
-            check_code(e, true);
+            if (e.code() != KVX_EINVAL) die("decode refused with another code than message_len's header accepted");
+            break;
         }
+        uint8_t re[hs::kMaxMessageLen];
+        if (encode_message(m, re) != len || memcmp(re, mb.get(), len) != 0)
+            die("handshake message does not re-encode to its bytes");
+        p += len;
+        n -= len;
     }
-    {
-        auto b = exact(p, n, kVerdictLen);
-        try {
-            ServerVerdict v = decode_verdict(b.get());
-            if (v.status > 0 || v.status < -2000) die("verdict status out of range accepted");
-            uint8_t re[kVerdictLen];
-            encode_verdict(v, re);
-            if (memcmp(re, b.get(), kVerdictLen) != 0) die("verdict does not re-encode to its bytes");
-        } catch (const kvx::Error &e) {
-            check_code(e, false);
-        }
-    }
-    {
-        auto b = exact(p, n, kAckLen);
-        try {
-            Ack a = decode_ack(b.get());
-            uint8_t re[kAckLen];
-            encode_ack(a, re);
-            if (memcmp(re, b.get(), kAckLen) != 0) die("ack does not re-encode to its bytes");
-        } catch (const kvx::Error &e) {
-            check_code(e, false);
-        }
+}
+
+void ack_prefix(const uint8_t *p, size_t n) {
+    auto b = exact(p, n, kAckLen);
+    try {
+        Ack a = decode_ack(b.get());
+        uint8_t re[kAckLen];
+        encode_ack(a, re);
+        if (memcmp(re, b.get(), kAckLen) != 0) die("ack does not re-encode to its bytes");
+    } catch (const kvx::Error &e) {
+        check_code(e, false);
     }
 }
 
@@ -154,7 +167,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *p = data + 2;
     size_t left = size - 2;
 
-    handshake_decoders(p, left);
+    stream_prefix(p, left);
+    ack_prefix(p, left);
 
     const uint64_t region_len = g.num_blocks * g.block_len;
     std::unique_ptr<uint8_t[]> mem;

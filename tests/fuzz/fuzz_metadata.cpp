@@ -1,5 +1,9 @@
-// libFuzzer target: the agent metadata parser (kvx::wire::decode_metadata),
-// the one parser of remote bytes reachable before any authentication.
+// libFuzzer target: the agent metadata parsers, the parsers of remote bytes
+// reachable before any authentication: the container
+// (kvx::wire::decode_metadata, src/wire/metadata.cpp) and, for every tcp
+// section (type 2) it returns, the tcp backend's section codec
+// (kvx::tcp::decode_section, src/backends/tcp/tcp_backend.cpp). Verbs sections
+// (type 3) stay opaque here: their codec needs rdma-core headers.
 //
 // Each input is decoded twice:
 //  1. as is: the checksum makes almost every mutation fail early, which is
@@ -7,28 +11,66 @@
 //  2. "resealed": total_len set to the input size and the checksum recomputed,
 //     so mutations of the sections reach the section and value checks.
 // Whatever decodes must satisfy the documented invariants, re-encode to bytes
-// that decode to the same value, and encode canonically. Failures abort().
-// Errors other than KVX_EBADMETA / KVX_EVERSION, and any exception that is not
-// a kvx::Error, are bugs.
+// that decode to the same value, encode canonically, and re-encode byte for
+// byte to the input, except for the bytes the reader ignores (see
+// normalized() below). An accepted tcp section must hold 1..16 valid
+// endpoints and re-encode (kvx::tcp::encode_section) to its bytes likewise.
+// Failures abort(). Errors other than KVX_EBADMETA / KVX_EVERSION, and any
+// exception that is not a kvx::Error, are bugs.
 #include <openssl/sha.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <set>
 #include <vector>
 
+#include "backends/tcp/tcp.h"
 #include "kvxfer.h"
+#include "util/bytes.h"
 #include "util/error.h"
+#include "util/net.h"
 #include "wire/metadata.h"
 
 using namespace kvx::wire;
+using kvx::net::Endpoint;
 
 namespace {
+
+constexpr uint16_t kSectionTcp = 2;  // the tcp backend's id
+constexpr size_t kHeader = 16, kSum = 8, kSecHeader = 8;
+constexpr size_t kCoreLen = 88, kCoreReserved = 81;  // docs/wire-format.md, core section
 
 [[noreturn]] void die(const char *what) {
     fprintf(stderr, "fuzz_metadata: %s\n", what);
     abort();
+}
+
+// true: f() threw a documented error; false: it returned. Anything else aborts.
+template <typename F>
+bool refused(const char *what, F &&f) {
+    try {
+        f();
+        return false;
+    } catch (const kvx::Error &e) {
+        if (e.code() != KVX_EBADMETA && e.code() != KVX_EVERSION) {
+            fprintf(stderr, "fuzz_metadata: %s: unexpected code %d: %s\n", what, e.code(), e.what());
+            abort();
+        }
+        if (e.what()[0] == '\0') die("error without a message");
+        return true;
+    } catch (...) {
+        fprintf(stderr, "fuzz_metadata: %s: exception other than kvx::Error\n", what);
+        abort();
+    }
+}
+
+void seal(std::vector<uint8_t> &b) {
+    uint8_t d[SHA256_DIGEST_LENGTH];
+    SHA256(b.data(), b.size() - kSum, d);
+    memcpy(b.data() + b.size() - kSum, d, kSum);
 }
 
 void check_endpoint(const Endpoint &e) {
@@ -48,41 +90,92 @@ void check_invariants(const AgentMetadata &m) {
         for (char c : m.fingerprint)
             if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) die("accepted a non-hex fingerprint");
     }
-    const auto b = static_cast<uint8_t>(m.backend);
-    if (b < 1 || b > 3) die("accepted an unknown backend kind");
-    if (m.tcp.size() > kMaxEndpoints) die("accepted more than kMaxEndpoints tcp endpoints");
-    for (const auto &e : m.tcp) check_endpoint(e);
-    if (m.backend == BackendKind::tcp && m.tcp.empty()) die("accepted a tcp backend without endpoints");
-    if (m.backend == BackendKind::verbs && !m.verbs) die("accepted a verbs backend without a verbs section");
-    if (m.verbs) {
-        check_endpoint(m.verbs->cm);
-        if (m.verbs->mr_len != m.num_blocks * m.block_len) die("accepted a verbs MR of the wrong length");
+    if (m.sections.size() + 1 > kMaxSections) die("accepted more than kMaxSections sections");
+    std::set<uint16_t> types;
+    for (const Section &s : m.sections) {
+        if (s.type == 0 || s.type == kSectionCore) die("returned a backend section of type 0 or 1");
+        if (!types.insert(s.type).second) die("returned two sections of one type");
+        if (m.find(s.type) != &s) die("find() does not return the section of that type");
+        if (s.body.size() > kMetaMaxLen) die("returned a section larger than the metadata limit");
     }
-    (void)backend_kind_name(m.backend);
+}
+
+// The tcp section: bounded, documented errors only; what it accepts is 1..16
+// valid endpoints that re-encode to the section's bytes (a newer section
+// version may append bytes; the reserved u16 is not read).
+void check_tcp_section(const Section &s) {
+    std::vector<Endpoint> eps;
+    if (refused("tcp section", [&] { eps = kvx::tcp::decode_section(s); })) return;
+    if (eps.empty() || eps.size() > kMaxEndpoints) die("accepted a tcp section with 0 or more than 16 endpoints");
+    for (const Endpoint &e : eps) check_endpoint(e);
+
+    Section enc = kvx::tcp::encode_section(eps);
+    if (enc.type != kSectionTcp || enc.version != 0) die("tcp section encodes with another type or version");
+    std::vector<uint8_t> want = s.body;
+    want[2] = want[3] = 0;  // reserved
+    if (s.version == 0 ? enc.body != want
+                       : enc.body.size() > want.size() || !std::equal(enc.body.begin(), enc.body.end(), want.begin()))
+        die("tcp section does not re-encode to its bytes");
+    std::vector<Endpoint> again;
+    if (refused("re-encoded tcp section", [&] { again = kvx::tcp::decode_section(enc); }))
+        die("re-encoded tcp section refused");
+    if (again != eps) die("tcp decode_section(encode_section(e)) != e");
+}
+
+// The input as encode_metadata() writes what the reader kept. The reader
+// ignores (docs/wire-format.md): the minor version and whatever a newer minor
+// appended to the core section, the core section's reserved bytes, the
+// reserved flag bits 1..7 of every section; and, not written down there, the
+// core section's flags (critical, version) and its position among the
+// sections. Backend sections are otherwise kept byte for byte, in order.
+// Only called on accepted input (the walk needs no bound checks).
+std::vector<uint8_t> normalized(const uint8_t *p, size_t n) {
+    const uint32_t nsec = static_cast<uint32_t>(kvx::get_le(p + 12, 4));
+    std::vector<uint8_t> core, rest;
+    size_t off = kHeader;
+    for (uint32_t i = 0; i < nsec; i++) {
+        const uint16_t type = static_cast<uint16_t>(kvx::get_le(p + off, 2));
+        const size_t len = kvx::get_le(p + off + 4, 4);
+        const uint8_t *body = p + off + kSecHeader;
+        if (type == kSectionCore) {
+            uint8_t h[kSecHeader];
+            kvx::put_le(h, kSectionCore, 2);
+            kvx::put_le(h + 2, 1, 2);  // critical
+            kvx::put_le(h + 4, kCoreLen, 4);
+            core.assign(h, h + kSecHeader);
+            core.insert(core.end(), body, body + kCoreLen);
+            std::fill(core.begin() + kSecHeader + kCoreReserved, core.end(), 0);
+        } else {
+            const size_t at = rest.size();
+            rest.insert(rest.end(), p + off, body + len);
+            rest[at + 2] &= 0x01;  // flags bits 1..7 (bit 0 stays: a critical one is refused)
+        }
+        off += kSecHeader + len;
+    }
+    if (off + kSum != n) die("accepted bytes between the last section and the checksum");
+    std::vector<uint8_t> out(p, p + kHeader);
+    kvx::put_le(out.data() + 6, kMetaMinor, 2);
+    out.insert(out.end(), core.begin(), core.end());
+    out.insert(out.end(), rest.begin(), rest.end());
+    out.resize(out.size() + kSum);
+    kvx::put_le(out.data() + 8, out.size(), 4);
+    seal(out);
+    return out;
 }
 
 void decode_and_check(const uint8_t *p, size_t n) {
     AgentMetadata m;
-    try {
-        m = decode_metadata(p, n);
-    } catch (const kvx::Error &e) {
-        if (e.code() != KVX_EBADMETA && e.code() != KVX_EVERSION) {
-            fprintf(stderr, "fuzz_metadata: unexpected code %d: %s\n", e.code(), e.what());
-            abort();
-        }
-        if (e.what()[0] == '\0') die("error without a message");
-        return;
-    }
+    if (refused("metadata", [&] { m = decode_metadata(p, n); })) return;
     check_invariants(m);
+    for (const Section &s : m.sections)
+        if (s.type == kSectionTcp) check_tcp_section(s);
+
     std::vector<uint8_t> enc = encode_metadata(m);
     if (enc.size() > kMetaMaxLen) die("re-encoding exceeds the metadata size limit");
+    if (enc != normalized(p, n)) die("metadata does not re-encode to its bytes");
     AgentMetadata again;
-    try {
-        again = decode_metadata(enc.data(), enc.size());
-    } catch (const kvx::Error &e) {
-        fprintf(stderr, "fuzz_metadata: re-encoded metadata refused: %s\n", e.what());
-        abort();
-    }
+    if (refused("re-encoded metadata", [&] { again = decode_metadata(enc.data(), enc.size()); }))
+        die("re-encoded metadata refused");
     if (!(again == m)) die("decode(encode(m)) != m");
     if (encode_metadata(again) != enc) die("encoding is not canonical");
 }
@@ -93,13 +186,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     // libFuzzer hands an exact-size heap copy: any overread is an ASan report.
     decode_and_check(size ? data : nullptr, size);
 
-    constexpr size_t kHeader = 16, kSum = 8;
     if (size >= kHeader + kSum && size <= kMetaMaxLen) {
         std::vector<uint8_t> b(data, data + size);
-        for (size_t i = 0; i < 4; i++) b[8 + i] = static_cast<uint8_t>(size >> (8 * i));
-        uint8_t d[SHA256_DIGEST_LENGTH];
-        SHA256(b.data(), size - kSum, d);
-        memcpy(b.data() + size - kSum, d, kSum);
+        kvx::put_le(b.data() + 8, size, 4);
+        seal(b);
         decode_and_check(b.data(), b.size());
     }
     return 0;

@@ -1,32 +1,44 @@
-// Writes the seed inputs of the fuzz corpora:
-//   kvx_fuzz_gen_seeds OUT_DIR      -> OUT_DIR/metadata/seed-*, OUT_DIR/frame/seed-*
-// The committed corpora (tests/fuzz/corpus/{metadata,frame}) are these seeds
-// plus inputs the fuzzers found interesting (merged with -merge=1). Re-run
-// after a wire format change and commit the result:
+// Writes the seed inputs of the fuzz corpora (deterministic output):
+//   kvx_fuzz_gen_seeds OUT_DIR   -> OUT_DIR/{metadata,frame,handshake}/seed-*
+// metadata: agent metadata 2.x (src/wire/metadata.h) with tcp and verbs
+// sections (src/backends/tcp/tcp_backend.cpp, src/backends/verbs/verbs_backend.cpp);
+// frame: tcp streams (src/backends/tcp/tcp_wire.h, input layout in
+// fuzz_frame.cpp); handshake: messages of src/handshake/handshake.h.
+// The committed corpora (tests/fuzz/corpus/<target>) are these seeds plus
+// inputs the fuzzers found interesting (merged with -merge=1). Re-run after a
+// wire format change and commit the result:
 //   kvx_fuzz_gen_seeds tests/fuzz/corpus
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
-#include <array>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "backends/tcp/tcp.h"
+#include "backends/tcp/tcp_wire.h"
+#include "handshake/handshake.h"
 #include "kvxfer.h"
-#include "wire/frame.h"
-#include "wire/metadata.h"
 #include "meta_writer.h"
+#include "util/bytes.h"
+#include "util/net.h"
+#include "wire/metadata.h"
 
 using namespace kvx::wire;
+using namespace kvx::tcp;
+using kvx::net::Endpoint;
 using kvx::testing::Bytes;
-using kvx::testing::le;
 using kvx::testing::Sec;
 namespace fs = std::filesystem;
+namespace hs = kvx::handshake;
 
 namespace {
+
+constexpr uint16_t kSectionVerbs = 3;  // the verbs backend's id
 
 fs::path g_out;
 int g_count = 0;
@@ -61,6 +73,18 @@ Endpoint ep6(uint8_t last, uint16_t port) {
     return e;
 }
 
+// The verbs section as src/backends/verbs/verbs_backend.cpp writes it (its
+// codec needs rdma-core headers): endpoint, mr_addr, mr_len, rkey, reserved.
+Section verbs_section(const Endpoint &cm, uint64_t mr_addr, uint64_t mr_len, uint32_t rkey) {
+    kvx::Writer w;
+    put_endpoint(w, cm);
+    w.u64(mr_addr);
+    w.u64(mr_len);
+    w.u32(rkey);
+    w.u32(0);
+    return Section{kSectionVerbs, 0, std::move(w.buf())};
+}
+
 AgentMetadata base_meta() {
     AgentMetadata m;
     m.base_addr = 0x7f1234560000ull;
@@ -68,7 +92,7 @@ AgentMetadata base_meta() {
     m.block_len = 16384;
     m.instance_id = 0x1122334455667788ull;
     for (size_t i = 0; i < kSecretLen; i++) m.secret[i] = static_cast<uint8_t>(i * 13 + 1);
-    m.tcp = {ep4(127, 0, 0, 1, 40000)};
+    m.sections = {kvx::tcp::encode_section({ep4(127, 0, 0, 1, 40000)})};
     return m;
 }
 
@@ -88,35 +112,41 @@ std::vector<Sec> sections_of(const Bytes &b) {
     return out;
 }
 
-Bytes build(const std::vector<Sec> &secs, uint16_t major, uint16_t minor) {
+Bytes build(const std::vector<Sec> &secs, uint16_t minor = kMetaMinor, uint16_t major = kMetaMajor) {
     return kvx::testing::assemble_metadata(secs, major, minor);
 }
+
+uint16_t version_flags(uint8_t version) { return static_cast<uint16_t>(version << 8); }
 
 void metadata_seeds() {
     AgentMetadata m = base_meta();
     emit("metadata", "tcp-1ep", encode_metadata(m));
 
     m.fingerprint = "0123456789abcdef";
-    m.tcp = {ep4(10, 1, 2, 3, 5000), ep6(1, 5001), ep4(127, 0, 0, 1, 5000)};
+    m.sections = {kvx::tcp::encode_section({ep4(10, 1, 2, 3, 5000), ep6(1, 5001), ep4(127, 0, 0, 1, 5000)})};
     emit("metadata", "tcp-v4-v6-fp", encode_metadata(m));
 
-    m.tcp.clear();
-    for (uint8_t i = 0; i < kMaxEndpoints; i++) m.tcp.push_back(i % 2 ? ep6(i, 1000 + i) : ep4(10, 0, 0, i, 1000 + i));
+    std::vector<Endpoint> eps;
+    for (uint8_t i = 0; i < kMaxEndpoints; i++) eps.push_back(i % 2 ? ep6(i, 1000 + i) : ep4(10, 0, 0, i, 1000 + i));
+    m.sections = {kvx::tcp::encode_section(eps)};
     emit("metadata", "tcp-16ep", encode_metadata(m));
 
     AgentMetadata v = base_meta();
-    v.backend = BackendKind::verbs;
-    v.verbs = VerbsInfo{ep4(192, 168, 0, 7, 4791), v.base_addr, v.num_blocks * v.block_len, 0x1234};
-    emit("metadata", "verbs-and-tcp", encode_metadata(v));
-    v.tcp.clear();
+    const Section vs = verbs_section(ep4(192, 168, 0, 7, 4791), v.base_addr, v.num_blocks * v.block_len, 0x1234);
+    v.sections = {vs};
     v.fingerprint = "fedcba9876543210";
-    v.verbs->cm = ep6(9, 4791);
-    emit("metadata", "verbs-only-v6", encode_metadata(v));
+    emit("metadata", "verbs", encode_metadata(v));
+    v.sections = {verbs_section(ep6(9, 4791), v.base_addr, v.num_blocks * v.block_len, 0x1234)};
+    emit("metadata", "verbs-v6", encode_metadata(v));
+    v = base_meta();
+    v.sections = {vs, v.sections[0]};
+    emit("metadata", "verbs-then-tcp", encode_metadata(v));
+    v.sections = {v.sections[1], vs};
+    emit("metadata", "tcp-then-verbs", encode_metadata(v));
 
-    AgentMetadata s = base_meta();
-    s.backend = BackendKind::shm;
-    s.tcp.clear();
-    emit("metadata", "shm", encode_metadata(s));
+    AgentMetadata core = base_meta();
+    core.sections.clear();
+    emit("metadata", "core-only", encode_metadata(core));
 
     AgentMetadata big = base_meta();
     big.num_blocks = UINT64_MAX;
@@ -126,44 +156,80 @@ void metadata_seeds() {
     big.block_len = UINT64_MAX;
     emit("metadata", "max-block", encode_metadata(big));
 
-    // a newer minor: longer known sections, optional unknown sections
-    std::vector<Sec> secs = sections_of(encode_metadata(base_meta()));
+    // sections this reader does not know, or knows in an older version
+    AgentMetadata u = base_meta();
+    u.sections.push_back(Section{9, 0, Bytes(12, 0x33)});
+    u.sections.push_back(Section{0x101, 3, {}});
+    emit("metadata", "unknown-optional-sections", encode_metadata(u));
+    AgentMetadata hv = base_meta();
+    hv.sections[0].version = 1;
+    hv.sections[0].body.resize(hv.sections[0].body.size() + 8, 0x22);  // a newer tcp section appends
+    Section vs2 = vs;
+    vs2.version = 2;
+    vs2.body.resize(vs2.body.size() + 16, 0x44);
+    hv.sections.push_back(vs2);
+    emit("metadata", "higher-section-versions", encode_metadata(hv));
+    AgentMetadata lv = base_meta();
+    lv.sections[0].body.resize(lv.sections[0].body.size() + 8, 0x22);  // same version, longer: refused by tcp
+    emit("metadata", "tcp-v0-too-long", encode_metadata(lv));
+
+    const std::vector<Sec> plain = sections_of(encode_metadata(base_meta()));  // core, tcp
+
+    // a newer minor: a longer core section, optional sections of unknown type
+    std::vector<Sec> secs = plain;
     secs[0].body.resize(secs[0].body.size() + 16, 0x11);
-    secs[1].body.resize(secs[1].body.size() + 8, 0x22);
     secs.insert(secs.begin() + 1, Sec{0x100, 0, Bytes(12, 0x33)});
-    secs.push_back(Sec{0x101, 0x8000, {}});
-    emit("metadata", "minor1-extended", build(secs, 1, 1));
+    secs.push_back(Sec{0x102, version_flags(7), {}});
+    emit("metadata", "minor1-extended", build(secs, 1));
+
+    // accepted, but not as encode_metadata() writes it (the reader ignores these)
+    std::vector<Sec> odd = plain;
+    std::swap(odd[0], odd[1]);
+    emit("metadata", "core-last", build(odd));
+    odd = plain;
+    odd[0].flags = 0x0100;
+    std::fill(odd[0].body.begin() + 81, odd[0].body.end(), 0x5a);
+    odd[1].flags = 0x00fe;  // reserved flag bits
+    odd[1].body[2] = 0x77;  // tcp reserved
+    emit("metadata", "ignored-bytes-set", build(odd));
 
     // refused versions and sections
-    std::vector<Sec> plain = sections_of(encode_metadata(base_meta()));
-    emit("metadata", "major2", build(plain, 2, 0));
-    std::vector<Sec> crit = plain;
-    crit.push_back(Sec{0x200, 1, Bytes(4, 0)});
-    emit("metadata", "unknown-critical", build(crit, 1, 1));
-    std::vector<Sec> dup = plain;
-    dup.push_back(plain[1]);
-    emit("metadata", "duplicate-tcp", build(dup, 1, 0));
+    emit("metadata", "major1", build(plain, 0, 1));
+    emit("metadata", "major3", build(plain, 0, 3));
+    std::vector<Sec> e = plain;
+    e.push_back(Sec{0x200, 1, Bytes(4, 0)});
+    emit("metadata", "unknown-critical", build(e, 1));
+    e = plain;
+    e.push_back(plain[1]);
+    emit("metadata", "duplicate-tcp", build(e));
+    e = plain;
+    e.push_back(plain[0]);
+    emit("metadata", "duplicate-core", build(e));
+    e = {plain[1]};
+    emit("metadata", "no-core", build(e));
+    e = plain;
+    e.push_back(Sec{0, 0, Bytes(4, 0)});
+    emit("metadata", "section-type0", build(e));
 
     // invalid values behind a valid checksum (the fuzz target's invariant
     // checks catch a decoder that accepts them)
     auto edited = [&](const char *name, size_t sec, size_t off, const Bytes &val) {
-        std::vector<Sec> e = plain;
-        std::copy(val.begin(), val.end(), e[sec].body.begin() + static_cast<long>(off));
-        emit("metadata", name, build(e, 1, 0));
+        std::vector<Sec> x = plain;
+        std::copy(val.begin(), val.end(), x[sec].body.begin() + static_cast<long>(off));
+        emit("metadata", name, build(x));
     };
-    edited("bad-port0", 1, 4 + 2, {0, 0});
-    edited("bad-family5", 1, 4, {5});
-    edited("bad-pad", 1, 5, {1});
-    edited("bad-ipv4-tail", 1, 4 + 4 + 4, {1});
-    edited("bad-count17", 1, 0, {17, 0});
-    edited("bad-count0", 1, 0, {0, 0});
+    edited("tcp-port0", 1, 4 + 2, {0, 0});
+    edited("tcp-family5", 1, 4, {5});
+    edited("tcp-pad", 1, 5, {1});
+    edited("tcp-ipv4-tail", 1, 4 + 4 + 4, {1});
+    edited("tcp-count17", 1, 0, {17, 0});
+    edited("tcp-count0", 1, 0, {0, 0});
+    edited("tcp-count2-short", 1, 0, {2, 0});
     edited("bad-blocks0", 0, 8, Bytes(8, 0));
     edited("bad-blocklen0", 0, 16, Bytes(8, 0));
     edited("bad-overflow", 0, 8, {0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0x80, 0, 0, 0, 0});  // 2^33 x 2^31
     edited("bad-fplen8", 0, 64, {8, '0', '1', '2', '3', '4', '5', '6', '7'});
     edited("bad-fp-upper", 0, 64, {16, 'A', 'B', 'C', 'D', 'E', 'F', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9'});
-    edited("bad-backend4", 0, 81, {4});
-    edited("bad-backend-verbs-no-section", 0, 81, {2});
 
     // damaged blobs
     Bytes t = encode_metadata(base_meta());
@@ -175,6 +241,100 @@ void metadata_seeds() {
     Bytes flip = t;
     flip[40] ^= 0x10;
     emit("metadata", "bad-checksum", flip);
+}
+
+// ------------------------------------------------------------------ handshake
+
+hs::Hello hello() { return hs::Hello{0x1122334455667788ull}; }
+
+hs::Challenge challenge() {
+    hs::Challenge c;
+    c.challenge_id = 0x01020304;
+    for (size_t i = 0; i < c.nonce.size(); i++) c.nonce[i] = static_cast<uint8_t>(0xc0 + i);
+    return c;
+}
+
+// Fixed bytes where the real protocol has random ones or proofs (decoding
+// does not check proofs; the fuzz target computes its own).
+hs::Auth auth() {
+    hs::Auth a;
+    a.instance_id = hello().instance_id;
+    a.challenge_id = challenge().challenge_id;
+    a.fingerprint = hs::fingerprint_bytes("0123456789abcdef");
+    for (size_t i = 0; i < a.nonce.size(); i++) a.nonce[i] = static_cast<uint8_t>(0xa0 + i);
+    for (size_t i = 0; i < a.proof.size(); i++) a.proof[i] = static_cast<uint8_t>(0x70 + i);
+    return a;
+}
+
+hs::Accept accept() {
+    hs::Accept a;
+    for (size_t i = 0; i < a.proof.size(); i++) a.proof[i] = static_cast<uint8_t>(0x90 + i);
+    return a;
+}
+
+template <typename M>
+Bytes msg(const M &m) {
+    uint8_t b[hs::kMaxMessageLen];
+    size_t n = hs::encode(m, b);
+    return Bytes(b, b + n);
+}
+
+void handshake_seeds() {
+    emit("handshake", "hello", msg(hello()));
+    emit("handshake", "challenge", msg(challenge()));
+    emit("handshake", "auth", msg(auth()));
+    hs::Auth none = auth();
+    none.fingerprint = {};
+    emit("handshake", "auth-no-fingerprint", msg(none));
+    emit("handshake", "accept", msg(accept()));
+    emit("handshake", "refuse-eauth", msg(hs::Refuse{KVX_EAUTH}));
+    emit("handshake", "refuse-efingerprint", msg(hs::Refuse{KVX_EFINGERPRINT}));
+    emit("handshake", "refuse-econnrefused", msg(hs::Refuse{KVX_ECONNREFUSED}));
+    emit("handshake", "refuse-eversion", msg(hs::Refuse{KVX_EVERSION}));
+
+    // padded as IB CM pads private data (56 bytes in a REQ, more in a REJECT)
+    Bytes b = msg(hello());
+    b.resize(hs::kAuthLen, 0);
+    emit("handshake", "hello-padded", b);
+    b = msg(challenge());
+    b.resize(148, 0);
+    emit("handshake", "challenge-padded", b);
+    b = msg(accept());
+    b.resize(196, 0);
+    emit("handshake", "accept-padded", b);
+
+    // truncated
+    b = msg(auth());
+    b.pop_back();
+    emit("handshake", "auth-truncated", b);
+    b.resize(hs::kHeaderLen);
+    emit("handshake", "header-only", b);
+    b.resize(5);
+    emit("handshake", "short-header", b);
+
+    // another protocol version, and headers or bodies this version refuses
+    b = msg(hello());
+    b[4] = hs::kVersion + 1;
+    emit("handshake", "version-2", b);
+    b = msg(auth());
+    b[4] = 0;
+    emit("handshake", "version-0-auth", b);
+    b = msg(hello());
+    b[5] = 6;
+    emit("handshake", "unknown-kind", b);
+    b = msg(hello());
+    b[6] = 1;
+    emit("handshake", "reserved-set", b);
+    b = msg(hello());
+    b[0] = 'X';
+    emit("handshake", "bad-magic", b);
+    emit("handshake", "refuse-bad-status", msg(hs::Refuse{-1}));
+    hs::Auth flagged = auth();
+    flagged.flags = 1;
+    emit("handshake", "auth-flags", msg(flagged));
+    hs::Accept aflags = accept();
+    aflags.flags = 1;
+    emit("handshake", "accept-flags", msg(aflags));
 }
 
 // ------------------------------------------------------------------ frames
@@ -266,35 +426,13 @@ void frame_seeds() {
     frame(b, 0, 1, {{1ull << 31, 1ull << 30}}, false);
     emit("frame", "virtual-huge-block", b);
 
-    // handshake messages at the start of the stream
-    ServerHello sh;
-    sh.instance_id = 0xabcdef;
-    for (size_t i = 0; i < kNonceLen; i++) sh.nonce[i] = static_cast<uint8_t>(i);
-    uint8_t shb[kServerHelloLen];
-    encode_server_hello(sh, shb);
+    // the handshake a target reads first (HELLO, AUTH), then a frame
     b = real_geom(64, 64);
-    b.insert(b.end(), shb, shb + sizeof shb);
-    emit("frame", "server-hello", b);
-
-    ClientHello ch;
-    ch.instance_id = sh.instance_id;
-    ch.nonce = sh.nonce;
-    memcpy(ch.fingerprint.data(), "0123456789abcdef", 16);
-    std::array<uint8_t, kSecretLen> secret{};
-    ch.mac = client_mac(secret, sh, ch);
-    uint8_t chb[kClientHelloLen];
-    encode_client_hello(ch, chb);
-    b = real_geom(64, 64);
-    b.insert(b.end(), chb, chb + sizeof chb);
-    emit("frame", "client-hello", b);
-
-    ServerVerdict v;
-    v.status = KVX_EAUTH;
-    uint8_t vb[kVerdictLen];
-    encode_verdict(v, vb);
-    b = real_geom(64, 64);
-    b.insert(b.end(), vb, vb + sizeof vb);
-    emit("frame", "verdict", b);
+    uint8_t mb[hs::kMaxMessageLen];
+    b.insert(b.end(), mb, mb + hs::encode(hello(), mb));
+    b.insert(b.end(), mb, mb + hs::encode(auth(), mb));
+    frame(b, kFlagAck, 1, {{0, 64}});
+    emit("frame", "handshake-then-frame", b);
 
     uint8_t ab[kAckLen];
     encode_ack(Ack{0, 42}, ab);
@@ -313,6 +451,7 @@ int main(int argc, char **argv) {
     g_out = argv[1];
     metadata_seeds();
     frame_seeds();
+    handshake_seeds();
     fprintf(stderr, "gen_seeds: wrote %d seeds under %s\n", g_count, argv[1]);
     return 0;
 }
