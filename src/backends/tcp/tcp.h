@@ -227,9 +227,5 @@ private:
 // Opens and authenticates the streams to a peer; throws Error.
 std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerContext &pc);
 
-// The tcp section of the metadata: the endpoints to connect to, in order of preference.
-wire::Section encode_section(const std::vector<net::Endpoint> &eps);
-// Throws Error(KVX_EBADMETA) naming the defect.
-std::vector<net::Endpoint> decode_section(const wire::Section &s);
 
 }  // namespace kvx::tcp
