@@ -19,6 +19,9 @@ constexpr OptionSpec kOptions[] = {
     {"tcp.advertise", OptType::hostports, wire::kMaxEndpoints, 0, "",
      "comma-separated HOST:PORT list put in the metadata, in order of preference; PORT 0 = the listening port"},
     {"tcp.streams", OptType::uint, 1, 16, "1", "TCP connections per peer; a transfer of 2 MiB or more is split over them"},
+    {"tcp.protection", OptType::choice, 0, 0, "aead",
+     "aead = every frame and ack after the handshake is AES-128-GCM sealed (docs/security.md); none = cleartext, "
+     "for trusted networks only; both sides must agree", "aead,none"},
 };
 
 class TcpBackend final : public Backend {
@@ -36,11 +39,20 @@ private:
 
 bool probe(const Options &, std::string *) { return true; }
 
-std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) { return std::make_unique<TcpBackend>(ctx); }
+// Our side offers and requires exactly the protection of tcp.protection.
+std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) {
+    BackendContext c = ctx;
+    c.identity.flags = protection_flags(*ctx.options);
+    return std::make_unique<TcpBackend>(c);
+}
 
 void check_section(const wire::Section &s, const wire::AgentMetadata &) { decode_section(s); }
 
 }  // namespace
+
+uint32_t protection_flags(const Options &o) {
+    return o.str("tcp.protection") == "aead" ? handshake::kFlagTcpAead : 0;
+}
 
 wire::Section encode_section(const std::vector<net::Endpoint> &eps) {
     Writer w;
