@@ -110,9 +110,20 @@ static void test_target_hung(void **state) {
     uint64_t t0 = now_ms();
     assert_int_equal(wait_ids(a, NULL, ids, N, 1500 + 5000, &nf, NULL), N);
     print_message("hung target: %zu of %d failed after %llu ms\n", nf, N, (unsigned long long)(now_ms() - t0));
-    assert_true(nf > 0);
+    /* tcp: a stopped target stops reading, the link stalls, its transfers
+     * time out and the peer is broken. One-sided RDMA lands bytes in a
+     * stopped process: the link makes progress, so for verbs the transfers
+     * complete (unless the VM itself stalls for the timeout) and the peer
+     * stays usable. */
     uint64_t id, i0 = 0;
-    CHECK_ERR(kvx_write_blocks(&id, a, "target", &i0, &i0, 1), KVX_EPEERBROKEN);
+    if (strcmp(test_backend(), "tcp") == 0) assert_true(nf > 0);
+    if (nf > 0) {
+        CHECK_ERR(kvx_write_blocks(&id, a, "target", &i0, &i0, 1), KVX_EPEERBROKEN);
+    } else {
+        CHECK_OK(kvx_write_blocks(&id, a, "target", &i0, &i0, 1));
+        assert_int_equal(wait_ids(a, NULL, &id, 1, 20000, &nf, NULL), 1);
+        assert_int_equal(nf, 0);
+    }
     kvx_transport_destroy(a);
     child_kill(&c);
     region_free(&r);

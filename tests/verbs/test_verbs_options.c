@@ -1,4 +1,4 @@
-/* verbs.* options and the watchdog's abort path. Skips (77) without RDMA;
+/* verbs.* options and the watchdog (stall timeout, abort path). Skips (77) without RDMA;
  * the device/address expectations follow the rdma-vm (rxe0, GID 1 = IPv4
  * $KVX_VM_ADDR, GID 0 = link-local IPv6) and are skipped elsewhere. */
 #include <stdio.h>
@@ -91,12 +91,24 @@ static void test_unusable_choices(void **state) {
     printf("%s\n", kvx_last_error_message());
     VT_ERR(create_rc(vt_options("verbs.listen=127.0.0.1:0", NULL)), KVX_ENOTSUP);
     printf("%s\n", kvx_last_error_message());
-    VT_ERR(create_rc(vt_options("verbs.listen=nonsense", NULL)), KVX_EINVAL);
+    /* malformed: refused when set, naming the key and value */
+    kvx_options *o = vt_options(NULL);
+    VT_ERR(kvx_options_set(o, "verbs.listen", "nonsense"), KVX_EINVAL);
+    assert_non_null(strstr(kvx_last_error_message(), "verbs.listen"));
+    assert_non_null(strstr(kvx_last_error_message(), "nonsense"));
+    kvx_options_destroy(o);
     /* auto falls back to tcp when verbs is not usable with these options */
-    kvx_options *o = vt_options("verbs.device=mlx5_9", NULL);
+    o = vt_options("verbs.device=mlx5_9", NULL);
     CHECK_OK(kvx_options_set(o, "backend", "auto"));
     static uint8_t buf[4096];
     kvx_transport *t = NULL;
+    CHECK_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
+    assert_string_equal(kvx_transport_backend(t), "tcp");
+    kvx_transport_destroy(t);
+    kvx_options_destroy(o);
+    /* also when verbs only finds out at creation (its probe passes) */
+    o = vt_options("verbs.listen=127.0.0.1:0", NULL);
+    CHECK_OK(kvx_options_set(o, "backend", "auto"));
     CHECK_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
     assert_string_equal(kvx_transport_backend(t), "tcp");
     kvx_transport_destroy(t);
@@ -112,6 +124,42 @@ static void test_unusable_choices(void **state) {
 /* transfer_timeout_ms (1 ms) elapses while the work is on the wire or waits
  * behind the send queue: the watchdog aborts the peer (QPs to ERR), every id
  * surfaces once, the peer is broken, and re-adding it works. */
+/* The transfer timeout measures a stall, not a transfer's length: one
+ * transfer of 32768 scattered 4 KiB blocks (a WR each) takes seconds on rxe,
+ * several times transfer_timeout_ms, and completes, because each signalled WR
+ * that comes back is progress. */
+static void test_long_transfer_progresses(void **state) {
+    (void)state;
+    enum { NB = 32768, BL = 4096 };
+    region ra, rb;
+    ra = region_new(NB, BL, 1);
+    rb = region_new(NB, BL, 2);
+    kvx_options *o = vt_options("transfer_timeout_ms=1000", NULL);
+    kvx_transport *a = vt_transport(&ra, NULL, o), *b = vt_transport(&rb, NULL, NULL);
+    kvx_options_destroy(o);
+    metablob mb;
+    get_meta(b, &mb);
+    CHECK_OK(vt_add(a, "b", &mb));
+    uint64_t *l = malloc(NB * sizeof *l), *r = malloc(NB * sizeof *r);
+    for (uint64_t k = 0; k < NB; k++) l[k] = k, r[k] = (k * 7919) % NB; /* a permutation: no runs */
+    const uint64_t probe[] = {0, 1, NB / 2, NB - 1};
+    for (size_t i = 0; i < 4; i++) fill_block(ra.base + probe[i] * BL, BL, probe[i], 5);
+    uint64_t t0 = now_ms(), id;
+    CHECK_OK(kvx_write_blocks(&id, a, "b", l, r, NB));
+    size_t nf = 9;
+    assert_int_equal(wait_ids(a, "b", &id, 1, 120000, &nf, NULL), 1);
+    printf("one transfer of %d scattered 4 KiB blocks: %llu ms with transfer_timeout_ms=1000\n", NB,
+           (unsigned long long)(now_ms() - t0));
+    assert_int_equal(nf, 0);
+    for (size_t i = 0; i < 4; i++) assert_true(block_matches(rb.base + r[probe[i]] * BL, BL, probe[i], 5));
+    free(l);
+    free(r);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    region_free(&ra);
+    region_free(&rb);
+}
+
 static void test_timeout_abort(void **state) {
     (void)state;
     enum { NB = 2048, BL = 4096, PER = 900, T = 12 };
@@ -156,7 +204,8 @@ int main(void) {
     vt_require_verbs();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pinned_choices),   cmocka_unit_test(test_fixed_port),
-        cmocka_unit_test(test_unusable_choices), cmocka_unit_test(test_timeout_abort),
+        cmocka_unit_test(test_unusable_choices), cmocka_unit_test(test_long_transfer_progresses),
+        cmocka_unit_test(test_timeout_abort),
     };
     return cmocka_run_group_tests_name("verbs_options", tests, NULL, NULL);
 }

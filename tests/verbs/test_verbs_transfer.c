@@ -57,7 +57,7 @@ static void test_metadata(void **state) {
     (void)state;
     pair p;
     pair_up(&p, 8, 4096, NULL, 0);
-    assert_int_equal(vt_meta_backend(&p.mb), 2);
+    assert_int_equal(vt_meta_backend(&p.mb), 3);
     assert_true(vt_meta_verbs_off(&p.mb) != 0);
     pair_down(&p);
 }

@@ -8,8 +8,9 @@
 
 /* Metadata layout (src/wire/metadata.cpp): 16-byte header, then the core
  * section (8-byte section header + base, num_blocks, block_len, instance_id,
- * secret[32], fp_len, fp[16], backend, reserved[6]), optional sections, 8-byte
- * checksum = first 8 bytes of SHA-256 over everything before it. */
+ * secret[32], fp_len, fp[16], reserved[7]), one section per backend (type =
+ * the backend's id: 2 tcp, 3 verbs) in the writer's order of preference,
+ * 8-byte checksum = first 8 bytes of SHA-256 over everything before it. */
 enum {
     HDR = 16,
     CORE = HDR + 8,
@@ -17,7 +18,8 @@ enum {
     OFF_SECRET = CORE + 32,
     OFF_FPLEN = OFF_SECRET + 32,
     OFF_FP = OFF_FPLEN + 1,
-    OFF_BACKEND = OFF_FP + 16
+    SEC_CORE = 1,
+    SEC_VERBS = 3
 };
 
 static uint64_t rd(const uint8_t *p, int n) {
@@ -89,18 +91,28 @@ void vt_meta_add_instance(metablob *m, uint64_t delta) {
     vt_meta_fix_checksum(m);
 }
 
-int vt_meta_backend(const metablob *m) { return m->bytes[OFF_BACKEND]; }
-
-size_t vt_meta_verbs_off(const metablob *m) {
+/* Body offset of the first section of type want (0: the first backend
+ * section), 0 when there is none; *type gets the type found. */
+static size_t section_body(const metablob *m, uint16_t want, uint16_t *type) {
     uint32_t nsec = (uint32_t)rd(m->bytes + 12, 4);
     size_t off = HDR;
     for (uint32_t s = 0; s < nsec && off + 8 <= m->len - 8; s++) {
-        uint16_t type = (uint16_t)rd(m->bytes + off, 2);
+        *type = (uint16_t)rd(m->bytes + off, 2);
         uint32_t len = (uint32_t)rd(m->bytes + off + 4, 4);
-        if (type == 3) return off + 8;
+        if (want ? *type == want : *type != SEC_CORE) return off + 8;
         off += 8 + len;
     }
     return 0;
+}
+
+int vt_meta_backend(const metablob *m) {
+    uint16_t type = 0;
+    return section_body(m, 0, &type) ? type : 0;
+}
+
+size_t vt_meta_verbs_off(const metablob *m) {
+    uint16_t type = 0;
+    return section_body(m, SEC_VERBS, &type);
 }
 
 void vt_meta_set_port(metablob *m, uint16_t port) {

@@ -31,7 +31,7 @@ void vt_meta_fix_checksum(metablob *m);
 void vt_meta_flip_secret(metablob *m);
 void vt_meta_clear_fingerprint(metablob *m);
 void vt_meta_add_instance(metablob *m, uint64_t delta);
-int vt_meta_backend(const metablob *m);  /* core.backend byte: 1 tcp, 2 verbs */
+int vt_meta_backend(const metablob *m);  /* first backend section's type: 2 tcp, 3 verbs */
 /* The verbs section: endpoint (IPv4 only) and MR fields. */
 size_t vt_meta_verbs_off(const metablob *m);  /* 0 when absent */
 void vt_meta_set_port(metablob *m, uint16_t port);

@@ -178,7 +178,6 @@ public:
     // Puts the streams on the loop; throws Error(KVX_ECLOSED) when it is stopped.
     void start();
     void submit(Op op) override;
-    bool drop_if_not_started(uint64_t id) override;
     bool broken() const override { return broken_.load(); }
     void abort(int status) override;
     void shutdown() override;
@@ -228,10 +227,5 @@ std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerC
 
 // The handshake flags tcp.protection offers and requires.
 uint32_t protection_flags(const Options &o);
-
-// The tcp section of the metadata: the endpoints to connect to, in order of preference.
-wire::Section encode_section(const std::vector<net::Endpoint> &eps);
-// Throws Error(KVX_EBADMETA) naming the defect.
-std::vector<net::Endpoint> decode_section(const wire::Section &s);
 
 }  // namespace kvx::tcp

@@ -1,7 +1,6 @@
 // The tcp backend's registry entry: options, metadata section, factory.
 #include "backend/registry.h"
 #include "backends/tcp/tcp.h"
-#include "util/bytes.h"
 #include "util/error.h"
 
 namespace kvx {
@@ -10,8 +9,6 @@ namespace tcp {
 
 namespace {
 
-constexpr uint16_t kSectionId = 2;
-constexpr uint8_t kSectionVersion = 0;
 
 constexpr OptionSpec kOptions[] = {
     {"tcp.listen", OptType::hostport, 0, 0, "0.0.0.0:0",
@@ -52,28 +49,6 @@ void check_section(const wire::Section &s, const wire::AgentMetadata &) { decode
 
 uint32_t protection_flags(const Options &o) {
     return o.str("tcp.protection") == "aead" ? handshake::kFlagTcpAead : 0;
-}
-
-wire::Section encode_section(const std::vector<net::Endpoint> &eps) {
-    Writer w;
-    w.u16(static_cast<uint16_t>(eps.size()));
-    w.u16(0);
-    for (const auto &e : eps) wire::put_endpoint(w, e);
-    return wire::Section{kSectionId, kSectionVersion, std::move(w.buf())};
-}
-
-std::vector<net::Endpoint> decode_section(const wire::Section &s) {
-    Reader r(s.body.data(), s.body.size(), KVX_EBADMETA, "metadata tcp section");
-    uint16_t cnt = r.u16("tcp.count");
-    r.u16("tcp.reserved");
-    if (cnt == 0 || cnt > wire::kMaxEndpoints)
-        fail(KVX_EBADMETA, "metadata: tcp endpoint count %u out of range 1..%zu", cnt, wire::kMaxEndpoints);
-    size_t want = 4 + wire::kEndpointLen * cnt;
-    if (s.body.size() != want && !(s.version > kSectionVersion && s.body.size() > want))
-        fail(KVX_EBADMETA, "metadata: tcp section is %zu bytes, expected %zu", s.body.size(), want);
-    std::vector<net::Endpoint> eps;
-    for (uint16_t i = 0; i < cnt; i++) eps.push_back(wire::get_endpoint(r));
-    return eps;
 }
 
 }  // namespace tcp

@@ -153,16 +153,6 @@ void TcpPeer::submit(Op op) {
     out.deliver(*sink_);
 }
 
-bool TcpPeer::drop_if_not_started(uint64_t id) {
-    std::lock_guard<std::mutex> lk(mu_);
-    OpRef op;
-    for (const Part &p : queue_)
-        if (p.op->id == id) op = p.op;
-    if (!op || !op->claim_unstarted()) return false;
-    std::erase_if(queue_, [&](const Part &p) { return p.op == op; });
-    return true;
-}
-
 // Loop thread: every idle stream takes queued parts. A stream still writing
 // its batch takes more when it becomes writable again.
 void TcpPeer::pump() {
@@ -203,7 +193,7 @@ bool TcpPeer::take_batch(Stream &s) {
     while (!queue_.empty() && n < kBatchParts && (n == 0 || bytes < kBatchBytes)) {
         Part p = std::move(queue_.front());
         queue_.pop_front();
-        p.op->started.store(true);
+        if (!p.op->try_start()) continue;  // cancelled while queued
         const uint64_t seq = next_seq_++;
         bytes += p.bytes;
         s.awaiting.push_back(Awaiting{p.op, seq});

@@ -1,10 +1,12 @@
 // verbs backend internals (see README.md in this directory for the design):
-//   the transport's EventLoop (util/event_loop.h) serves the listener's
-//                rdma_cm events and every peer's CQ + cm events.
 //   Device     - the RDMA device, PD and the one MR over the whole region.
+//   CmId, CmEvent and friends - rdma_cm plumbing both sides share.
 //   VerbsPeer  - the initiator side towards one peer: RC QPs, one CQ, the
 //                software queue behind the send queues.
-// The target side (listener, handshake, passive QPs) lives in verbs_backend.cpp.
+// The target side (listener, passive QPs) lives in verbs_backend.cpp. The
+// transport's EventLoop (util/event_loop.h) serves the listener's rdma_cm
+// events and every peer's CQ and cm events; the handshake messages come from
+// handshake/, the transfer bookkeeping (OpState, Part) from backend/ops.h.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -24,6 +26,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/ops.h"
+#include "handshake/handshake.h"
 #include "util/event_loop.h"
 #include "util/net.h"
 
@@ -69,6 +73,10 @@ struct Device {
     Device(const Device &) = delete;
     Device &operator=(const Device &) = delete;
     ~Device();
+    // Queries port p of ctx; false with *why unless it is ACTIVE.
+    bool open(ibv_context *c, uint8_t p, std::string *why);
+    // One MR over exactly r, writable by peers, in a PD of its own; false with *why.
+    bool register_region(const Region &r, std::string *why);
     void deregister();  // after this nothing can write into the region
 };
 
@@ -80,6 +88,35 @@ struct PeerConfig {
 
 PeerConfig peer_config(const Device &dev, const Options &o);
 
+// ---- rdma_cm helpers both sides use (verbs_cm.cpp)
+
+// Destroys a cm_id and its QP, if it has one.
+void destroy_cm_id(rdma_cm_id *id);
+struct CmIdDeleter {
+    void operator()(rdma_cm_id *id) const { destroy_cm_id(id); }
+};
+using CmId = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
+
+// A CM event, copied out of the channel and acknowledged.
+struct CmEvent {
+    rdma_cm_id *id = nullptr;
+    rdma_cm_event_type type{};
+    int status = 0;
+    std::vector<uint8_t> pdata;  // private data of a connection event
+};
+// The next event of a non-blocking channel; false when there is none (errno says why).
+bool next_cm_event(rdma_event_channel *ch, CmEvent *out);
+// DISCONNECTED and the other events after which a connection is gone.
+bool ends_connection(rdma_cm_event_type t);
+// Maps a CM event that ended a connect attempt to a KVX_E* code.
+int connect_failure_code(rdma_cm_event_type type, int status);
+
+// Connect/accept parameters of the write-only protocol carrying one handshake
+// message: no RDMA READ/atomic resources either way.
+rdma_conn_param conn_param(const void *pdata, size_t len);
+// An RC QP with send_wr send-queue slots of one SGE, both queues on cq.
+ibv_qp_init_attr rc_qp_attr(ibv_cq *cq, uint32_t send_wr);
+
 // Initiator side towards one peer. Created connected (dial), then start()ed.
 class VerbsPeer final : public BackendPeer, private EventLoop::Source {
 public:
@@ -89,30 +126,35 @@ public:
                                            const PeerContext &pc);
     ~VerbsPeer() override;
 
-    // Hands CQ and cm events to the progress thread; false if it is stopped.
+    // Hands CQ and cm events to the event loop; false if it is stopped.
     bool start();
 
     void submit(Op op) override;
-    bool drop_if_not_started(uint64_t id) override;
     bool broken() const override { return broken_flag_.load(std::memory_order_acquire); }
     void abort(int status) override;
     void shutdown() override;
 
 private:
-    struct OpState {
-        uint64_t id = 0;
-        uint32_t parts_left = 0;
-        bool started = false;   // a WR of it was posted
-        bool reported = false;  // it reached the sink, or was dropped
+    // One QP's connect: what the handshake needs, and until when.
+    struct Dial {
+        const wire::AgentMetadata &meta;
+        const handshake::Fingerprint &ours;
+        Clock::time_point deadline;
+        size_t index;  // which of the peer's QPs, for messages
     };
-    using OpRef = std::shared_ptr<OpState>;
-    // The share of an op one QP carries, waiting for send-queue room.
-    struct Part {
-        OpRef op;
-        std::vector<Run> runs;
-        size_t run = 0;     // next run to post
-        uint64_t off = 0;   // bytes of runs[run] already posted
-        uint64_t wrs_left = 0;
+    // A part on its way to one QP's send queue: how far it is posted.
+    struct QueuedPart {
+        Part part;
+        size_t run = 0;         // next run to post
+        uint64_t off = 0;       // bytes of part.runs[run] already posted
+        uint64_t wrs_left = 0;  // WRs not posted yet
+    };
+    // Where a chain of WRs leaves a part and its QP's signalling.
+    struct Cursor {
+        size_t run;
+        uint64_t off;
+        uint32_t since_signal;
+        uint64_t seq;
     };
     // One signalled WR in flight: when it completes, wrs slots free up and,
     // if op is set, that part of op is done (RC completes in order).
@@ -122,35 +164,51 @@ private:
         OpRef op;
     };
     struct Qp {
-        rdma_cm_id *id = nullptr;
+        CmId id;
         ibv_qp *qp = nullptr;
         uint32_t used = 0;          // posted WRs whose slot is not yet known free
         uint32_t since_signal = 0;  // unsignalled WRs after the last signalled one
         uint64_t next_seq = 1;
         std::deque<Mark> marks;
-        std::deque<Part> waiting;
+        std::deque<QueuedPart> waiting;
         uint64_t waiting_wrs = 0;
         bool dead = false;
     };
-    using Deliveries = std::vector<std::pair<uint64_t, int>>;
 
     VerbsPeer(std::shared_ptr<Device> dev, EventLoop *loop, const PeerConfig &cfg,
               const PeerContext &pc);
+    // connect
     void setup_channels();
-    void connect_qp(const BackendContext &ctx, const PeerContext &pc, size_t index);
-    void on_event(int tag, uint32_t events) override;
-    void on_cq_event();
-    void on_cm_event();
-    void handle_wc(const ibv_wc &wc, Deliveries &out);
-    void post_ready(Qp &q, Deliveries &out);
-    void fail_op(const OpRef &op, int status, Deliveries &out);
-    void fail_waiting(Qp &q, int status, Deliveries &out);
-    void fail_inflight(Qp &q, int status, Deliveries &out);
+    void connect_qp(const Dial &d);
+    CmEvent wait_cm(rdma_cm_id *id, const Dial &d, const char *what);
+    CmId resolve(const Dial &d);
+    handshake::Challenge hello(const Dial &d);
+    bool authenticate(const Dial &d, handshake::Challenge *ch);
+    handshake::Challenge challenge_in(const CmEvent &e, const char *what) const;
+    [[noreturn]] void connect_failed(const CmEvent &e, const char *what) const;
+    void adopt(CmId id, size_t index);
+    // data path (mu_ held)
+    std::vector<size_t> least_loaded() const;
+    uint64_t wrs_for(const std::vector<Run> &runs) const;
+    void post_ready(Qp &q, CompletionBatch &out);
+    Cursor build_chain(Qp &q, const QueuedPart &p, uint32_t n);
+    void complete_marks(Qp &q, uint64_t seq, CompletionBatch &out);
+    void handle_wc(const ibv_wc &wc, CompletionBatch &out);
+    void fail_waiting(Qp &q, int status, CompletionBatch &out);
+    void fail_all_waiting(int status, CompletionBatch &out);
+    void fail_inflight(Qp &q, int status, CompletionBatch &out);
+    void kill_qp(Qp &q, int status, CompletionBatch &out);
     void set_broken(int status);
     void to_error(Qp &q);
-    void deliver(std::unique_lock<std::mutex> &lk, Deliveries &out);
+    void deliver(std::unique_lock<std::mutex> &lk, CompletionBatch &out);
+    // events
+    void on_event(int tag, uint32_t events) override;
+    void on_cq_event();
+    bool poll_cq(CompletionBatch &out);
+    void on_cm_event();
+    // shutdown
+    void drain();
     void teardown();
-    uint64_t wrs_for(const std::vector<Run> &runs) const;
 
     std::shared_ptr<Device> dev_;
     EventLoop *loop_;
@@ -175,14 +233,12 @@ private:
     bool broken_ = false;
     bool stopping_ = false;
     int break_status_ = 0;
+    bool progressed_ = false;  // signalled WRs completed since the sink last heard
     std::atomic<bool> broken_flag_{false};
     std::vector<ibv_send_wr> wr_buf_;
     std::vector<ibv_sge> sge_buf_;
     std::once_flag shutdown_once_;
 };
-
-// Maps a CM event that ended a connect attempt to a KVX_E* code.
-int connect_failure_code(rdma_cm_event_type type, int status);
 
 // The verbs section of the metadata: the rdma_cm address and the MR peers write into.
 struct SectionInfo {

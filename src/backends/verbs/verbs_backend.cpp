@@ -1,19 +1,19 @@
-// Target side of the verbs backend: the rdma_cm listener, the challenge-
-// response handshake done entirely in connect/reject private data, and the
-// passive QPs through which peers write into our region. All of it runs on
-// the progress thread; the application never calls anything for data to land.
+// Target side of the verbs backend: the rdma_cm listener, the target's half
+// of the handshake (handshake/) carried in connect/reject private data, and
+// the passive QPs through which peers write into our region. All of it runs
+// on the transport's event loop; the application never calls anything for
+// data to land. At the end: the registry entry (options, probe, factory,
+// metadata section).
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sys/resource.h>
 
 #include <cerrno>
 #include <cstring>
-#include <deque>
 #include <unordered_map>
 
+#include "backend/registry.h"
 #include "backends/verbs/verbs.h"
 #include "handshake/handshake.h"
-#include "backend/registry.h"
 #include "util/bytes.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -61,14 +61,52 @@ void set_port(sockaddr_storage &ss, uint16_t port) {
     else reinterpret_cast<sockaddr_in6 &>(ss).sin6_port = htons(port);
 }
 
+uint16_t get_port(const sockaddr_storage &ss) {
+    if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in &>(ss).sin_port);
+    return ntohs(reinterpret_cast<const sockaddr_in6 &>(ss).sin6_port);
+}
+
+// Where to listen and what to advertise.
+struct ListenPlan {
+    std::string option;           // verbs.listen as given, "" when unset
+    sockaddr_storage bind{};      // what rdma_bind_addr gets
+    bool explicit_host = false;   // verbs.listen names one address
+    Placement pl;                 // the discovered port, unless explicit_host
+};
+
+// verbs.listen when it names a host; otherwise the first ACTIVE port's
+// address (with verbs.listen's port, if any). The host without an RDMA stack
+// ends here, false with *why.
+bool plan_listen(const Options &o, const Selection &sel, ListenPlan *lp, std::string *why) {
+    lp->option = o.str("verbs.listen");
+    if (!lp->option.empty()) {
+        lp->bind = net::parse_hostport(lp->option, "option verbs.listen", true);
+        lp->explicit_host = !is_wildcard(lp->bind);
+    }
+    if (lp->explicit_host) return true;
+    if (!find_placement(sel, &lp->pl, why)) return false;
+    uint16_t port = lp->option.empty() ? 0 : get_port(lp->bind);
+    if (lp->option.empty()) lp->bind = lp->pl.addr;
+    set_port(lp->bind, port);
+    KVX_LOG(info, "verbs: using %s", lp->pl.how.c_str());
+    return true;
+}
+
+// librdmacm's context of the named device (the one its cm_ids use), or nullptr.
+ibv_context *cm_context(const std::string &device) {
+    int n = 0;
+    ibv_context *found = nullptr;
+    ibv_context **list = rdma_get_devices(&n);
+    for (int i = 0; list && i < n; i++)
+        if (device == ibv_get_device_name(list[i]->device)) found = list[i];
+    if (list) rdma_free_devices(list);
+    return found;
+}
+
 class VerbsBackend final : public Backend, private EventLoop::Source {
 public:
     VerbsBackend(const BackendContext &ctx) : ctx_(ctx) {}
-    ~VerbsBackend() override {
-        shutdown();
-        if (listen_id_) rdma_destroy_id(listen_id_);
-        if (listen_ch_) rdma_destroy_event_channel(listen_ch_);
-    }
+    ~VerbsBackend() override { shutdown(); }
 
     // false with *why when no usable device; throws for configuration errors.
     bool init(std::string *why);
@@ -86,13 +124,19 @@ public:
     void shutdown() override;
 
 private:
+    // init, step by step
+    bool bind_listener(const ListenPlan &lp, std::string *why);
+    bool open_device(const ListenPlan &lp, const Selection &sel, std::string *why);
+    void choose_addresses(const ListenPlan &lp);
+    void start_listening();
+    // the listener's events (loop thread)
     void on_event(int tag, uint32_t events) override;
-    // Returns true when the request's id must be destroyed (refused).
-    bool on_request(rdma_cm_event *ev);
+    // Returns true when the event's id must be destroyed.
+    bool on_cm_event(const CmEvent &ev);
+    bool on_request(const CmEvent &ev);
     bool accept(rdma_cm_id *id, const handshake::Accept &acc);
     void refuse(rdma_cm_id *id, int status);
     void challenge(rdma_cm_id *id);
-    void destroy_conn(rdma_cm_id *id);
 
     BackendContext ctx_;
     std::shared_ptr<Device> dev_;
@@ -116,26 +160,18 @@ private:
 
 bool VerbsBackend::init(std::string *why) {
     const Options &o = *ctx_.options;
-    Selection sel = selection(o);
-    std::string listen = o.str("verbs.listen");
-    sockaddr_storage bind_ss{};
-    bool explicit_host = false;
-    if (!listen.empty()) {
-        bind_ss = net::parse_hostport(listen, "option verbs.listen", true);
-        explicit_host = !is_wildcard(bind_ss);
-    }
+    const Selection sel = selection(o);
+    ListenPlan lp;
+    if (!plan_listen(o, sel, &lp, why) || !bind_listener(lp, why) || !open_device(lp, sel, why)) return false;
+    choose_addresses(lp);
+    if (!dev_->register_region(ctx_.region, why)) return false;
+    rkey_ = dev_->mr->rkey;
+    peer_cfg_ = peer_config(*dev_, o);
+    start_listening();
+    return true;
+}
 
-    // Where to listen and what to advertise (the first ACTIVE port's address
-    // unless verbs.listen names a host). The host without an RDMA stack ends here.
-    Placement pl;
-    if (!explicit_host) {
-        if (!find_placement(sel, &pl, why)) return false;
-        uint16_t port = listen.empty() ? 0 : ntohs(reinterpret_cast<sockaddr_in &>(bind_ss).sin_port);
-        if (listen.empty()) bind_ss = pl.addr;
-        set_port(bind_ss, port);
-        KVX_LOG(info, "verbs: using %s", pl.how.c_str());
-    }
-
+bool VerbsBackend::bind_listener(const ListenPlan &lp, std::string *why) {
     listen_ch_ = rdma_create_event_channel();
     if (!listen_ch_) {
         *why = strfmt("rdma_cm unavailable (/dev/infiniband/rdma_cm): %s", strerror(errno));
@@ -145,100 +181,66 @@ bool VerbsBackend::init(std::string *why) {
         *why = strfmt("rdma_create_id: %s", strerror(errno));
         return false;
     }
-    if (rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr *>(&bind_ss)) != 0) {
+    sockaddr_storage ss = lp.bind;
+    if (rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr *>(&ss)) != 0) {
         int e = errno;
-        sockaddr_storage shown = bind_ss;
-        std::string s = net::to_endpoint(shown).str();
+        std::string s = net::to_endpoint(lp.bind).str();
         if (e == EADDRINUSE) fail(KVX_EBACKEND, "verbs: cannot listen on %s: %s", s.c_str(), strerror(e));
         *why = strfmt("rdma_cm cannot bind %s: %s", s.c_str(), strerror(e));
         return false;
     }
+    return true;
+}
 
-    auto dev = std::make_shared<Device>();
-    if (!listen_id_->verbs && explicit_host) {
-        *why = strfmt("verbs.listen %s is not an address of an RDMA device", listen.c_str());
+// The device the listener is bound to; for a wildcard, the discovered one,
+// so that outgoing connections and the MR share one PD.
+bool VerbsBackend::open_device(const ListenPlan &lp, const Selection &sel, std::string *why) {
+    ibv_context *c = listen_id_->verbs;
+    uint8_t port = listen_id_->port_num;
+    if (!c && lp.explicit_host) {
+        *why = strfmt("verbs.listen %s is not an address of an RDMA device", lp.option.c_str());
         return false;
     }
-    if (listen_id_->verbs) {
-        dev->ctx = listen_id_->verbs;
-        dev->port = listen_id_->port_num;
-    } else {
-        // Wildcard listen: use librdmacm's context of the discovered device,
-        // so that outgoing connections and the MR share one PD.
-        int n = 0;
-        ibv_context **list = rdma_get_devices(&n);
-        for (int i = 0; list && i < n; i++)
-            if (pl.device == ibv_get_device_name(list[i]->device)) dev->ctx = list[i];
-        if (list) rdma_free_devices(list);
-        dev->port = pl.port;
-        if (!dev->ctx) {
-            *why = strfmt("rdma_cm does not know device %s", pl.device.c_str());
+    if (!c) {
+        c = cm_context(lp.pl.device);
+        port = lp.pl.port;
+        if (!c) {
+            *why = strfmt("rdma_cm does not know device %s", lp.pl.device.c_str());
             return false;
         }
     }
-    dev->name = ibv_get_device_name(dev->ctx->device);
-    if (!sel.device.empty() && sel.device != dev->name) {
-        *why = strfmt("verbs.listen %s is on device %s, not verbs.device %s", listen.c_str(), dev->name.c_str(),
+    const char *name = ibv_get_device_name(c->device);
+    if (!sel.device.empty() && sel.device != name) {
+        *why = strfmt("verbs.listen %s is on device %s, not verbs.device %s", lp.option.c_str(), name,
                       sel.device.c_str());
         return false;
     }
-    if (sel.port && sel.port != dev->port) {
-        *why = strfmt("verbs.listen %s is on port %u of %s, not verbs.port %d", listen.c_str(), dev->port,
-                      dev->name.c_str(), sel.port);
+    if (sel.port && sel.port != port) {
+        *why = strfmt("verbs.listen %s is on port %u of %s, not verbs.port %d", lp.option.c_str(), port, name,
+                      sel.port);
         return false;
     }
-    if (ibv_query_device(dev->ctx, &dev->attr) != 0 || ibv_query_port(dev->ctx, dev->port, &dev->port_attr) != 0) {
-        *why = strfmt("cannot query %s port %u: %s", dev->name.c_str(), dev->port, strerror(errno));
-        return false;
-    }
-    if (dev->port_attr.state != IBV_PORT_ACTIVE) {
-        *why = strfmt("%s port %u is %s", dev->name.c_str(), dev->port, ibv_port_state_str(dev->port_attr.state));
-        return false;
-    }
-    // One WR carries at most max_msg_sz bytes (and an SGE length is 32-bit).
-    dev->max_msg = dev->port_attr.max_msg_sz ? dev->port_attr.max_msg_sz : (1u << 30);
-    dev->max_msg = std::min<uint64_t>(dev->max_msg, 1u << 30);
-    dev->region = ctx_.region;
+    dev_ = std::make_shared<Device>();
+    return dev_->open(c, port, why);
+}
 
+// Advertise the bound port at the device's address (a wildcard bind says
+// nothing peers could use); connect out from the device's address.
+void VerbsBackend::choose_addresses(const ListenPlan &lp) {
     sockaddr *local = rdma_get_local_addr(listen_id_);
     sockaddr_storage bound{};
     memcpy(&bound, local, local->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
     advertised_ = net::to_endpoint(bound);
-    if (explicit_host) {
-        dev->addr = bound;
-    } else {
-        dev->addr = pl.addr;
-        net::Endpoint e = net::to_endpoint(pl.addr);
+    dev_->addr = lp.explicit_host ? bound : lp.pl.addr;
+    if (!lp.explicit_host) {
+        net::Endpoint e = net::to_endpoint(lp.pl.addr);
         e.port = advertised_.port;
         advertised_ = e;
     }
-    set_port(dev->addr, 0);
+    set_port(dev_->addr, 0);
+}
 
-    dev->pd = ibv_alloc_pd(dev->ctx);
-    if (!dev->pd) {
-        *why = strfmt("ibv_alloc_pd on %s: %s", dev->name.c_str(), strerror(errno));
-        return false;
-    }
-    // Exactly the region, writable by peers; nothing else is registered in this PD.
-    dev->mr = ibv_reg_mr(dev->pd, ctx_.region.base, ctx_.region.size(),
-                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    if (!dev->mr) {
-        int e = errno;
-        rlimit rl{};
-        getrlimit(RLIMIT_MEMLOCK, &rl);
-        *why = strfmt("cannot register the %llu byte region with %s: %s%s", (unsigned long long)ctx_.region.size(),
-                      dev->name.c_str(), strerror(e),
-                      rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < ctx_.region.size()
-                          ? strfmt(" (RLIMIT_MEMLOCK is %llu bytes)", (unsigned long long)rl.rlim_cur).c_str()
-                          : "");
-        KVX_LOG(warn, "verbs: %s", why->c_str());
-        return false;
-    }
-    dev->lkey = dev->mr->lkey;
-    rkey_ = dev->mr->rkey;
-    dev_ = dev;
-    peer_cfg_ = peer_config(*dev_, o);
-
+void VerbsBackend::start_listening() {
     passive_cq_ = ibv_create_cq(dev_->ctx, 16, nullptr, nullptr, 0);
     if (!passive_cq_) fail(KVX_EBACKEND, "verbs: ibv_create_cq: %s", strerror(errno));
     if (rdma_listen(listen_id_, kListenBacklog) != 0)
@@ -247,14 +249,12 @@ bool VerbsBackend::init(std::string *why) {
     // The initiator needs two CM round trips within its connect timeout; ours bounds the wait.
     challenges_ = std::make_unique<handshake::ChallengeTable>(
         kMaxChallenges, std::chrono::milliseconds(ctx_.options->uint("connect_timeout_ms")));
-
     loop_ = ctx_.loop;
     listen_tok_ = loop_->attach(listen_ch_->fd, EPOLLIN, this, 0);
     if (!listen_tok_) fail(KVX_EBACKEND, "verbs: cannot watch the rdma_cm listener");
     KVX_LOG(info, "verbs: listening on %s (device %s port %u, MR %llu bytes rkey 0x%x, %u QP(s)/peer, SQ %u, signal every %u)",
             advertised_.str().c_str(), dev_->name.c_str(), dev_->port, (unsigned long long)ctx_.region.size(), rkey_,
             peer_cfg_.qps, peer_cfg_.sq_depth, peer_cfg_.signal_every);
-    return true;
 }
 
 std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
@@ -272,46 +272,33 @@ std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
 }
 
 void VerbsBackend::on_event(int, uint32_t) {
-    for (;;) {
-        rdma_cm_event *ev = nullptr;
-        if (rdma_get_cm_event(listen_ch_, &ev) != 0) {
-            if (errno != EAGAIN && errno != EINTR) KVX_LOG(error, "verbs: rdma_get_cm_event: %s", strerror(errno));
-            return;
-        }
-        rdma_cm_id *doomed = nullptr;
-        switch (ev->event) {
-        case RDMA_CM_EVENT_CONNECT_REQUEST:
-            if (on_request(ev)) doomed = ev->id;
-            break;
-        case RDMA_CM_EVENT_ESTABLISHED:
-            if (auto it = conns_.find(ev->id); it != conns_.end()) it->second = true;
-            KVX_LOG(debug, "verbs: inbound connection established (qp %u)", ev->id->qp ? ev->id->qp->qp_num : 0);
-            break;
-        case RDMA_CM_EVENT_DISCONNECTED:
-        case RDMA_CM_EVENT_CONNECT_ERROR:
-        case RDMA_CM_EVENT_UNREACHABLE:
-        case RDMA_CM_EVENT_REJECTED:
-            if (conns_.erase(ev->id)) {
-                KVX_LOG(debug, "verbs: inbound connection closed (%s)", rdma_event_str(ev->event));
-                doomed = ev->id;
-            }
-            break;
-        case RDMA_CM_EVENT_DEVICE_REMOVAL:
-            KVX_LOG(error, "verbs: device %s removed: peers can no longer write here", dev_->name.c_str());
-            if (ev->id != listen_id_ && conns_.erase(ev->id)) doomed = ev->id;
-            break;
-        default:  // TIMEWAIT_EXIT, ADDR_CHANGE: nothing to do
-            KVX_LOG(debug, "verbs: listener event %s", rdma_event_str(ev->event));
-            break;
-        }
-        rdma_ack_cm_event(ev);  // before rdma_destroy_id, which waits for it
-        if (doomed) destroy_conn(doomed);
-    }
+    CmEvent ev;
+    while (next_cm_event(listen_ch_, &ev))
+        if (on_cm_event(ev)) destroy_cm_id(ev.id);
+    if (errno != EAGAIN && errno != EINTR) KVX_LOG(error, "verbs: rdma_get_cm_event: %s", strerror(errno));
 }
 
-void VerbsBackend::destroy_conn(rdma_cm_id *id) {
-    if (id->qp) rdma_destroy_qp(id);
-    rdma_destroy_id(id);
+bool VerbsBackend::on_cm_event(const CmEvent &ev) {
+    switch (ev.type) {
+    case RDMA_CM_EVENT_CONNECT_REQUEST: return on_request(ev);
+    case RDMA_CM_EVENT_ESTABLISHED:
+        if (auto it = conns_.find(ev.id); it != conns_.end()) it->second = true;
+        KVX_LOG(debug, "verbs: inbound connection established (qp %u)", ev.id->qp ? ev.id->qp->qp_num : 0);
+        return false;
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_REJECTED:
+        if (!conns_.erase(ev.id)) return false;
+        KVX_LOG(debug, "verbs: inbound connection closed (%s)", rdma_event_str(ev.type));
+        return true;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        KVX_LOG(error, "verbs: device %s removed: peers can no longer write here", dev_->name.c_str());
+        return ev.id != listen_id_ && conns_.erase(ev.id);
+    default:  // TIMEWAIT_EXIT, ADDR_CHANGE: nothing to do
+        KVX_LOG(debug, "verbs: listener event %s", rdma_event_str(ev.type));
+        return false;
+    }
 }
 
 void VerbsBackend::refuse(rdma_cm_id *id, int status) {
@@ -330,11 +317,11 @@ void VerbsBackend::challenge(rdma_cm_id *id) {
 // A connect request: HELLO gets a challenge (in a reject); AUTH against a
 // live challenge gets a QP and an ACCEPT. Returns true when the request's id
 // must be destroyed (refused).
-bool VerbsBackend::on_request(rdma_cm_event *ev) {
-    rdma_cm_id *id = ev->id;
+bool VerbsBackend::on_request(const CmEvent &ev) {
+    rdma_cm_id *id = ev.id;
     handshake::Message m;
     try {
-        m = handshake::decode(ev->param.conn.private_data, ev->param.conn.private_data_len);
+        m = handshake::decode(ev.pdata.data(), ev.pdata.size());
     } catch (const Error &e) {
         KVX_LOG(warn, "verbs: refused a connect request: %s", e.what());
         refuse(id, handshake::failure_code(e.code()));
@@ -378,31 +365,16 @@ bool VerbsBackend::accept(rdma_cm_id *id, const handshake::Accept &acc) {
         refuse(id, KVX_ECONNREFUSED);
         return false;
     }
-    ibv_qp_init_attr qa{};
-    qa.send_cq = passive_cq_;
-    qa.recv_cq = passive_cq_;
-    qa.qp_type = IBV_QPT_RC;
-    qa.cap.max_send_wr = 1;
-    qa.cap.max_recv_wr = 1;
-    qa.cap.max_send_sge = 1;
-    qa.cap.max_recv_sge = 1;
+    ibv_qp_init_attr qa = rc_qp_attr(passive_cq_, 1);
     if (rdma_create_qp(id, dev_->pd, &qa) != 0) {
         KVX_LOG(error, "verbs: rdma_create_qp for an inbound connection: %s", strerror(errno));
         refuse(id, KVX_ECONNREFUSED);
         return false;
     }
     handshake::Bytes b;
-    rdma_conn_param cp{};
-    cp.private_data = b.data();
-    cp.private_data_len = static_cast<uint8_t>(handshake::encode(acc, b.data()));
-    // Write-only protocol: no RDMA READ/atomic resources, so the passive QP
-    // is not even granted remote read access by rdma_cm.
-    cp.responder_resources = 0;
-    cp.initiator_depth = 0;
-    cp.rnr_retry_count = 7;
+    rdma_conn_param cp = conn_param(b.data(), handshake::encode(acc, b.data()));
     if (rdma_accept(id, &cp) != 0) {
         KVX_LOG(warn, "verbs: rdma_accept: %s", strerror(errno));
-        rdma_destroy_qp(id);
         return false;
     }
     conns_[id] = false;
@@ -420,23 +392,17 @@ void VerbsBackend::shutdown() {
         if (loop_) loop_->detach(listen_tok_);
         for (auto &[id, est] : conns_) {
             if (est) rdma_disconnect(id);
-            destroy_conn(id);
+            destroy_cm_id(id);
         }
         conns_.clear();
-        if (listen_id_) {
-            rdma_destroy_id(listen_id_);
-            listen_id_ = nullptr;
-        }
+        destroy_cm_id(listen_id_);
+        listen_id_ = nullptr;
         // Any events still queued for destroyed ids were dropped with them.
         if (dev_) dev_->deregister();  // from here on no byte can land in the region
-        if (passive_cq_) {
-            ibv_destroy_cq(passive_cq_);
-            passive_cq_ = nullptr;
-        }
-        if (listen_ch_) {
-            rdma_destroy_event_channel(listen_ch_);
-            listen_ch_ = nullptr;
-        }
+        if (passive_cq_) ibv_destroy_cq(passive_cq_);
+        passive_cq_ = nullptr;
+        if (listen_ch_) rdma_destroy_event_channel(listen_ch_);
+        listen_ch_ = nullptr;
         KVX_LOG(info, "verbs: backend shut down");
     });
 }
@@ -485,10 +451,7 @@ bool probe(const Options &o, std::string *why) {
 
 std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *why) {
     auto b = std::make_unique<VerbsBackend>(ctx);
-    if (!b->init(why)) {
-        KVX_LOG(info, "verbs: not usable: %s", why->c_str());
-        return nullptr;
-    }
+    if (!b->init(why)) return nullptr;  // the core logs why
     return b;
 }
 

@@ -1,13 +1,10 @@
-// Device discovery and the registration of the region.
+// Device discovery, the device and the registration of the region.
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -25,6 +22,48 @@ namespace kvx::verbs {
 Device::~Device() {
     deregister();
     if (pd) ibv_dealloc_pd(pd);
+}
+
+bool Device::open(ibv_context *c, uint8_t p, std::string *why) {
+    ctx = c;
+    port = p;
+    name = ibv_get_device_name(ctx->device);
+    if (ibv_query_device(ctx, &attr) != 0 || ibv_query_port(ctx, port, &port_attr) != 0) {
+        *why = strfmt("cannot query %s port %u: %s", name.c_str(), port, strerror(errno));
+        return false;
+    }
+    if (port_attr.state != IBV_PORT_ACTIVE) {
+        *why = strfmt("%s port %u is %s", name.c_str(), port, ibv_port_state_str(port_attr.state));
+        return false;
+    }
+    // One WR carries at most max_msg_sz bytes (and an SGE length is 32-bit).
+    max_msg = std::min<uint64_t>(port_attr.max_msg_sz ? port_attr.max_msg_sz : (1u << 30), 1u << 30);
+    return true;
+}
+
+bool Device::register_region(const Region &r, std::string *why) {
+    region = r;
+    pd = ibv_alloc_pd(ctx);
+    if (!pd) {
+        *why = strfmt("ibv_alloc_pd on %s: %s", name.c_str(), strerror(errno));
+        return false;
+    }
+    // Exactly the region, writable by peers; nothing else is registered in this PD.
+    mr = ibv_reg_mr(pd, r.base, r.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!mr) {
+        int e = errno;
+        rlimit rl{};
+        getrlimit(RLIMIT_MEMLOCK, &rl);
+        *why = strfmt("cannot register the %llu byte region with %s: %s%s", (unsigned long long)r.size(),
+                      name.c_str(), strerror(e),
+                      rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < r.size()
+                          ? strfmt(" (RLIMIT_MEMLOCK is %llu bytes)", (unsigned long long)rl.rlim_cur).c_str()
+                          : "");
+        KVX_LOG(warn, "verbs: %s", why->c_str());
+        return false;
+    }
+    lkey = mr->lkey;
+    return true;
 }
 
 void Device::deregister() {

@@ -2,7 +2,7 @@
 // peer and the data path. Every Run becomes one RDMA WRITE WR (split at the
 // port's max_msg_sz) with one SGE; a transfer's WRs go to the send queue as
 // one chained list. What does not fit waits in a software queue and is posted
-// by the progress thread as completions free send-queue slots.
+// from the event loop as completions free send-queue slots.
 #include <poll.h>
 
 #include <algorithm>
@@ -20,61 +20,13 @@ namespace kvx::verbs {
 
 namespace {
 
-constexpr uint64_t kDrainWrId = UINT64_MAX;   // shutdown's marker WR
-constexpr uint64_t kSplitMin = 256 << 10;     // with several QPs, ops of 2x this are spread over them
-constexpr int kMaxAuthRounds = 3;             // fresh challenges accepted before giving up
+constexpr uint64_t kDrainWrId = UINT64_MAX;  // shutdown's marker WR
+constexpr uint64_t kSplitMin = 256 << 10;    // with several QPs, ops of 2x this are spread over them
+constexpr int kMaxAuthRounds = 3;            // fresh challenges accepted before giving up
 constexpr int kCqPollBatch = 32;
 enum { kTagCq = 1, kTagCm = 2 };
 
-int remaining_ms(Clock::time_point deadline) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return 0;
-    return left > INT32_MAX ? INT32_MAX : static_cast<int>(left);
-}
-
-bool ends_connection(rdma_cm_event_type t) {
-    return t == RDMA_CM_EVENT_DISCONNECTED || t == RDMA_CM_EVENT_DEVICE_REMOVAL || t == RDMA_CM_EVENT_CONNECT_ERROR ||
-           t == RDMA_CM_EVENT_UNREACHABLE || t == RDMA_CM_EVENT_REJECTED;
-}
-
-// Destroys a cm_id (and its QP) unless released: connect's error paths.
-struct IdGuard {
-    rdma_cm_id *id = nullptr;
-    IdGuard() = default;
-    IdGuard(const IdGuard &) = delete;
-    IdGuard &operator=(const IdGuard &) = delete;
-    ~IdGuard() {
-        if (!id) return;
-        if (id->qp) rdma_destroy_qp(id);
-        rdma_destroy_id(id);
-    }
-    rdma_cm_id *release() {
-        rdma_cm_id *r = id;
-        id = nullptr;
-        return r;
-    }
-};
-
-struct CmEv {
-    rdma_cm_event_type type;
-    int status;
-    std::vector<uint8_t> pdata;
-};
-
 }  // namespace
-
-int connect_failure_code(rdma_cm_event_type type, int status) {
-    switch (type) {
-    case RDMA_CM_EVENT_REJECTED:
-    case RDMA_CM_EVENT_CONNECT_ERROR: return KVX_ECONNREFUSED;
-    case RDMA_CM_EVENT_ADDR_ERROR:
-    case RDMA_CM_EVENT_ROUTE_ERROR:
-    case RDMA_CM_EVENT_UNREACHABLE: return status == -ETIMEDOUT ? KVX_ETIMEDOUT : KVX_EHOSTUNREACH;
-    case RDMA_CM_EVENT_DISCONNECTED:
-    case RDMA_CM_EVENT_DEVICE_REMOVAL: return KVX_ECONNRESET;
-    default: return KVX_ECONNREFUSED;
-    }
-}
 
 // ------------------------------------------------------------------ connect
 
@@ -98,7 +50,8 @@ std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx, std::share
     std::unique_ptr<VerbsPeer> p(new VerbsPeer(std::move(dev), loop, cfg, pc));
     try {
         p->setup_channels();
-        for (uint32_t i = 0; i < cfg.qps; i++) p->connect_qp(ctx, pc, i);
+        for (uint32_t i = 0; i < cfg.qps; i++)
+            p->connect_qp(Dial{*pc.meta, ctx.identity.fingerprint, pc.deadline, i});
     } catch (...) {
         p->shutdown();  // not started: tears down what exists, calls no sink
         throw;
@@ -125,148 +78,124 @@ void VerbsPeer::setup_channels() {
     if (ibv_req_notify_cq(cq_, 0) != 0) fail(KVX_EBACKEND, "verbs: ibv_req_notify_cq failed");
 }
 
-void VerbsPeer::connect_qp(const BackendContext &ctx, const PeerContext &pc, size_t index) {
-    const wire::AgentMetadata &m = *pc.meta;
-    const Clock::time_point deadline = pc.deadline;
-
-    // Next event of id; events of the peer's earlier QPs are handled in passing.
-    auto wait_for = [&](rdma_cm_id *id, const char *what) -> CmEv {
-        for (;;) {
-            rdma_cm_event *ev = nullptr;
-            if (rdma_get_cm_event(cm_ch_, &ev) == 0) {
-                CmEv out{ev->event, ev->status, {}};
-                bool conn = ev->event == RDMA_CM_EVENT_REJECTED || ev->event == RDMA_CM_EVENT_ESTABLISHED ||
-                            ev->event == RDMA_CM_EVENT_CONNECT_RESPONSE;
-                if (conn && ev->param.conn.private_data && ev->param.conn.private_data_len) {
-                    const auto *b = static_cast<const uint8_t *>(ev->param.conn.private_data);
-                    out.pdata.assign(b, b + ev->param.conn.private_data_len);
-                }
-                rdma_cm_id *eid = ev->id;
-                rdma_ack_cm_event(ev);
-                if (eid == id) return out;
-                if (ends_connection(out.type))
-                    fail(KVX_ECONNRESET, "%s: an earlier connection closed while connecting QP %zu (%s)",
-                         where_.c_str(), index, rdma_event_str(out.type));
-                continue;
-            }
-            if (errno != EAGAIN && errno != EINTR)
-                fail(KVX_EBACKEND, "verbs: rdma_get_cm_event: %s", strerror(errno));
-            int ms = remaining_ms(deadline);
-            if (ms == 0) fail(KVX_ETIMEDOUT, "%s: no answer within the connect timeout (%s)", where_.c_str(), what);
-            pollfd pfd{cm_ch_->fd, POLLIN, 0};
-            ::poll(&pfd, 1, ms);
-        }
-    };
-    auto expect = [&](const CmEv &e, rdma_cm_event_type want, const char *what) {
-        if (e.type == want) return;
-        fail(connect_failure_code(e.type, e.status), "%s: %s failed: %s (status %d)", where_.c_str(), what,
-             rdma_event_str(e.type), e.status);
-    };
-    // A fresh cm_id, address and route resolved; from our RDMA address, so
-    // the connection uses the device that holds our MR.
-    auto resolve = [&](IdGuard &g) {
-        if (rdma_create_id(cm_ch_, &g.id, this, RDMA_PS_TCP) != 0)
-            fail(KVX_EBACKEND, "verbs: rdma_create_id: %s", strerror(errno));
-        socklen_t dlen = 0;
-        sockaddr_storage dst = net::from_endpoint(cm_, &dlen);
-        sockaddr_storage src = dev_->addr;
-        int ms = std::max(1, remaining_ms(deadline));
-        if (rdma_resolve_addr(g.id, src.ss_family == dst.ss_family ? reinterpret_cast<sockaddr *>(&src) : nullptr,
-                              reinterpret_cast<sockaddr *>(&dst), ms) != 0)
-            fail(KVX_EHOSTUNREACH, "%s: rdma_resolve_addr: %s", where_.c_str(), strerror(errno));
-        expect(wait_for(g.id, "address resolution"), RDMA_CM_EVENT_ADDR_RESOLVED, "address resolution");
-        if (g.id->verbs != dev_->ctx)
-            fail(KVX_EHOSTUNREACH, "%s is reached through device %s, but the region is registered on %s",
-                 where_.c_str(), g.id->verbs ? ibv_get_device_name(g.id->verbs->device) : "?", dev_->name.c_str());
-        ms = std::max(1, remaining_ms(deadline));
-        if (rdma_resolve_route(g.id, ms) != 0)
-            fail(KVX_EHOSTUNREACH, "%s: rdma_resolve_route: %s", where_.c_str(), strerror(errno));
-        expect(wait_for(g.id, "route resolution"), RDMA_CM_EVENT_ROUTE_RESOLVED, "route resolution");
-    };
-    auto base_param = [](rdma_conn_param &cp, const void *pd, size_t len) {
-        cp = rdma_conn_param{};
-        cp.private_data = pd;
-        cp.private_data_len = static_cast<uint8_t>(len);
-        cp.responder_resources = 0;  // write-only: no RDMA READ/atomic resources either way
-        cp.initiator_depth = 0;
-        cp.retry_count = 7;
-        cp.rnr_retry_count = 7;
-    };
-    // A challenge from the target, out of REJECT private data; anything
-    // else that does not decode is a reject by something that is no kvxfer
-    // target (nobody listening: IB CM pads its private data with zeros).
-    auto parse_reject = [&](const CmEv &e, const char *what) -> handshake::Challenge {
-        try {
-            handshake::decode(e.pdata.data(), e.pdata.size());
-        } catch (const Error &) {
-            fail(KVX_ECONNREFUSED, "%s refused the connection (%s, reject reason %d)", where_.c_str(), what, e.status);
-        }
-        return handshake::expect_challenge(e.pdata.data(), e.pdata.size(), where_.c_str());
-    };
-
-    // 1. HELLO: the target rejects it with a fresh challenge. No QP yet.
-    handshake::Challenge ch;
-    {
-        IdGuard g;
-        resolve(g);
-        handshake::Bytes hb;
-        rdma_conn_param cp;
-        base_param(cp, hb.data(), handshake::encode(handshake::Hello{m.instance_id}, hb.data()));
-        cp.qp_num = 1;  // no QP exists: the target never accepts a HELLO
-        if (rdma_connect(g.id, &cp) != 0) fail(KVX_EBACKEND, "%s: rdma_connect: %s", where_.c_str(), strerror(errno));
-        CmEv e = wait_for(g.id, "HELLO");
-        if (e.type == RDMA_CM_EVENT_CONNECT_RESPONSE || e.type == RDMA_CM_EVENT_ESTABLISHED)
-            fail(KVX_EAUTH, "%s accepted an unauthenticated HELLO: not a kvxfer verbs target", where_.c_str());
-        if (e.type != RDMA_CM_EVENT_REJECTED)
-            fail(connect_failure_code(e.type, e.status), "%s: connect failed: %s (status %d)", where_.c_str(),
-                 rdma_event_str(e.type), e.status);
-        ch = parse_reject(e, "HELLO");
-    }
-
-    // 2. AUTH with the QP: the target verifies before it creates its own QP.
+// HELLO gets a challenge; AUTH with the QP answers it. The target verifies
+// before it creates its own QP, and may challenge again (its challenge expired).
+void VerbsPeer::connect_qp(const Dial &d) {
+    handshake::Challenge ch = hello(d);
     for (int round = 1;; round++) {
-        IdGuard g;
-        resolve(g);
-        ibv_qp_init_attr qa{};
-        qa.send_cq = cq_;
-        qa.recv_cq = cq_;
-        qa.qp_type = IBV_QPT_RC;
-        qa.sq_sig_all = 0;  // selective signalling
-        qa.cap.max_send_wr = cfg_.sq_depth + 1;  // +1: shutdown's drain marker
-        qa.cap.max_recv_wr = 1;
-        qa.cap.max_send_sge = 1;  // one SGE per WR (a Run is contiguous locally)
-        qa.cap.max_recv_sge = 1;
-        if (rdma_create_qp(g.id, dev_->pd, &qa) != 0)
-            fail(KVX_EBACKEND, "%s: rdma_create_qp (send queue %u): %s", where_.c_str(), cfg_.sq_depth + 1,
-                 strerror(errno));
-        handshake::Auth a = handshake::answer(ch, m.instance_id, m.secret, ctx.identity.fingerprint);
-        handshake::Bytes ab;
-        rdma_conn_param cp;
-        base_param(cp, ab.data(), handshake::encode(a, ab.data()));
-        if (rdma_connect(g.id, &cp) != 0) fail(KVX_EBACKEND, "%s: rdma_connect: %s", where_.c_str(), strerror(errno));
-        CmEv e = wait_for(g.id, "AUTH");
-        if (e.type == RDMA_CM_EVENT_REJECTED) {
-            ch = parse_reject(e, "AUTH");  // returns only for a new challenge
-            if (round >= kMaxAuthRounds)
-                fail(KVX_EAUTH, "%s keeps challenging (%d rounds)", where_.c_str(), round);
+        if (authenticate(d, &ch)) return;
+        if (round >= kMaxAuthRounds) fail(KVX_EAUTH, "%s keeps challenging (%d rounds)", where_.c_str(), round);
+    }
+}
+
+// Next event of id; events of the peer's earlier QPs are handled in passing.
+CmEvent VerbsPeer::wait_cm(rdma_cm_id *id, const Dial &d, const char *what) {
+    CmEvent ev;
+    for (;;) {
+        if (next_cm_event(cm_ch_, &ev)) {
+            if (ev.id == id) return ev;
+            if (ends_connection(ev.type))
+                fail(KVX_ECONNRESET, "%s: an earlier connection closed while connecting QP %zu (%s)", where_.c_str(),
+                     d.index, rdma_event_str(ev.type));
             continue;
         }
-        if (e.type != RDMA_CM_EVENT_ESTABLISHED)
-            fail(connect_failure_code(e.type, e.status), "%s: connect failed: %s (status %d)", where_.c_str(),
-                 rdma_event_str(e.type), e.status);
-        handshake::expect_accept(e.pdata.data(), e.pdata.size(), ch, a, m.secret, where_.c_str());
-        // rdma_cm granted our QP remote write access too; nobody may use it.
-        ibv_qp_attr at{};
-        at.qp_access_flags = 0;
-        if (ibv_modify_qp(g.id->qp, &at, IBV_QP_ACCESS_FLAGS) != 0)
-            KVX_LOG(debug, "verbs: cannot drop remote access of an outbound QP: %s", strerror(errno));
-        Qp q;
-        q.qp = g.id->qp;
-        q.id = g.release();
-        KVX_LOG(debug, "verbs: %s: QP %zu (qp %u) authenticated", where_.c_str(), index, q.qp->qp_num);
-        qps_.push_back(std::move(q));
-        return;
+        if (errno != EAGAIN && errno != EINTR) fail(KVX_EBACKEND, "verbs: rdma_get_cm_event: %s", strerror(errno));
+        int rc = net::wait_fd(cm_ch_->fd, POLLIN, d.deadline);
+        if (rc == -ETIMEDOUT) fail(KVX_ETIMEDOUT, "%s: no answer within the connect timeout (%s)", where_.c_str(), what);
+        if (rc < 0) fail(KVX_EBACKEND, "verbs: poll on the rdma_cm channel: %s", strerror(-rc));
     }
+}
+
+[[noreturn]] void VerbsPeer::connect_failed(const CmEvent &e, const char *what) const {
+    fail(connect_failure_code(e.type, e.status), "%s: %s failed: %s (status %d)", where_.c_str(), what,
+         rdma_event_str(e.type), e.status);
+}
+
+// A fresh cm_id, address and route resolved; from our RDMA address, so the
+// connection uses the device that holds our MR.
+CmId VerbsPeer::resolve(const Dial &d) {
+    rdma_cm_id *raw = nullptr;
+    if (rdma_create_id(cm_ch_, &raw, this, RDMA_PS_TCP) != 0)
+        fail(KVX_EBACKEND, "verbs: rdma_create_id: %s", strerror(errno));
+    CmId id(raw);
+    socklen_t dlen = 0;
+    sockaddr_storage dst = net::from_endpoint(cm_, &dlen);
+    sockaddr_storage src = dev_->addr;
+    if (rdma_resolve_addr(id.get(), src.ss_family == dst.ss_family ? reinterpret_cast<sockaddr *>(&src) : nullptr,
+                          reinterpret_cast<sockaddr *>(&dst), std::max(1, net::ms_left(d.deadline))) != 0)
+        fail(KVX_EHOSTUNREACH, "%s: rdma_resolve_addr: %s", where_.c_str(), strerror(errno));
+    CmEvent e = wait_cm(id.get(), d, "address resolution");
+    if (e.type != RDMA_CM_EVENT_ADDR_RESOLVED) connect_failed(e, "address resolution");
+    if (id->verbs != dev_->ctx)
+        fail(KVX_EHOSTUNREACH, "%s is reached through device %s, but the region is registered on %s",
+             where_.c_str(), id->verbs ? ibv_get_device_name(id->verbs->device) : "?", dev_->name.c_str());
+    if (rdma_resolve_route(id.get(), std::max(1, net::ms_left(d.deadline))) != 0)
+        fail(KVX_EHOSTUNREACH, "%s: rdma_resolve_route: %s", where_.c_str(), strerror(errno));
+    e = wait_cm(id.get(), d, "route resolution");
+    if (e.type != RDMA_CM_EVENT_ROUTE_RESOLVED) connect_failed(e, "route resolution");
+    return id;
+}
+
+// A challenge from the target, out of REJECT private data; anything else that
+// does not decode is a reject by something that is no kvxfer target (nobody
+// listening: IB CM pads its private data with zeros).
+handshake::Challenge VerbsPeer::challenge_in(const CmEvent &e, const char *what) const {
+    try {
+        handshake::decode(e.pdata.data(), e.pdata.size());
+    } catch (const Error &) {
+        fail(KVX_ECONNREFUSED, "%s refused the connection (%s, reject reason %d)", where_.c_str(), what, e.status);
+    }
+    return handshake::expect_challenge(e.pdata.data(), e.pdata.size(), where_.c_str());
+}
+
+// HELLO on a cm_id without a QP: the target rejects it with a fresh challenge.
+handshake::Challenge VerbsPeer::hello(const Dial &d) {
+    CmId id = resolve(d);
+    handshake::Bytes b;
+    rdma_conn_param cp = conn_param(b.data(), handshake::encode(handshake::Hello{d.meta.instance_id}, b.data()));
+    cp.qp_num = 1;  // no QP exists: the target never accepts a HELLO
+    if (rdma_connect(id.get(), &cp) != 0) fail(KVX_EBACKEND, "%s: rdma_connect: %s", where_.c_str(), strerror(errno));
+    CmEvent e = wait_cm(id.get(), d, "HELLO");
+    if (e.type == RDMA_CM_EVENT_CONNECT_RESPONSE || e.type == RDMA_CM_EVENT_ESTABLISHED)
+        fail(KVX_EAUTH, "%s accepted an unauthenticated HELLO: not a kvxfer verbs target", where_.c_str());
+    if (e.type != RDMA_CM_EVENT_REJECTED) connect_failed(e, "connect");
+    return challenge_in(e, "HELLO");
+}
+
+// AUTH answering *ch on a cm_id with its QP. true: accepted, the QP is ours;
+// false: the target challenged again, *ch is the new challenge.
+bool VerbsPeer::authenticate(const Dial &d, handshake::Challenge *ch) {
+    CmId id = resolve(d);
+    ibv_qp_init_attr qa = rc_qp_attr(cq_, cfg_.sq_depth + 1);  // +1: shutdown's drain marker
+    if (rdma_create_qp(id.get(), dev_->pd, &qa) != 0)
+        fail(KVX_EBACKEND, "%s: rdma_create_qp (send queue %u): %s", where_.c_str(), cfg_.sq_depth + 1,
+             strerror(errno));
+    handshake::Auth a = handshake::answer(*ch, d.meta.instance_id, d.meta.secret, d.ours);
+    handshake::Bytes b;
+    rdma_conn_param cp = conn_param(b.data(), handshake::encode(a, b.data()));
+    if (rdma_connect(id.get(), &cp) != 0) fail(KVX_EBACKEND, "%s: rdma_connect: %s", where_.c_str(), strerror(errno));
+    CmEvent e = wait_cm(id.get(), d, "AUTH");
+    if (e.type == RDMA_CM_EVENT_REJECTED) {
+        *ch = challenge_in(e, "AUTH");  // returns only for a new challenge
+        return false;
+    }
+    if (e.type != RDMA_CM_EVENT_ESTABLISHED) connect_failed(e, "connect");
+    handshake::expect_accept(e.pdata.data(), e.pdata.size(), *ch, a, d.meta.secret, where_.c_str());
+    adopt(std::move(id), d.index);
+    return true;
+}
+
+void VerbsPeer::adopt(CmId id, size_t index) {
+    // rdma_cm granted our QP remote write access too; nobody may use it.
+    ibv_qp_attr at{};
+    at.qp_access_flags = 0;
+    if (ibv_modify_qp(id->qp, &at, IBV_QP_ACCESS_FLAGS) != 0)
+        KVX_LOG(debug, "verbs: cannot drop remote access of an outbound QP: %s", strerror(errno));
+    Qp q;
+    q.qp = id->qp;
+    q.id = std::move(id);
+    KVX_LOG(debug, "verbs: %s: QP %zu (qp %u) authenticated", where_.c_str(), index, q.qp->qp_num);
+    qps_.push_back(std::move(q));
 }
 
 bool VerbsPeer::start() {
@@ -287,173 +216,138 @@ uint64_t VerbsPeer::wrs_for(const std::vector<Run> &runs) const {
     return n;
 }
 
-void VerbsPeer::submit(Op op) {
-    Deliveries out;
-    std::unique_lock<std::mutex> lk(mu_);
-    if (broken_ || stopping_ || op.runs.empty()) {
-        out.emplace_back(op.id, op.runs.empty() ? 0 : stopping_ ? KVX_ECONNRESET : KVX_EPEERBROKEN);
-        deliver(lk, out);
-        return;
-    }
-    auto st = std::make_shared<OpState>();
-    st->id = op.id;
-
-    // Least loaded QPs first.
+// QP indexes, least loaded (posted plus waiting WRs) first.
+std::vector<size_t> VerbsPeer::least_loaded() const {
     std::vector<size_t> order(qps_.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
         return qps_[a].used + qps_[a].waiting_wrs < qps_[b].used + qps_[b].waiting_wrs;
     });
-    uint64_t nparts = 1;
-    if (qps_.size() > 1 && op.bytes >= 2 * kSplitMin) nparts = std::min<uint64_t>(qps_.size(), op.bytes / kSplitMin);
-    std::vector<std::vector<Run>> shares;
-    if (nparts == 1) {
-        shares.push_back(std::move(op.runs));
-    } else {
-        // Whole blocks per share, so each QP carries about the same bytes.
-        const uint64_t bl = dev_->region.block_len;
-        const uint64_t target = (op.bytes / nparts + bl - 1) / bl * bl;
-        std::vector<Run> cur;
-        uint64_t cur_bytes = 0;
-        for (Run r : op.runs) {
-            while (r.len > 0) {
-                uint64_t take = std::min(r.len, target - cur_bytes);
-                cur.push_back(Run{r.local_off, r.remote_off, take});
-                r.local_off += take;
-                r.remote_off += take;
-                r.len -= take;
-                cur_bytes += take;
-                if (cur_bytes == target) {
-                    shares.push_back(std::move(cur));
-                    cur.clear();
-                    cur_bytes = 0;
-                }
-            }
-        }
-        if (!cur.empty()) shares.push_back(std::move(cur));
+    return order;
+}
+
+void VerbsPeer::submit(Op op) {
+    CompletionBatch out;
+    std::unique_lock<std::mutex> lk(mu_);
+    if (broken_ || stopping_ || op.runs.empty()) {
+        if (op.state->report()) out.add(op.state->id, op.runs.empty() ? 0 : stopping_ ? KVX_ECONNRESET : KVX_EPEERBROKEN);
+        deliver(lk, out);
+        return;
     }
-    st->parts_left = static_cast<uint32_t>(shares.size());
-    for (size_t i = 0; i < shares.size(); i++) {
+    const std::vector<size_t> order = least_loaded();
+    std::vector<Part> parts = split_op(std::move(op), qps_.size(), kSplitMin, dev_->region.block_len);
+    for (size_t i = 0; i < parts.size(); i++) {
         Qp &q = qps_[order[i % order.size()]];
-        Part p;
-        p.op = st;
-        p.wrs_left = wrs_for(shares[i]);
-        p.runs = std::move(shares[i]);
-        q.waiting_wrs += p.wrs_left;
-        q.waiting.push_back(std::move(p));
+        QueuedPart queued;
+        queued.wrs_left = wrs_for(parts[i].runs);
+        queued.part = std::move(parts[i]);
+        q.waiting_wrs += queued.wrs_left;
+        q.waiting.push_back(std::move(queued));
     }
-    for (size_t i = 0; i < shares.size() && i < order.size(); i++) post_ready(qps_[order[i]], out);
+    for (size_t i = 0; i < parts.size() && i < order.size(); i++) post_ready(qps_[order[i]], out);
     deliver(lk, out);
 }
 
+// Fills wr_buf_/sge_buf_ with the next n WRs of p, chained. Signalled: the
+// last WR of the part, and every signal_every-th WR so slots keep coming
+// back; each signalled WR leaves a Mark. Returns where the chain ends.
+VerbsPeer::Cursor VerbsPeer::build_chain(Qp &q, const QueuedPart &p, uint32_t n) {
+    Cursor c{p.run, p.off, q.since_signal, q.next_seq};
+    for (uint32_t i = 0; i < n; i++) {
+        const Run &r = p.part.runs[c.run];
+        const uint64_t len = std::min(r.len - c.off, dev_->max_msg);
+        ibv_sge &s = sge_buf_[i];
+        s.addr = reinterpret_cast<uintptr_t>(dev_->region.base) + r.local_off + c.off;
+        s.length = static_cast<uint32_t>(len);
+        s.lkey = dev_->lkey;
+        ibv_send_wr &w = wr_buf_[i];
+        w = ibv_send_wr{};
+        w.sg_list = &s;
+        w.num_sge = 1;
+        w.opcode = IBV_WR_RDMA_WRITE;
+        w.wr.rdma.remote_addr = remote_addr_ + r.remote_off + c.off;
+        w.wr.rdma.rkey = rkey_;
+        w.next = i + 1 < n ? &wr_buf_[i + 1] : nullptr;
+        c.off += len;
+        if (c.off == r.len) {
+            c.run++;
+            c.off = 0;
+        }
+        c.since_signal++;
+        const bool part_end = i + 1 == n && n == p.wrs_left;
+        if (part_end || c.since_signal >= cfg_.signal_every) {
+            w.send_flags = IBV_SEND_SIGNALED;
+            w.wr_id = c.seq;
+            q.marks.push_back(Mark{c.seq, c.since_signal, part_end ? p.part.op : nullptr});
+            c.seq++;
+            c.since_signal = 0;
+        }
+    }
+    return c;
+}
+
 // Posts waiting WRs while the send queue has room: each part's WRs (or as
-// many as fit) as one chain with one ibv_post_send. Signalled: the last WR of
-// a part, and every signal_every-th WR so slots keep coming back. mu_ held.
-void VerbsPeer::post_ready(Qp &q, Deliveries &out) {
+// many as fit) as one chain with one ibv_post_send. mu_ held.
+void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
     const uint32_t depth = cfg_.sq_depth;
     while (!broken_ && !q.dead && !q.waiting.empty() && q.used < depth) {
-        Part &p = q.waiting.front();
+        QueuedPart &p = q.waiting.front();
+        if (!p.part.op->try_start()) {  // cancelled while waiting: never posted, never reported
+            q.waiting_wrs -= p.wrs_left;
+            q.waiting.pop_front();
+            continue;
+        }
         const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(depth - q.used, p.wrs_left));
         const size_t marks_before = q.marks.size();
-        uint32_t since = q.since_signal;
-        uint64_t seq = q.next_seq;
-        size_t run = p.run;
-        uint64_t off = p.off;
-        for (uint32_t i = 0; i < n; i++) {
-            const Run &r = p.runs[run];
-            const uint64_t len = std::min(r.len - off, dev_->max_msg);
-            ibv_sge &s = sge_buf_[i];
-            s.addr = reinterpret_cast<uintptr_t>(dev_->region.base) + r.local_off + off;
-            s.length = static_cast<uint32_t>(len);
-            s.lkey = dev_->lkey;
-            ibv_send_wr &w = wr_buf_[i];
-            w = ibv_send_wr{};
-            w.sg_list = &s;
-            w.num_sge = 1;
-            w.opcode = IBV_WR_RDMA_WRITE;
-            w.wr.rdma.remote_addr = remote_addr_ + r.remote_off + off;
-            w.wr.rdma.rkey = rkey_;
-            w.next = i + 1 < n ? &wr_buf_[i + 1] : nullptr;
-            off += len;
-            if (off == r.len) {
-                run++;
-                off = 0;
-            }
-            since++;
-            const bool part_end = i + 1 == n && n == p.wrs_left;
-            if (part_end || since >= cfg_.signal_every) {
-                w.send_flags = IBV_SEND_SIGNALED;
-                w.wr_id = seq;
-                q.marks.push_back(Mark{seq, since, part_end ? p.op : nullptr});
-                seq++;
-                since = 0;
-            }
-        }
+        const Cursor c = build_chain(q, p, n);
         ibv_send_wr *bad = nullptr;
-        int rc = ibv_post_send(q.qp, wr_buf_.data(), &bad);
-        if (rc != 0) {
+        if (int rc = ibv_post_send(q.qp, wr_buf_.data(), &bad)) {
             // Whatever was posted before bad flushes with the QP; track none of it.
             q.marks.erase(q.marks.begin() + static_cast<std::ptrdiff_t>(marks_before), q.marks.end());
             KVX_LOG(warn, "verbs: %s: ibv_post_send of %u WRs: %s", where_.c_str(), n, strerror(rc));
             set_broken(KVX_ECONNRESET);
-            q.dead = true;
-            to_error(q);
-            fail_inflight(q, break_status_, out);
-            fail_waiting(q, break_status_, out);
-            for (Qp &o : qps_) fail_waiting(o, break_status_, out);
+            kill_qp(q, break_status_, out);
+            fail_all_waiting(break_status_, out);
             return;
         }
-        p.op->started = true;
         q.used += n;
-        q.since_signal = since;
-        q.next_seq = seq;
-        p.run = run;
-        p.off = off;
+        q.since_signal = c.since_signal;
+        q.next_seq = c.seq;
+        p.run = c.run;
+        p.off = c.off;
         p.wrs_left -= n;
         q.waiting_wrs -= n;
         if (p.wrs_left == 0) q.waiting.pop_front();
     }
 }
 
-bool VerbsPeer::drop_if_not_started(uint64_t id) {
-    std::lock_guard<std::mutex> lk(mu_);
-    OpRef op;
-    for (Qp &q : qps_)
-        for (Part &p : q.waiting)
-            if (p.op->id == id) op = p.op;
-    if (!op || op->started || op->reported) return false;
-    for (Qp &q : qps_)
-        for (auto it = q.waiting.begin(); it != q.waiting.end();) {
-            if (it->op == op) {
-                q.waiting_wrs -= it->wrs_left;
-                it = q.waiting.erase(it);
-            } else {
-                ++it;
-            }
-        }
-    op->reported = true;  // dropped: never reaches the sink
-    return true;
-}
-
-void VerbsPeer::fail_op(const OpRef &op, int status, Deliveries &out) {
-    if (op->reported) return;
-    op->reported = true;
-    out.emplace_back(op->id, status);
-}
-
-void VerbsPeer::fail_waiting(Qp &q, int status, Deliveries &out) {
-    for (Part &p : q.waiting) fail_op(p.op, status, out);
+void VerbsPeer::fail_waiting(Qp &q, int status, CompletionBatch &out) {
+    for (QueuedPart &p : q.waiting) out.fail(*p.part.op, status);
     q.waiting.clear();
     q.waiting_wrs = 0;
 }
 
-void VerbsPeer::fail_inflight(Qp &q, int status, Deliveries &out) {
+void VerbsPeer::fail_all_waiting(int status, CompletionBatch &out) {
+    for (Qp &q : qps_) fail_waiting(q, status, out);
+}
+
+void VerbsPeer::fail_inflight(Qp &q, int status, CompletionBatch &out) {
     // Marks without op belong to parts still (partly) waiting: failed there.
     for (Mark &mk : q.marks)
-        if (mk.op) fail_op(mk.op, status, out);
+        if (mk.op) out.fail(*mk.op, status);
     q.marks.clear();
     q.used = 0;  // the WRs are flushing; a dead QP is never posted to again
     q.since_signal = 0;
+}
+
+// The QP is done for: to ERR (what is posted flushes, and those completions
+// find nothing to report), its transfers in flight fail. mu_ held.
+void VerbsPeer::kill_qp(Qp &q, int status, CompletionBatch &out) {
+    if (!q.dead) {
+        q.dead = true;
+        to_error(q);
+    }
+    fail_inflight(q, status, out);
 }
 
 void VerbsPeer::set_broken(int status) {
@@ -472,47 +366,51 @@ void VerbsPeer::to_error(Qp &q) {
 }
 
 // Calls the sink for out without holding mu_; shutdown() waits for these.
-void VerbsPeer::deliver(std::unique_lock<std::mutex> &lk, Deliveries &out) {
-    if (out.empty()) return;
+// Signalled WRs that completed no transfer (a large one is under way) are
+// progress too: the transfer timeout measures a stall, so the sink hears of it.
+void VerbsPeer::deliver(std::unique_lock<std::mutex> &lk, CompletionBatch &out) {
+    const bool progressed = std::exchange(progressed_, false);
+    if (out.empty() && !progressed) return;
     delivering_++;
     lk.unlock();
-    for (const auto &[id, status] : out) sink_->complete(id, status);
-    out.clear();
+    if (progressed) sink_->progress();
+    out.deliver(*sink_);
     lk.lock();
     if (--delivering_ == 0) cv_.notify_all();
 }
 
-void VerbsPeer::handle_wc(const ibv_wc &wc, Deliveries &out) {
+// RC completes in order: the WR with this seq and everything posted before
+// it are done; their slots come back and the parts that end there finish.
+void VerbsPeer::complete_marks(Qp &q, uint64_t seq, CompletionBatch &out) {
+    while (!q.marks.empty() && q.marks.front().seq <= seq) {
+        Mark &mk = q.marks.front();
+        q.used -= mk.wrs;
+        if (mk.op) out.part_done(*mk.op, 0);
+        q.marks.pop_front();
+        progressed_ = true;
+    }
+}
+
+void VerbsPeer::handle_wc(const ibv_wc &wc, CompletionBatch &out) {
     Qp *q = nullptr;
     for (Qp &c : qps_)
         if (c.qp && c.qp->qp_num == wc.qp_num) q = &c;
     if (!q || wc.wr_id == kDrainWrId) return;
     if (wc.status == IBV_WC_SUCCESS) {
-        // RC completes in order: this WR and everything posted before it are done.
-        while (!q->marks.empty() && q->marks.front().seq <= wc.wr_id) {
-            Mark &mk = q->marks.front();
-            q->used -= mk.wrs;
-            if (mk.op && !mk.op->reported && --mk.op->parts_left == 0) {
-                mk.op->reported = true;
-                out.emplace_back(mk.op->id, 0);
-            }
-            q->marks.pop_front();
-        }
+        complete_marks(*q, wc.wr_id, out);
         return;
     }
     // The first error fails this QP's transfers from the oldest unfinished
     // on; the rest of its queue flushes. Other QPs finish what they posted.
-    if (!q->dead) {
-        if (!broken_)
-            KVX_LOG(warn, "verbs: %s: %s (vendor error 0x%x) on QP %u; the peer is broken until re-added",
-                    where_.c_str(), ibv_wc_status_str(wc.status), wc.vendor_err, wc.qp_num);
-        set_broken(KVX_ECONNRESET);
-        q->dead = true;
-        to_error(*q);
-    }
-    fail_inflight(*q, break_status_, out);
-    for (Qp &o : qps_) fail_waiting(o, break_status_, out);
+    if (!q->dead && !broken_)
+        KVX_LOG(warn, "verbs: %s: %s (vendor error 0x%x) on QP %u; the peer is broken until re-added",
+                where_.c_str(), ibv_wc_status_str(wc.status), wc.vendor_err, wc.qp_num);
+    set_broken(KVX_ECONNRESET);
+    kill_qp(*q, break_status_, out);
+    fail_all_waiting(break_status_, out);
 }
+
+// ------------------------------------------------------------------ events
 
 void VerbsPeer::on_event(int tag, uint32_t) {
     if (tag == kTagCq) on_cq_event();
@@ -529,80 +427,72 @@ void VerbsPeer::on_cq_event() {
     }
     // Re-arm first, then drain: a completion after the last poll raises a new event.
     if (ibv_req_notify_cq(cq_, 0) != 0) KVX_LOG(error, "verbs: %s: ibv_req_notify_cq failed", where_.c_str());
-    ibv_wc wc[kCqPollBatch];
-    Deliveries out;
+    CompletionBatch out;
     std::unique_lock<std::mutex> lk(mu_);
-    for (;;) {
-        int n = ibv_poll_cq(cq_, kCqPollBatch, wc);
-        if (n < 0) {
-            KVX_LOG(error, "verbs: %s: ibv_poll_cq failed", where_.c_str());
-            set_broken(KVX_EBACKEND);
-            for (Qp &q : qps_) {
-                q.dead = true;
-                to_error(q);
-                fail_inflight(q, break_status_, out);
-                fail_waiting(q, break_status_, out);
-            }
-            deliver(lk, out);
-            return;
-        }
-        for (int i = 0; i < n; i++) handle_wc(wc[i], out);
-        for (Qp &q : qps_) post_ready(q, out);  // slots came back: software queue -> send queue
+    for (bool more = true; more;) {
+        more = poll_cq(out);
         deliver(lk, out);
-        if (n < kCqPollBatch) return;
     }
 }
 
+// One batch of completions, then queued work into the slots that came back.
+// true when the CQ may hold more. mu_ held.
+bool VerbsPeer::poll_cq(CompletionBatch &out) {
+    ibv_wc wc[kCqPollBatch];
+    int n = ibv_poll_cq(cq_, kCqPollBatch, wc);
+    if (n < 0) {
+        KVX_LOG(error, "verbs: %s: ibv_poll_cq failed", where_.c_str());
+        set_broken(KVX_EBACKEND);
+        for (Qp &q : qps_) kill_qp(q, break_status_, out);
+        fail_all_waiting(break_status_, out);
+        return false;
+    }
+    for (int i = 0; i < n; i++) handle_wc(wc[i], out);
+    for (Qp &q : qps_) post_ready(q, out);  // slots came back: software queue -> send queue
+    return n == kCqPollBatch;
+}
+
 void VerbsPeer::on_cm_event() {
-    for (;;) {
-        rdma_cm_event *ev = nullptr;
-        if (rdma_get_cm_event(cm_ch_, &ev) != 0) return;
-        rdma_cm_event_type type = ev->event;
-        rdma_ack_cm_event(ev);
-        if (!ends_connection(type)) continue;
-        Deliveries out;
+    CmEvent ev;
+    while (next_cm_event(cm_ch_, &ev)) {
+        if (!ends_connection(ev.type)) continue;
+        CompletionBatch out;
         std::unique_lock<std::mutex> lk(mu_);
         if (stopping_) continue;
-        if (!broken_) KVX_LOG(warn, "verbs: %s: connection lost (%s)", where_.c_str(), rdma_event_str(type));
+        if (!broken_) KVX_LOG(warn, "verbs: %s: connection lost (%s)", where_.c_str(), rdma_event_str(ev.type));
         set_broken(KVX_ECONNRESET);
         // Not yet posted: fail now. Posted: ERR flushes them through the CQ,
         // after the completions of whatever did finish.
-        for (Qp &q : qps_) {
-            fail_waiting(q, break_status_, out);
-            to_error(q);
-        }
+        fail_all_waiting(break_status_, out);
+        for (Qp &q : qps_) to_error(q);
         deliver(lk, out);
     }
 }
 
 void VerbsPeer::abort(int status) {
-    Deliveries out;
+    CompletionBatch out;
     std::unique_lock<std::mutex> lk(mu_);
     if (stopping_) return;
     set_broken(status);
-    for (Qp &q : qps_) {
-        q.dead = true;
-        to_error(q);  // everything posted flushes; those completions find nothing to report
-        fail_inflight(q, status, out);
-        fail_waiting(q, status, out);
-    }
+    for (Qp &q : qps_) kill_qp(q, status, out);
+    fail_all_waiting(status, out);
     deliver(lk, out);
 }
 
+// ------------------------------------------------------------------ shutdown
+
 void VerbsPeer::shutdown() {
     std::call_once(shutdown_once_, [this] {
-        loop_->detach(tok_cq_);  // from here on the progress thread never calls us
+        loop_->detach(tok_cq_);  // from here on the event loop never calls us
         loop_->detach(tok_cm_);
         tok_cq_ = tok_cm_ = 0;
         {
-            Deliveries out;
+            CompletionBatch out;
             std::unique_lock<std::mutex> lk(mu_);
             stopping_ = true;
             set_broken(KVX_ECONNRESET);
-            for (Qp &q : qps_) {
-                fail_inflight(q, KVX_ECONNRESET, out);
-                fail_waiting(q, KVX_ECONNRESET, out);
-            }
+            for (Qp &q : qps_) fail_inflight(q, KVX_ECONNRESET, out);
+            fail_all_waiting(KVX_ECONNRESET, out);
             deliver(lk, out);
             cv_.wait(lk, [&] { return delivering_ == 0; });  // e.g. an abort() delivering right now
         }
@@ -610,14 +500,9 @@ void VerbsPeer::shutdown() {
     });
 }
 
-// Disconnect, drain, destroy. Runs with the peer detached and idle.
-void VerbsPeer::teardown() {
-    for (Qp &q : qps_) {
-        if (q.id) rdma_disconnect(q.id);  // DREQ; moves the QP to ERR on IB/RoCE
-        to_error(q);                      // iWARP only goes to SQD there
-    }
-    // A signalled marker behind everything on each QP: once it completes
-    // (flushed), the device no longer touches the region for this peer.
+// A signalled marker behind everything on each QP: once it completes
+// (flushed), the device no longer touches the region for this peer.
+void VerbsPeer::drain() {
     int want = 0;
     for (Qp &q : qps_) {
         if (!q.qp) continue;
@@ -639,11 +524,17 @@ void VerbsPeer::teardown() {
         if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     if (want > 0) KVX_LOG(warn, "verbs: %s: %d QP(s) did not drain within 2 s", where_.c_str(), want);
+}
+
+// Disconnect, drain, destroy. Runs with the peer detached and idle.
+void VerbsPeer::teardown() {
     for (Qp &q : qps_) {
-        if (!q.id) continue;
-        if (q.id->qp) rdma_destroy_qp(q.id);
-        rdma_destroy_id(q.id);
-        q.id = nullptr;
+        if (q.id) rdma_disconnect(q.id.get());  // DREQ; moves the QP to ERR on IB/RoCE
+        to_error(q);                            // iWARP only goes to SQD there
+    }
+    drain();
+    for (Qp &q : qps_) {
+        q.id.reset();
         q.qp = nullptr;
     }
     if (cq_) {
@@ -652,14 +543,10 @@ void VerbsPeer::teardown() {
         if (int rc = ibv_destroy_cq(cq_)) KVX_LOG(error, "verbs: ibv_destroy_cq: %s", strerror(rc));
         cq_ = nullptr;
     }
-    if (comp_ch_) {
-        ibv_destroy_comp_channel(comp_ch_);
-        comp_ch_ = nullptr;
-    }
-    if (cm_ch_) {
-        rdma_destroy_event_channel(cm_ch_);
-        cm_ch_ = nullptr;
-    }
+    if (comp_ch_) ibv_destroy_comp_channel(comp_ch_);
+    comp_ch_ = nullptr;
+    if (cm_ch_) rdma_destroy_event_channel(cm_ch_);
+    cm_ch_ = nullptr;
 }
 
 }  // namespace kvx::verbs
