@@ -12,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -29,19 +30,35 @@ namespace kvx::tcp {
 
 class TcpServer;
 
+// Where an accepted connection comes from, for the per-source cap: the
+// address (an IPv4-mapped form for IPv4), without the port.
+using SourceAddr = std::array<uint8_t, 16>;
+struct SourceHash {
+    size_t operator()(const SourceAddr &a) const noexcept;
+};
+
+// Keepalive and TCP_USER_TIMEOUT derived from transfer_timeout_ms, so that a
+// peer host that vanishes without a FIN releases the connection within that
+// timeout (for timeouts of 2 s and more; keepalive counts whole seconds).
+void set_liveness(int fd, uint64_t timeout_ms);
+
 // One accepted connection, on the loop thread: the handshake (HELLO ->
 // CHALLENGE, AUTH -> ACCEPT, or REFUSE) before a deadline, then frames whose
 // header and segment table are validated before their payload is read into
 // the region, and the acknowledgements, written without blocking.
 class TcpConn final : private EventLoop::Source {
 public:
-    TcpConn(TcpServer &server, net::Fd fd);
+    TcpConn(TcpServer &server, net::Fd fd, const SourceAddr &src);
     // Attaches to the loop and arms the handshake deadline; false when the
     // loop is stopped.
     bool start(Clock::time_point deadline);
     // Never called again once this returns; the socket closes with the object.
     void stop();
     bool authenticated() const { return state_ >= State::frame_head; }
+    const SourceAddr &source() const { return src_; }
+    int fd() const { return fd_.get(); }
+    // Its place in the server's queue of unauthenticated connections, oldest first.
+    std::list<TcpConn *>::iterator queued;
 
 private:
     enum class State { hello, auth, refused, frame_head, frame_segs, payload };
@@ -51,7 +68,7 @@ private:
     Next read_turn();
     Next read_handshake();
     Next answer();
-    void on_authenticated();
+    bool on_authenticated();
     Next read_head();
     void start_payload();
     Next read_payload();
@@ -61,6 +78,7 @@ private:
     TcpServer &server_;
     const BackendContext &ctx_;
     net::Fd fd_;
+    SourceAddr src_;
     uint64_t token_ = 0, deadline_ = 0;
     uint32_t events_ = 0;
     State state_ = State::hello;
@@ -76,8 +94,12 @@ private:
 };
 
 // The listener: accepts on the loop thread and admits connections to the
-// handshake. Admission today: at most 64 unauthenticated connections at
-// once, each closed if it has not authenticated within connect_timeout_ms.
+// handshake so that no flood of unauthenticated connections locks peers out:
+// each has tcp.handshake_timeout_ms to authenticate; a source address holds
+// at most tcp.max_handshakes_per_source of them (more are closed at once);
+// past tcp.max_handshakes in all, the oldest is shed for the newest, so an
+// idle flood cannot starve a peer that completes its handshake promptly.
+// Authenticated connections are at most tcp.max_connections.
 class TcpServer final : private EventLoop::Source {
 public:
     explicit TcpServer(const BackendContext &ctx);
@@ -88,13 +110,15 @@ public:
 
     // For TcpConn, on the loop thread.
     const BackendContext &ctx() const { return ctx_; }
-    void authenticated();
+    // A connection proved itself; false (close it) when tcp.max_connections are open.
+    bool authenticated(TcpConn &c);
     void close(TcpConn &c);  // frees c
 
 private:
     void on_event(int tag, uint32_t events) override;
     void on_timer(int tag) override;
-    void admit(net::Fd fd);
+    void admit(net::Fd fd, const SourceAddr &src);
+    void forget_handshake(TcpConn &c);
     void pause_accepting();
 
     BackendContext ctx_;
@@ -103,7 +127,12 @@ private:
     uint64_t listen_tok_ = 0, resume_timer_ = 0;
     // The loop thread's.
     std::unordered_map<TcpConn *, std::unique_ptr<TcpConn>> conns_;
-    size_t handshaking_ = 0;  // unauthenticated connections
+    std::list<TcpConn *> handshaking_;  // unauthenticated connections, oldest first
+    std::unordered_map<SourceAddr, size_t, SourceHash> per_source_;  // of them, by source address
+    size_t authenticated_ = 0;
+    const size_t max_handshakes_, max_per_source_, max_connections_;
+    const std::chrono::milliseconds handshake_timeout_;
+    uint64_t shed_ = 0, refused_ = 0;  // counted for the log
     bool stopped_ = false;
 };
 

@@ -16,6 +16,14 @@ constexpr OptionSpec kOptions[] = {
     {"tcp.advertise", OptType::hostports, wire::kMaxEndpoints, 0, "",
      "comma-separated HOST:PORT list put in the metadata, in order of preference; PORT 0 = the listening port"},
     {"tcp.streams", OptType::uint, 1, 16, "1", "TCP connections per peer; a transfer of 2 MiB or more is split over them"},
+    {"tcp.handshake_timeout_ms", OptType::uint, 10, 60000, "1000",
+     "an accepted connection that has not authenticated within this long is closed"},
+    {"tcp.max_handshakes", OptType::uint, 1, 65536, "1024",
+     "unauthenticated connections at once; past it the oldest is closed to admit the newest"},
+    {"tcp.max_handshakes_per_source", OptType::uint, 1, 65536, "128",
+     "unauthenticated connections at once from one source address; more are closed at once"},
+    {"tcp.max_connections", OptType::uint, 1, 1048576, "4096",
+     "authenticated connections the target keeps at once; more are closed before their ACCEPT"},
 };
 
 class TcpBackend final : public Backend {

@@ -4,7 +4,9 @@
 #include <sys/uio.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "backends/tcp/tcp.h"
 #include "util/error.h"
@@ -35,10 +37,11 @@ int read_message(int fd, handshake::Bytes &buf, size_t *len, Clock::time_point d
     return net::read_full_by(fd, buf.data() + handshake::kHeaderLen, *len - handshake::kHeaderLen, deadline);
 }
 
-// The shared handshake on a connected socket: 0, a -errno of the socket, or
-// throws Error with the code of a refusal or a failed proof. A target that
-// says "no such transport here" (ECONNREFUSED) comes back as -ECONNREFUSED,
-// so that the next endpoint is tried.
+// A target that answers "no such transport here": the next endpoint, never again.
+constexpr int kOtherTransport = 1;
+
+// The shared handshake on a connected socket: 0, kOtherTransport, a -errno
+// of the socket, or throws Error with the code of a refusal or a failed proof.
 int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const std::string &where) {
     const wire::AgentMetadata &m = *pc.meta;
     handshake::Bytes buf;
@@ -50,7 +53,7 @@ int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const
     try {
         ch = handshake::expect_challenge(buf.data(), len, where.c_str());
     } catch (const Error &e) {
-        if (e.code() == KVX_ECONNREFUSED) return -ECONNREFUSED;  // another transport listens there now
+        if (e.code() == KVX_ECONNREFUSED) return kOtherTransport;  // another transport listens there now
         throw;
     }
     handshake::Auth a = handshake::answer(ch, m.instance_id, m.secret, ctx.identity.fingerprint);
@@ -61,30 +64,51 @@ int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const
     return 0;
 }
 
-// Opens one authenticated connection to the first endpoint that takes it.
+// A busy or flooded target refuses, resets, or closes before the handshake
+// is done: worth another try before the deadline.
+bool transient(int rc) { return rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED; }
+
+// Sleeps 1..2 ms, doubling per attempt up to 64..128 ms (jittered, so a crowd
+// spreads out), never past the deadline.
+void back_off(int attempt, Clock::time_point deadline) {
+    static thread_local uint32_t jitter = static_cast<uint32_t>(Clock::now().time_since_epoch().count());
+    jitter = jitter * 1664525u + 1013904223u;
+    const int64_t base_us = int64_t{1000} << std::min(attempt, 6);
+    auto pause = std::chrono::microseconds(base_us + (jitter >> 8) % base_us);
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, std::max<Clock::duration>(deadline - Clock::now(), {})));
+}
+
+// Opens one authenticated connection to the first endpoint that takes it,
+// in rounds until the deadline while an endpoint only refused or reset.
 net::Fd open_stream(const BackendContext &ctx, const PeerContext &pc, const std::vector<net::Endpoint> &eps) {
     std::string tried;
-    int worst = 0;
-    bool refused_only = true;
-    for (const net::Endpoint &ep : eps) {
-        const std::string where = strfmt("peer '%s' at %s", pc.peer_id.c_str(), ep.str().c_str());
-        net::Fd fd;
-        int rc = net::connect_by(ep, pc.deadline, &fd);
-        if (rc == 0) rc = authenticate(fd.get(), ctx, pc, where);
-        if (rc == 0) {
-            net::set_nodelay(fd.get());  // stays non-blocking: it goes on the event loop
-            KVX_LOG(info, "tcp: connected to %s", where.c_str());
-            return fd;
+    bool timed_out = false, refused_only = true;
+    for (int round = 0;; round++) {
+        bool again = false;
+        tried.clear();
+        for (const net::Endpoint &ep : eps) {
+            const std::string where = strfmt("peer '%s' at %s", pc.peer_id.c_str(), ep.str().c_str());
+            net::Fd fd;
+            int rc = net::connect_by(ep, pc.deadline, &fd);
+            if (rc == 0) rc = authenticate(fd.get(), ctx, pc, where);
+            if (rc == 0) {
+                net::set_nodelay(fd.get());  // stays non-blocking: it goes on the event loop
+                set_liveness(fd.get(), ctx.options->uint("transfer_timeout_ms"));
+                KVX_LOG(info, "tcp: connected to %s after %d retries", where.c_str(), round);
+                return fd;
+            }
+            const char *why = rc == kOtherTransport ? "another transport" : strerror(-rc);
+            tried += strfmt("%s%s: %s", tried.empty() ? "" : ", ", ep.str().c_str(), why);
+            refused_only &= rc == -ECONNREFUSED || rc == kOtherTransport;
+            timed_out |= rc == -ETIMEDOUT;
+            again |= transient(rc);
+            if (Clock::now() >= pc.deadline) break;
         }
-        tried += strfmt("%s%s: %s", tried.empty() ? "" : ", ", ep.str().c_str(), strerror(-rc));
-        refused_only &= rc == -ECONNREFUSED;
-        if (rc == -ETIMEDOUT) worst = KVX_ETIMEDOUT;
-        if (Clock::now() >= pc.deadline) {
-            worst = KVX_ETIMEDOUT;
-            break;
-        }
+        if (!again || Clock::now() >= pc.deadline) break;
+        back_off(round, pc.deadline);
     }
-    int code = worst ? worst : refused_only ? KVX_ECONNREFUSED : KVX_EHOSTUNREACH;
+    timed_out |= Clock::now() >= pc.deadline && !refused_only;
+    int code = timed_out ? KVX_ETIMEDOUT : refused_only ? KVX_ECONNREFUSED : KVX_EHOSTUNREACH;
     fail(code, "peer '%s': cannot connect (%s)", pc.peer_id.c_str(), tried.c_str());
 }
 
