@@ -166,6 +166,10 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        1..3600000, default 5000.
  *   transfer_timeout_ms  a transfer not done after this long fails and its
  *                        peer is marked broken, 1..3600000, default 30000.
+ *                        tcp sockets of both sides get keepalive and
+ *                        TCP_USER_TIMEOUT from it: the connection of a peer
+ *                        host that vanishes without a FIN is released
+ *                        within it (for 2000 and more; 2 s below that).
  *   tcp.listen           "HOST:PORT" to listen on (IPv4, or [IPv6]:PORT),
  *                        default "0.0.0.0:0" (all IPv4 interfaces, any port).
  *   tcp.advertise        comma-separated "HOST:PORT" list put in the metadata
@@ -175,6 +179,28 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        non-loopback IPv4 address of the host that is up,
  *                        then 127.0.0.1 (so one host and several both work).
  *   tcp.streams          TCP connections per peer, 1..16, default 1.
+ *   tcp.handshake_timeout_ms  an accepted connection that has not
+ *                        authenticated within this long is closed,
+ *                        10..60000, default 1000.
+ *   tcp.max_handshakes   unauthenticated connections a target holds at
+ *                        once, 1..65536, default 1024; past it the oldest is
+ *                        closed to admit the newest (a peer whose connection
+ *                        is closed or refused retries until
+ *                        connect_timeout_ms).
+ *   tcp.max_handshakes_per_source  of them, from one source address,
+ *                        1..65536, default 128; more are closed at once.
+ *   tcp.max_connections  authenticated connections a target keeps at once,
+ *                        1..1048576, default 4096; more are closed before
+ *                        their handshake completes.
+ *   tcp.protection       "aead" (default): every frame and ack after the
+ *                        handshake is sealed with AES-128-GCM under keys
+ *                        derived from that connection's handshake, so bytes
+ *                        forged, replayed, reordered or redirected on the
+ *                        network never land or complete anything;
+ *                        "none": cleartext, for trusted networks only. Both
+ *                        sides must agree: kvx_add_remote_peer() to a peer
+ *                        with the other setting fails with KVX_ENOTSUP
+ *                        (docs/security.md).
  *   verbs.device         RDMA device name (e.g. "mlx5_0"); default: the
  *                        first device with an ACTIVE port.
  *   verbs.port           port number on that device, 1..255; default: the
@@ -291,8 +317,9 @@ KVX_API int kvx_get_agent_metadata(size_t *out_len, kvx_transport *t, void *buf,
  * @return 0; KVX_EINVAL (bad id or NULL); KVX_EEXIST (id registered, or a
  *         registration of it in progress); KVX_EBADMETA / KVX_EVERSION
  *         (metadata); KVX_EGEOMETRY; KVX_EFINGERPRINT; KVX_ENOTSUP (no backend
- *         in common); KVX_ECONNREFUSED / KVX_ETIMEDOUT / KVX_EHOSTUNREACH /
- *         KVX_EAUTH (connection); KVX_ECLOSED.
+ *         in common, or the peer's tcp.protection differs from ours: one side
+ *         requires AEAD, the other offers none); KVX_ECONNREFUSED /
+ *         KVX_ETIMEDOUT / KVX_EHOSTUNREACH / KVX_EAUTH (connection); KVX_ECLOSED.
  * Blocks the calling thread up to connect_timeout_ms; other calls proceed.
  * kvx_add_remote_peer_async() is the non-blocking form, and the one that can
  * replace a registered peer (KVX_PEER_REPLACE).
@@ -425,7 +452,10 @@ KVX_API int kvx_write_blocks(uint64_t *out_id, kvx_transport *t, const char *pee
  * @param done, done_cap, failed, failed_cap  caller-owned arrays (NULL when cap is 0).
  * @return 0; KVX_EINVAL; KVX_ECLOSED.
  * Progress never depends on how often poll is called: backends run on their
- * own threads. Failed transfers: no statement about which bytes landed.
+ * own threads. A failed transfer's requested blocks are undefined in the
+ * peer's region (any mix of old bytes, new bytes and, with tcp.protection=aead,
+ * bytes of a payload that failed its authentication tag); blocks outside the
+ * transfer are never touched. Rewrite them, or do not read them.
  */
 KVX_API int kvx_poll(size_t *out_n_done, size_t *out_n_failed, kvx_transport *t,
                      const char *peer_id, uint64_t *done, size_t done_cap, uint64_t *failed,

@@ -74,8 +74,11 @@ private:
         void progress() override { progress_ns.store(now_ns(), std::memory_order_relaxed); }
         static int64_t now_ns() { return Clock::now().time_since_epoch().count(); }
     };
+    // An id in flight. The peer outlives it: removing a peer reports all its
+    // transfers (erasing their entries) before the peer goes.
     struct Tracked {
-        std::shared_ptr<Peer> peer;
+        Peer *peer;
+        OpRef op;
         uint64_t bytes = 0;
         int64_t t0_ns = 0;  // submitted (telemetry's latency)
     };

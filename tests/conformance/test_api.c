@@ -489,10 +489,12 @@ static void test_cancel_wait(void **state) {
     metablob m;
     get_meta(b, &m);
     add_peer(a, "b", &m);
-    uint64_t ids[N], idx[BIGNB];
-    for (uint64_t i = 0; i < BIGNB; i++) idx[i] = i;
-    /* 32 MiB each: the later ones are still queued when we cancel */
-    for (int i = 0; i < N; i++) CHECK_OK(kvx_write_blocks(&ids[i], a, "b", idx, idx, BIGNB));
+    uint64_t ids[N], idx[BIGNB], rev[BIGNB];
+    for (uint64_t i = 0; i < BIGNB; i++) idx[i] = i, rev[i] = BIGNB - 1 - i;
+    /* 32 MiB each, as 512 separate blocks (no runs: 512 verbs WRs, so two
+     * transfers fill a send queue): the later ones are still queued when we
+     * cancel */
+    for (int i = 0; i < N; i++) CHECK_OK(kvx_write_blocks(&ids[i], a, "b", idx, rev, BIGNB));
     uint64_t inflight[N];
     size_t n_in = 0;
     CHECK_OK(kvx_cancel(&n_in, a, ids, N, KVX_CANCEL_WAIT, inflight));

@@ -12,14 +12,17 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/ops.h"
+#include "backends/tcp/tcp_aead.h"
 #include "backends/tcp/tcp_wire.h"
 #include "handshake/handshake.h"
 #include "util/event_loop.h"
@@ -29,38 +32,58 @@ namespace kvx::tcp {
 
 class TcpServer;
 
+// Where an accepted connection comes from, for the per-source cap: the
+// address (an IPv4-mapped form for IPv4), without the port.
+using SourceAddr = std::array<uint8_t, 16>;
+struct SourceHash {
+    size_t operator()(const SourceAddr &a) const noexcept;
+};
+
+// Keepalive and TCP_USER_TIMEOUT derived from transfer_timeout_ms, so that a
+// peer host that vanishes without a FIN releases the connection within that
+// timeout (for timeouts of 2 s and more; keepalive counts whole seconds).
+void set_liveness(int fd, uint64_t timeout_ms);
+
 // One accepted connection, on the loop thread: the handshake (HELLO ->
 // CHALLENGE, AUTH -> ACCEPT, or REFUSE) before a deadline, then frames whose
 // header and segment table are validated before their payload is read into
 // the region, and the acknowledgements, written without blocking.
 class TcpConn final : private EventLoop::Source {
 public:
-    TcpConn(TcpServer &server, net::Fd fd);
+    TcpConn(TcpServer &server, net::Fd fd, const SourceAddr &src);
     // Attaches to the loop and arms the handshake deadline; false when the
     // loop is stopped.
     bool start(Clock::time_point deadline);
     // Never called again once this returns; the socket closes with the object.
     void stop();
     bool authenticated() const { return state_ >= State::frame_head; }
+    const SourceAddr &source() const { return src_; }
+    int fd() const { return fd_.get(); }
+    // Its place in the server's queue of unauthenticated connections, oldest first.
+    std::list<TcpConn *>::iterator queued;
 
 private:
-    enum class State { hello, auth, refused, frame_head, frame_segs, payload };
+    enum class State { hello, auth, refused, frame_head, frame_segs, payload, payload_tag };
     enum class Next { more, wait, close };  // after one read: read again, wait for the loop, close
     void on_event(int tag, uint32_t events) override;
     void on_timer(int tag) override;
     Next read_turn();
     Next read_handshake();
     Next answer();
-    void on_authenticated();
+    bool on_authenticated(const handshake::Auth &a, const handshake::Accept &acc);
     Next read_head();
-    void start_payload();
+    const uint8_t *open_head();
+    void start_payload(const uint8_t *segs);
     Next read_payload();
+    Next read_tag();
+    Next frame_done();
     bool flush();
     void update_interest();
 
     TcpServer &server_;
     const BackendContext &ctx_;
     net::Fd fd_;
+    SourceAddr src_;
     uint64_t token_ = 0, deadline_ = 0;
     uint32_t events_ = 0;
     State state_ = State::hello;
@@ -73,11 +96,19 @@ private:
     size_t iov_at_ = 0;
     std::vector<uint8_t> out_;  // handshake answers, acks: not yet sent
     size_t out_at_ = 0;
+    // tcp.protection=aead: frames arrive as records (rx_), acks leave as records (tx_).
+    std::unique_ptr<Aead> rx_, tx_;
+    std::vector<uint8_t> plain_;  // the opened frame head
+    std::array<uint8_t, kTagLen> tag_{};
 };
 
 // The listener: accepts on the loop thread and admits connections to the
-// handshake. Admission today: at most 64 unauthenticated connections at
-// once, each closed if it has not authenticated within connect_timeout_ms.
+// handshake so that no flood of unauthenticated connections locks peers out:
+// each has tcp.handshake_timeout_ms to authenticate; a source address holds
+// at most tcp.max_handshakes_per_source of them (more are closed at once);
+// past tcp.max_handshakes in all, the oldest is shed for the newest, so an
+// idle flood cannot starve a peer that completes its handshake promptly.
+// Authenticated connections are at most tcp.max_connections.
 class TcpServer final : private EventLoop::Source {
 public:
     explicit TcpServer(const BackendContext &ctx);
@@ -88,13 +119,15 @@ public:
 
     // For TcpConn, on the loop thread.
     const BackendContext &ctx() const { return ctx_; }
-    void authenticated();
+    // A connection proved itself; false (close it) when tcp.max_connections are open.
+    bool authenticated(TcpConn &c);
     void close(TcpConn &c);  // frees c
 
 private:
     void on_event(int tag, uint32_t events) override;
     void on_timer(int tag) override;
-    void admit(net::Fd fd);
+    void admit(net::Fd fd, const SourceAddr &src);
+    void forget_handshake(TcpConn &c);
     void pause_accepting();
 
     BackendContext ctx_;
@@ -103,7 +136,12 @@ private:
     uint64_t listen_tok_ = 0, resume_timer_ = 0;
     // The loop thread's.
     std::unordered_map<TcpConn *, std::unique_ptr<TcpConn>> conns_;
-    size_t handshaking_ = 0;  // unauthenticated connections
+    std::list<TcpConn *> handshaking_;  // unauthenticated connections, oldest first
+    std::unordered_map<SourceAddr, size_t, SourceHash> per_source_;  // of them, by source address
+    size_t authenticated_ = 0;
+    const size_t max_handshakes_, max_per_source_, max_connections_;
+    const std::chrono::milliseconds handshake_timeout_;
+    uint64_t shed_ = 0, refused_ = 0;  // counted for the log
     bool stopped_ = false;
 };
 
@@ -114,6 +152,8 @@ private:
 class FrameWriter {
 public:
     explicit FrameWriter(const Region &r) : region_(r) {}
+    // From now on every frame leaves as sealed records (tcp.protection=aead).
+    void protect(const std::array<uint8_t, handshake::kKeyLen> &key);
     bool idle() const { return parts_.empty(); }
     // Adds a part to the next batch (only while idle, before write()).
     void add(Part p, uint64_t seq);
@@ -125,6 +165,9 @@ public:
 private:
     void fill();
     void next_part();
+    int write_sealed(int fd);
+    bool seal_more();
+    void seal_head();
 
     Region region_;
     std::vector<Part> parts_;
@@ -135,6 +178,17 @@ private:
     std::vector<iovec> iov_;
     std::vector<std::pair<size_t, size_t>> heads_;  // iovec index, offset in head_
     size_t iov_at_ = 0;
+    // Sealed mode: the frames of iov_ become records in stage_, a chunk at a time.
+    std::unique_ptr<Aead> tx_;
+    std::vector<uint8_t> stage_;
+    size_t stage_len_ = 0, stage_at_ = 0, next_head_ = 0;
+    bool in_payload_ = false;  // a payload record is open
+};
+
+// An authenticated outbound connection and, when protected, its keys.
+struct Authenticated {
+    net::Fd fd;
+    std::optional<handshake::Keys> keys;
 };
 
 // A part sent on a stream, waiting for its acknowledgement.
@@ -148,12 +202,11 @@ struct Awaiting {
 // completes transfers with no lock held.
 class TcpPeer final : public BackendPeer {
 public:
-    TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<net::Fd> fds);
+    TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<Authenticated> conns);
     ~TcpPeer() override;
     // Puts the streams on the loop; throws Error(KVX_ECLOSED) when it is stopped.
     void start();
     void submit(Op op) override;
-    bool drop_if_not_started(uint64_t id) override;
     bool broken() const override { return broken_.load(); }
     void abort(int status) override;
     void shutdown() override;
@@ -168,14 +221,16 @@ private:
         uint32_t events = 0;
         FrameWriter writer;
         std::deque<Awaiting> awaiting;
-        std::array<uint8_t, kAckLen> ack_part{};  // an ack cut by a recv
+        std::array<uint8_t, kAckLen + kTagLen> ack_part{};  // an ack cut by a recv
         size_t ack_have = 0;
+        std::unique_ptr<Aead> rx;  // tcp.protection=aead: acks arrive sealed
     };
     void pump();
     void on_stream(Stream &s, uint32_t events);
     void send_more(Stream &s);
     bool take_batch(Stream &s);
     bool read_acks(Stream &s);
+    void take_acks(Stream &s, uint8_t *buf, size_t have, size_t *used, CompletionBatch &done);
     void want_writable(Stream &s, bool on);
     void fail_on_loop(int status, CompletionBatch &victims);
     void fail_now(int status);
@@ -199,9 +254,7 @@ private:
 // Opens and authenticates the streams to a peer; throws Error.
 std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerContext &pc);
 
-// The tcp section of the metadata: the endpoints to connect to, in order of preference.
-wire::Section encode_section(const std::vector<net::Endpoint> &eps);
-// Throws Error(KVX_EBADMETA) naming the defect.
-std::vector<net::Endpoint> decode_section(const wire::Section &s);
+// The handshake flags tcp.protection offers and requires.
+uint32_t protection_flags(const Options &o);
 
 }  // namespace kvx::tcp
