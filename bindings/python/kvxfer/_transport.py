@@ -268,8 +268,11 @@ class _RegistrationWaiter:
 
     def start(self):
         with self._cv:
-            if self._threads == 0:
-                self._spawn_locked()
+            spawn = self._threads == 0
+            if spawn:
+                self._reserve_locked()
+        if spawn:
+            self._spawn()
 
     def add(self, handle, reg, future):
         with self._cv:
@@ -279,14 +282,19 @@ class _RegistrationWaiter:
     def after_fork_in_child(self):
         self.__init__()
 
-    def _spawn_locked(self):
+    def _reserve_locked(self):
         self._threads += 1
         self._idle += 1
+
+    def _spawn(self):
+        # Never with self._cv held: Thread.start() waits for the thread to
+        # run, which can take milliseconds, and add() must not wait for that.
         try:
             threading.Thread(target=self._work, name="kvxfer-registrations", daemon=True).start()
         except RuntimeError:  # cannot start a thread: the others serve
-            self._threads -= 1
-            self._idle -= 1
+            with self._cv:
+                self._threads -= 1
+                self._idle -= 1
 
     def _work(self):
         while True:
@@ -295,8 +303,11 @@ class _RegistrationWaiter:
                     self._cv.wait()
                 handle, reg, future = self._queue.popleft()
                 self._idle -= 1
-                if self._idle == 0:
-                    self._spawn_locked()
+                spawn = self._idle == 0
+                if spawn:
+                    self._reserve_locked()
+            if spawn:
+                self._spawn()
             self._settle(handle, reg, future)
             with self._cv:
                 self._idle += 1
