@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Compare kvxfer's tcp backend with iperf3 on loopback, in one run:
 #   iperf3, one TCP stream, DURATION seconds        (the "what TCP can do" line)
+#   openssl speed -evp aes-128-gcm, 1 MiB buffers, one core (the "what the
+#                               AEAD can do" line for tcp.protection=aead)
 #   kvxfer-bench --backend tcp: 1M and 64K blocks (batch 1, seq)
 #                               4K blocks (batch 16, random)
 # and print: block size, kvxfer GB/s, iperf3 GB/s, ratio kvxfer/iperf3.
@@ -87,3 +89,19 @@ if "error" in ip:
 s = ip["end"].get("sum_received") or ip["end"]["sum_sent"]
 print(s["bits_per_second"] / 8 / 1e9)' "$tmp/iperf.json")
 "$py" "$root/bench/ratios.py" iperf3 "*=$iperf_gbps" "$tmp/kvxfer.json"
+
+# The AEAD's single-core speed; a protected 1 MiB transfer is measured against
+# min(iperf3, openssl): it cannot beat either.
+echo "$me: openssl speed -evp aes-128-gcm, 1 MiB, ${duration} s ..." >&2
+ossl_gbps=$(openssl speed -evp aes-128-gcm -bytes 1048576 -seconds "$duration" -mr 2>/dev/null |
+    "$py" -c '
+import sys
+for line in sys.stdin:
+    if line.startswith("+F:"):
+        print(float(line.strip().split(":")[-1]) / 1e9)  # -mr: bytes per second
+        break
+else:
+    sys.exit("compare-tcp.sh: no result from openssl speed")')
+ref=$("$py" -c 'import sys; print(min(float(sys.argv[1]), float(sys.argv[2])))' "$iperf_gbps" "$ossl_gbps")
+echo "openssl aes-128-gcm 1 MiB, 1 core: $ossl_gbps GB/s; min(iperf3, openssl) = $ref GB/s"
+"$py" "$root/bench/ratios.py" "min(iperf3,ossl)" "*=$ref" "$tmp/kvxfer.json"

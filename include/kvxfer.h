@@ -187,6 +187,15 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *   tcp.max_connections  authenticated connections a target keeps at once,
  *                        1..1048576, default 4096; more are closed before
  *                        their handshake completes.
+ *   tcp.protection       "aead" (default): every frame and ack after the
+ *                        handshake is sealed with AES-128-GCM under keys
+ *                        derived from that connection's handshake, so bytes
+ *                        forged, replayed, reordered or redirected on the
+ *                        network never land or complete anything;
+ *                        "none": cleartext, for trusted networks only. Both
+ *                        sides must agree: kvx_add_remote_peer() to a peer
+ *                        with the other setting fails with KVX_ENOTSUP
+ *                        (docs/security.md).
  *   verbs.device         RDMA device name (e.g. "mlx5_0"); default: the
  *                        first device with an ACTIVE port.
  *   verbs.port           port number on that device, 1..255; default: the
@@ -299,7 +308,8 @@ KVX_API int kvx_get_agent_metadata(size_t *out_len, kvx_transport *t, void *buf,
  * @return 0; KVX_EINVAL (bad id or NULL); KVX_EEXIST (id registered);
  *         KVX_EBADMETA / KVX_EVERSION (metadata); KVX_EGEOMETRY; KVX_EFINGERPRINT;
  *         KVX_ECONNREFUSED / KVX_ETIMEDOUT / KVX_EHOSTUNREACH / KVX_EAUTH
- *         (connection); KVX_ECLOSED.
+ *         (connection); KVX_ENOTSUP (the peer's tcp.protection differs from
+ *         ours: one side requires AEAD, the other offers none); KVX_ECLOSED.
  * Blocks the calling thread up to connect_timeout_ms; other calls proceed.
  */
 KVX_API int kvx_add_remote_peer(kvx_transport *t, const char *peer_id, const void *metadata,
@@ -351,7 +361,10 @@ KVX_API int kvx_write_blocks(uint64_t *out_id, kvx_transport *t, const char *pee
  * @param done, done_cap, failed, failed_cap  caller-owned arrays (NULL when cap is 0).
  * @return 0; KVX_EINVAL; KVX_ECLOSED.
  * Progress never depends on how often poll is called: backends run on their
- * own threads. Failed transfers: no statement about which bytes landed.
+ * own threads. A failed transfer's requested blocks are undefined in the
+ * peer's region (any mix of old bytes, new bytes and, with tcp.protection=aead,
+ * bytes of a payload that failed its authentication tag); blocks outside the
+ * transfer are never touched. Rewrite them, or do not read them.
  */
 KVX_API int kvx_poll(size_t *out_n_done, size_t *out_n_failed, kvx_transport *t,
                      const char *peer_id, uint64_t *done, size_t done_cap, uint64_t *failed,

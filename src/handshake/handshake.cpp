@@ -3,6 +3,8 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/kdf.h>
+#include <openssl/core_names.h>
 #include <openssl/rand.h>
 
 #include <cstring>
@@ -87,7 +89,8 @@ void decode_body(Message &m, const uint8_t *p) {
     case Kind::refuse: {
         m.refuse.status = static_cast<int32_t>(get_le(p + 8, 4));
         int s = m.refuse.status;
-        if (s != KVX_EAUTH && s != KVX_EFINGERPRINT && s != KVX_ECONNREFUSED && s != KVX_EVERSION)
+        if (s != KVX_EAUTH && s != KVX_EFINGERPRINT && s != KVX_ECONNREFUSED && s != KVX_EVERSION &&
+            s != KVX_ENOTSUP)
             fail(KVX_EINVAL, "handshake: refusal with unexpected status %d", s);
         break;
     }
@@ -211,15 +214,20 @@ int verify(const Identity &me, const Challenge &issued, const Auth &a, Accept *o
         KVX_LOG(warn, "handshake: refused %s: no valid proof of the secret", what);
         return KVX_EAUTH;
     }
-    if (a.flags != 0) {
+    if (a.flags & ~kKnownFlags) {
         KVX_LOG(warn, "handshake: refused %s: unknown flags 0x%x", what, a.flags);
         return KVX_EVERSION;
+    }
+    if (a.flags != me.flags) {
+        KVX_LOG(warn, "handshake: refused %s: it offers data path protection %s, this side requires %s", what,
+                a.flags & kFlagTcpAead ? "aead" : "none", me.flags & kFlagTcpAead ? "aead" : "none");
+        return KVX_ENOTSUP;
     }
     if (!fingerprints_compatible(me.fingerprint, a.fingerprint)) {
         KVX_LOG(warn, "handshake: refused %s: another config fingerprint", what);
         return KVX_EFINGERPRINT;
     }
-    out->flags = 0;
+    out->flags = a.flags;
     out->proof = server_proof(me.secret, issued, a, out->flags);
     return 0;
 }
@@ -249,8 +257,10 @@ bool ChallengeTable::take(uint32_t id, Challenge *out) {
     return false;
 }
 
-Auth answer(const Challenge &c, uint64_t instance_id, const wire::Secret &secret, const Fingerprint &ours) {
+Auth answer(const Challenge &c, uint64_t instance_id, const wire::Secret &secret, const Fingerprint &ours,
+            uint32_t flags) {
     Auth a;
+    a.flags = flags;
     a.instance_id = instance_id;
     a.challenge_id = c.challenge_id;
     a.fingerprint = ours;
@@ -268,6 +278,8 @@ Message decode_reply(const void *p, size_t n, const char *where, const char *to)
     } catch (const Error &e) {
         fail(failure_code(e.code()), "%s: bad answer to %s: %s", where, to, e.what());
     }
+    if (m.kind == Kind::refuse && m.refuse.status == KVX_ENOTSUP)
+        fail(KVX_ENOTSUP, "%s refused the connection: its tcp.protection differs from ours", where);
     if (m.kind == Kind::refuse)
         fail(refusal_code(m.refuse), "%s refused the connection: %s", where, error_name(m.refuse.status));
     return m;
@@ -285,10 +297,42 @@ Accept expect_accept(const void *p, size_t n, const Challenge &c, const Auth &a,
                      const char *where) {
     Message m = decode_reply(p, n, where, "AUTH");
     if (m.kind != Kind::accept) fail(KVX_EAUTH, "%s answered AUTH with an unexpected message", where);
-    if (m.accept.flags != 0) fail(KVX_EVERSION, "%s accepted with unknown flags 0x%x", where, m.accept.flags);
+    if (m.accept.flags != a.flags)
+        fail(KVX_EVERSION, "%s accepted with flags 0x%x, we offered 0x%x", where, m.accept.flags, a.flags);
     if (CRYPTO_memcmp(server_proof(secret, c, a, m.accept.flags).data(), m.accept.proof.data(), kProofLen) != 0)
         fail(KVX_EAUTH, "%s could not prove it holds the metadata's secret", where);
     return m.accept;
+}
+
+Keys derive_keys(const wire::Secret &secret, const Challenge &c, const Auth &a, const Accept &acc) {
+    static const char kLabel[] = "kvxfer handshake v1 data keys";
+    uint8_t salt[kChallengeNonceLen + 4];
+    memcpy(salt, c.nonce.data(), kChallengeNonceLen);
+    put_le(salt + kChallengeNonceLen, c.challenge_id, 4);
+    uint8_t info[sizeof kLabel + kAuthLen + kAcceptLen];
+    memcpy(info, kLabel, sizeof kLabel);
+    encode(a, info + sizeof kLabel);
+    encode(acc, info + sizeof kLabel + kAuthLen);
+    uint8_t out[2 * kKeyLen];
+    EVP_KDF *kdf = EVP_KDF_fetch(nullptr, "HKDF", nullptr);
+    EVP_KDF_CTX *kctx = kdf ? EVP_KDF_CTX_new(kdf) : nullptr;
+    EVP_KDF_free(kdf);
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, digest, 0),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, const_cast<uint8_t *>(secret.data()), secret.size()),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_SALT, salt, sizeof salt),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, info, sizeof info),
+        OSSL_PARAM_construct_end(),
+    };
+    int ok = kctx && EVP_KDF_derive(kctx, out, sizeof out, params) == 1;
+    EVP_KDF_CTX_free(kctx);
+    if (!ok) fail(KVX_EINTERNAL, "OpenSSL HKDF-SHA256 failed");
+    Keys k;
+    memcpy(k.to_target.data(), out, kKeyLen);
+    memcpy(k.to_initiator.data(), out + kKeyLen, kKeyLen);
+    OPENSSL_cleanse(out, sizeof out);
+    return k;
 }
 
 }  // namespace kvx::handshake

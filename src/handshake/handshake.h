@@ -37,6 +37,13 @@ constexpr size_t kChallengeNonceLen = 16;
 constexpr size_t kClientNonceLen = 8;
 constexpr size_t kProofLen = 16;  // HMAC-SHA256 truncated to 128 bits
 constexpr size_t kFingerprintBytes = 8;
+constexpr size_t kKeyLen = 16;  // AES-128-GCM
+
+// AUTH.flags (offered) and ACCEPT.flags (chosen): the data path's options.
+// kFlagTcpAead: after the handshake every tcp record is AES-128-GCM with the
+// keys of derive_keys(). Only tcp sets it; a verbs target requires flags 0.
+constexpr uint32_t kFlagTcpAead = 1u << 0;
+constexpr uint32_t kKnownFlags = kFlagTcpAead;
 
 enum class Kind : uint8_t { hello = 1, auth = 2, challenge = 3, refuse = 4, accept = 5 };
 
@@ -61,15 +68,15 @@ struct Auth {
     uint64_t instance_id = 0;
     uint32_t challenge_id = 0;
     Fingerprint fingerprint{};
-    uint32_t flags = 0;  // offered options; none defined yet (must be 0)
+    uint32_t flags = 0;  // offered options (kFlag*)
     std::array<uint8_t, kClientNonceLen> nonce{};
     std::array<uint8_t, kProofLen> proof{};
 };
 struct Refuse {
-    int32_t status = 0;  // KVX_EAUTH, KVX_EFINGERPRINT, KVX_ECONNREFUSED or KVX_EVERSION
+    int32_t status = 0;  // KVX_EAUTH, KVX_EFINGERPRINT, KVX_ECONNREFUSED, KVX_EVERSION or KVX_ENOTSUP
 };
 struct Accept {
-    uint32_t flags = 0;  // chosen options; none defined yet (must be 0)
+    uint32_t flags = 0;  // chosen options: always the offered ones (a target refuses others)
     std::array<uint8_t, kProofLen> proof{};
 };
 
@@ -119,6 +126,7 @@ struct Identity {
     uint64_t instance_id = 0;
     wire::Secret secret{};
     Fingerprint fingerprint{};
+    uint32_t flags = 0;  // the data path options this side requires, exactly (kFlag*)
 };
 
 // ---- target side
@@ -131,7 +139,9 @@ int on_hello(const Identity &me, const Hello &h);
 
 // Verifies an AUTH against the challenge that was issued on this connection.
 // 0: accepted, *out is the ACCEPT to send. Else the refusal code to send
-// (KVX_EAUTH, KVX_EFINGERPRINT); what: where the request came from, for the log.
+// (KVX_EAUTH, KVX_EFINGERPRINT; KVX_EVERSION for unknown flags; KVX_ENOTSUP
+// when the offered flags are not exactly me.flags: a peer with another
+// tcp.protection); what: where the request came from, for the log.
 int verify(const Identity &me, const Challenge &issued, const Auth &a, Accept *out, const char *what);
 
 // Outstanding challenges of a connectionless carrier (verbs: the challenge
@@ -159,7 +169,9 @@ private:
 // ---- initiator side
 
 // The AUTH answering challenge c for the target that metadata m describes.
-Auth answer(const Challenge &c, uint64_t instance_id, const wire::Secret &secret, const Fingerprint &ours);
+// flags: the data path options offered (kFlag*).
+Auth answer(const Challenge &c, uint64_t instance_id, const wire::Secret &secret, const Fingerprint &ours,
+            uint32_t flags = 0);
 
 // The target's answer to HELLO, as received: its challenge. Throws the
 // refusal's code, or Error(KVX_EAUTH)/(KVX_EVERSION) for anything else; where
@@ -168,8 +180,22 @@ Challenge expect_challenge(const void *p, size_t n, const char *where);
 
 // The target's answer to AUTH, as received, checked: an ACCEPT whose proof
 // shows the target holds the secret. Throws the refusal's code, or
-// Error(KVX_EAUTH) naming where.
+// Error(KVX_EAUTH) naming where; Error(KVX_EVERSION) when it chose flags
+// other than a.flags.
 Accept expect_accept(const void *p, size_t n, const Challenge &c, const Auth &a, const wire::Secret &secret,
                      const char *where);
+
+// ---- both sides
+
+// The data path keys of one connection, one per direction: HKDF-SHA256 with
+// the metadata secret as input key, the challenge (nonce, id) as salt and the
+// label, the whole AUTH (client nonce and proof included) and the whole
+// ACCEPT as info. Fresh per connection: both nonces are random.
+struct Keys {
+    std::array<uint8_t, kKeyLen> to_target{};     // initiator -> target records
+    std::array<uint8_t, kKeyLen> to_initiator{};  // target -> initiator records
+};
+// Throws Error(KVX_EINTERNAL) when OpenSSL fails.
+Keys derive_keys(const wire::Secret &secret, const Challenge &c, const Auth &a, const Accept &acc);
 
 }  // namespace kvx::handshake

@@ -38,6 +38,25 @@ static long rss_kib(void) {
     return kib;
 }
 
+static pid_t g_child;  /* killed at exit, so a failed assertion never leaves it stopped */
+static void kill_child(void) {
+    if (g_child > 0) kill(g_child, SIGKILL);
+}
+
+/* SIGSTOP is asynchronous: wait until the child really is stopped. */
+static void freeze(pid_t pid) {
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    char path[64], st = 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    for (int i = 0; i < 5000 && st != 'T'; i++) {
+        FILE *f = fopen(path, "r");
+        if (f && fscanf(f, "%*d %*s %c", &st) != 1) st = 0;
+        if (f) fclose(f);
+        if (st != 'T') usleep(1000);
+    }
+    assert_int_equal(st, 'T');
+}
+
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
@@ -50,7 +69,9 @@ static void test_flat_bookkeeping(void **state) {
     region r = region_new(16, 4096, 1);
     kvx_transport *a = transport_new(&r, NULL, test_options("transfer_timeout_ms=3600000", NULL));
     add_peer(a, "t", &c.meta);
-    assert_int_equal(kill(c.pid, SIGSTOP), 0);
+    g_child = c.pid;
+    atexit(kill_child);
+    freeze(c.pid);
     uint64_t *ids = malloc(N_INFLIGHT * sizeof *ids);
     memset(ids, 0, N_INFLIGHT * sizeof *ids);  /* touched now, not counted below */
     long before = rss_kib();
@@ -91,6 +112,7 @@ static void test_flat_bookkeeping(void **state) {
     assert_true(waiting < N_CANCEL);  /* queued ones are dropped at once */
 
     assert_int_equal(kill(c.pid, SIGCONT), 0);
+    g_child = 0;
     kvx_transport_destroy(a);
     assert_int_equal(child_stop(&c), 0);
     region_free(&r);

@@ -31,7 +31,7 @@ struct Target {
 
 void target_up(Target &tg, const char *cfg) {
     tg.r = region_new(kNB, kBL, 0x77);
-    tg.t = transport_new(&tg.r, cfg, test_options("backend=tcp", NULL));
+    tg.t = transport_new(&tg.r, cfg, test_options("backend=tcp", "tcp.protection=none", NULL));
     get_meta(tg.t, &tg.m);
     tg.meta = kvx::wire::decode_metadata(tg.m.bytes, tg.m.len);
 }

@@ -78,7 +78,7 @@ kvx::wire::Secret secret_from(const uint8_t *p, size_t n) {
 }
 
 bool allowed_refusal(int s) {
-    return s == KVX_EAUTH || s == KVX_EFINGERPRINT || s == KVX_ECONNREFUSED || s == KVX_EVERSION;
+    return s == KVX_EAUTH || s == KVX_EFINGERPRINT || s == KVX_ECONNREFUSED || s == KVX_EVERSION || s == KVX_ENOTSUP;
 }
 
 size_t encode_message(const Message &m, uint8_t *out) {

@@ -164,6 +164,76 @@ void test_initiator_checks(void **) {
     assert_int_equal(code_of([&] { expect_challenge(junk.data(), junk.size(), "p"); }), KVX_EAUTH);
 }
 
+// Protection flags: the target requires exactly its own; unknown bits are a
+// version problem; the initiator takes only the flags it offered.
+void test_flags(void **) {
+    Identity id = target_identity();
+    uint32_t next = 1;
+    Challenge c = new_challenge(&next);
+    Accept acc;
+    Auth none = answer(c, id.instance_id, id.secret, id.fingerprint, 0);
+    Auth aead = answer(c, id.instance_id, id.secret, id.fingerprint, kFlagTcpAead);
+    assert_int_equal(verify(id, c, aead, &acc, "test"), KVX_ENOTSUP);  // verbs and tcp.protection=none
+    assert_int_equal(verify(id, c, none, &acc, "test"), 0);
+    assert_int_equal(acc.flags, 0);
+    id.flags = kFlagTcpAead;
+    assert_int_equal(verify(id, c, none, &acc, "test"), KVX_ENOTSUP);
+    assert_int_equal(verify(id, c, answer(c, id.instance_id, id.secret, id.fingerprint, 0x80), &acc, "t"), KVX_EVERSION);
+    assert_int_equal(verify(id, c, aead, &acc, "test"), 0);
+    assert_int_equal(acc.flags, kFlagTcpAead);
+    std::vector<uint8_t> ok = bytes_of(acc);
+    assert_int_equal(code_of([&] { expect_accept(ok.data(), ok.size(), c, aead, id.secret, "p"); }), kNoError);
+    // an accept choosing other flags than offered, even with a valid proof
+    id.flags = 0;
+    Accept acc0;
+    assert_int_equal(verify(id, c, none, &acc0, "test"), 0);
+    std::vector<uint8_t> b0 = bytes_of(acc0);
+    assert_int_equal(code_of([&] { expect_accept(b0.data(), b0.size(), c, aead, id.secret, "p"); }), KVX_EVERSION);
+    std::string msg;
+    std::vector<uint8_t> r = bytes_of(Refuse{KVX_ENOTSUP});
+    assert_int_equal(code_of([&] { expect_accept(r.data(), r.size(), c, aead, id.secret, "peer 'q'"); }, &msg),
+                     KVX_ENOTSUP);
+    assert_contains(msg, "tcp.protection");
+}
+
+// Keys: both sides derive the same pair, the directions differ, and every
+// input (secret, challenge nonce and id, client nonce, flags) changes them.
+void test_derive_keys(void **) {
+    Identity id = target_identity();
+    id.flags = kFlagTcpAead;
+    uint32_t next = 1;
+    Challenge c = new_challenge(&next);
+    Auth a = answer(c, id.instance_id, id.secret, id.fingerprint, kFlagTcpAead);
+    Accept acc;
+    assert_int_equal(verify(id, c, a, &acc, "test"), 0);
+    Keys k = derive_keys(id.secret, c, a, acc);
+    Keys again = derive_keys(id.secret, c, a, acc);
+    assert_true(k.to_target == again.to_target && k.to_initiator == again.to_initiator);
+    assert_true(k.to_target != k.to_initiator);
+    const std::array<uint8_t, kKeyLen> zero{};
+    assert_true(k.to_target != zero);
+    std::vector<Keys> variants;
+    wire::Secret s2 = id.secret;
+    s2[0] ^= 1;
+    variants.push_back(derive_keys(s2, c, a, acc));
+    Challenge c2 = c;
+    c2.nonce[3] ^= 1;
+    variants.push_back(derive_keys(id.secret, c2, a, acc));
+    c2 = c;
+    c2.challenge_id++;
+    variants.push_back(derive_keys(id.secret, c2, a, acc));
+    Auth a2 = a;
+    a2.nonce[0] ^= 1;
+    variants.push_back(derive_keys(id.secret, c, a2, acc));
+    Accept acc2 = acc;
+    acc2.flags = 0;
+    variants.push_back(derive_keys(id.secret, c, a, acc2));
+    for (const Keys &v : variants) {
+        assert_true(v.to_target != k.to_target);
+        assert_true(v.to_initiator != k.to_initiator);
+    }
+}
+
 void test_challenge_table(void **) {
     ChallengeTable t(4, std::chrono::milliseconds(50));
     Challenge a = t.issue(), b = t.issue();
@@ -199,7 +269,7 @@ int main(void) {
         cmocka_unit_test(test_sizes),          cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_malformed),      cmocka_unit_test(test_verify),
         cmocka_unit_test(test_initiator_checks), cmocka_unit_test(test_challenge_table),
-        cmocka_unit_test(test_fingerprint_bytes),
+        cmocka_unit_test(test_fingerprint_bytes), cmocka_unit_test(test_flags), cmocka_unit_test(test_derive_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,12 +15,14 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/ops.h"
+#include "backends/tcp/tcp_aead.h"
 #include "backends/tcp/tcp_wire.h"
 #include "handshake/handshake.h"
 #include "util/event_loop.h"
@@ -61,17 +63,20 @@ public:
     std::list<TcpConn *>::iterator queued;
 
 private:
-    enum class State { hello, auth, refused, frame_head, frame_segs, payload };
+    enum class State { hello, auth, refused, frame_head, frame_segs, payload, payload_tag };
     enum class Next { more, wait, close };  // after one read: read again, wait for the loop, close
     void on_event(int tag, uint32_t events) override;
     void on_timer(int tag) override;
     Next read_turn();
     Next read_handshake();
     Next answer();
-    bool on_authenticated();
+    bool on_authenticated(const handshake::Auth &a, const handshake::Accept &acc);
     Next read_head();
-    void start_payload();
+    const uint8_t *open_head();
+    void start_payload(const uint8_t *segs);
     Next read_payload();
+    Next read_tag();
+    Next frame_done();
     bool flush();
     void update_interest();
 
@@ -91,6 +96,10 @@ private:
     size_t iov_at_ = 0;
     std::vector<uint8_t> out_;  // handshake answers, acks: not yet sent
     size_t out_at_ = 0;
+    // tcp.protection=aead: frames arrive as records (rx_), acks leave as records (tx_).
+    std::unique_ptr<Aead> rx_, tx_;
+    std::vector<uint8_t> plain_;  // the opened frame head
+    std::array<uint8_t, kTagLen> tag_{};
 };
 
 // The listener: accepts on the loop thread and admits connections to the
@@ -143,6 +152,8 @@ private:
 class FrameWriter {
 public:
     explicit FrameWriter(const Region &r) : region_(r) {}
+    // From now on every frame leaves as sealed records (tcp.protection=aead).
+    void protect(const std::array<uint8_t, handshake::kKeyLen> &key);
     bool idle() const { return parts_.empty(); }
     // Adds a part to the next batch (only while idle, before write()).
     void add(Part p, uint64_t seq);
@@ -154,6 +165,9 @@ public:
 private:
     void fill();
     void next_part();
+    int write_sealed(int fd);
+    bool seal_more();
+    void seal_head();
 
     Region region_;
     std::vector<Part> parts_;
@@ -164,6 +178,17 @@ private:
     std::vector<iovec> iov_;
     std::vector<std::pair<size_t, size_t>> heads_;  // iovec index, offset in head_
     size_t iov_at_ = 0;
+    // Sealed mode: the frames of iov_ become records in stage_, a chunk at a time.
+    std::unique_ptr<Aead> tx_;
+    std::vector<uint8_t> stage_;
+    size_t stage_len_ = 0, stage_at_ = 0, next_head_ = 0;
+    bool in_payload_ = false;  // a payload record is open
+};
+
+// An authenticated outbound connection and, when protected, its keys.
+struct Authenticated {
+    net::Fd fd;
+    std::optional<handshake::Keys> keys;
 };
 
 // A part sent on a stream, waiting for its acknowledgement.
@@ -177,7 +202,7 @@ struct Awaiting {
 // completes transfers with no lock held.
 class TcpPeer final : public BackendPeer {
 public:
-    TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<net::Fd> fds);
+    TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<Authenticated> conns);
     ~TcpPeer() override;
     // Puts the streams on the loop; throws Error(KVX_ECLOSED) when it is stopped.
     void start();
@@ -196,14 +221,16 @@ private:
         uint32_t events = 0;
         FrameWriter writer;
         std::deque<Awaiting> awaiting;
-        std::array<uint8_t, kAckLen> ack_part{};  // an ack cut by a recv
+        std::array<uint8_t, kAckLen + kTagLen> ack_part{};  // an ack cut by a recv
         size_t ack_have = 0;
+        std::unique_ptr<Aead> rx;  // tcp.protection=aead: acks arrive sealed
     };
     void pump();
     void on_stream(Stream &s, uint32_t events);
     void send_more(Stream &s);
     bool take_batch(Stream &s);
     bool read_acks(Stream &s);
+    void take_acks(Stream &s, uint8_t *buf, size_t have, size_t *used, CompletionBatch &done);
     void want_writable(Stream &s, bool on);
     void fail_on_loop(int status, CompletionBatch &victims);
     void fail_now(int status);
@@ -227,5 +254,7 @@ private:
 // Opens and authenticates the streams to a peer; throws Error.
 std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerContext &pc);
 
+// The handshake flags tcp.protection offers and requires.
+uint32_t protection_flags(const Options &o);
 
 }  // namespace kvx::tcp

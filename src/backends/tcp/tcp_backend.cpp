@@ -24,6 +24,9 @@ constexpr OptionSpec kOptions[] = {
      "unauthenticated connections at once from one source address; more are closed at once"},
     {"tcp.max_connections", OptType::uint, 1, 1048576, "4096",
      "authenticated connections the target keeps at once; more are closed before their ACCEPT"},
+    {"tcp.protection", OptType::choice, 0, 0, "aead",
+     "aead = every frame and ack after the handshake is AES-128-GCM sealed (docs/security.md); none = cleartext, "
+     "for trusted networks only; both sides must agree", "aead,none"},
 };
 
 class TcpBackend final : public Backend {
@@ -41,11 +44,20 @@ private:
 
 bool probe(const Options &, std::string *) { return true; }
 
-std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) { return std::make_unique<TcpBackend>(ctx); }
+// Our side offers and requires exactly the protection of tcp.protection.
+std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) {
+    BackendContext c = ctx;
+    c.identity.flags = protection_flags(*ctx.options);
+    return std::make_unique<TcpBackend>(c);
+}
 
 void check_section(const wire::Section &s, const wire::AgentMetadata &) { decode_section(s); }
 
 }  // namespace
+
+uint32_t protection_flags(const Options &o) {
+    return o.str("tcp.protection") == "aead" ? handshake::kFlagTcpAead : 0;
+}
 
 }  // namespace tcp
 

@@ -4,10 +4,12 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "backends/tcp/tcp.h"
+#include "util/bytes.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -18,6 +20,8 @@ namespace {
 constexpr int kTurnReads = 64;           // reads per readiness event, then other sources get a turn
 constexpr size_t kMaxUnsent = 64 << 10;  // acks the peer does not take: stop reading beyond this
 constexpr size_t kHeadLen = kFrameHeaderLen + kSegLen;  // every frame has a segment: always safe to read
+constexpr size_t kMaxHead = kFrameHeaderLen + kFrameMaxSegs * kSegLen;
+constexpr size_t kSealedHeadLen = 4 + kHeadLen + kTagLen;  // the smallest head record
 
 // A read's outcome: the byte count; 0 when nothing is there now (the loop
 // calls again); -1 when the connection is closed or failed.
@@ -67,8 +71,13 @@ void TcpConn::on_timer(int) {
 
 void TcpConn::on_event(int, uint32_t events) {
     Next n = Next::wait;
-    if (state_ != State::refused && (events & (EPOLLIN | EPOLLERR | EPOLLHUP))) n = read_turn();
-    else if (events & (EPOLLERR | EPOLLHUP)) n = Next::close;
+    try {
+        if (state_ != State::refused && (events & (EPOLLIN | EPOLLERR | EPOLLHUP))) n = read_turn();
+    } catch (const Error &e) {
+        KVX_LOG(warn, "tcp: closing a connection: %s", e.what());
+        n = Next::close;
+    }
+    if (state_ == State::refused && (events & (EPOLLERR | EPOLLHUP))) n = Next::close;
     // Acks of the frames read before a failure still go out, if the socket takes them.
     bool ok = flush() && n != Next::close && !(state_ == State::refused && out_.empty());
     if (!ok) return server_.close(*this);  // frees this
@@ -84,6 +93,7 @@ TcpConn::Next TcpConn::read_turn() {
         case State::frame_head:
         case State::frame_segs: n = read_head(); break;
         case State::payload: n = read_payload(); break;
+        case State::payload_tag: n = read_tag(); break;
         case State::refused: break;
         }
         if (n != Next::more || out_.size() - out_at_ >= kMaxUnsent) return n;
@@ -125,8 +135,8 @@ TcpConn::Next TcpConn::answer() {
                          ? handshake::verify(ctx_.identity, challenge_, m.auth, &acc, "a tcp connection")
                          : KVX_EAUTH;
             if (status == 0) {
-                if (!on_authenticated()) return Next::close;
-                append(out_, acc);
+                if (!on_authenticated(m.auth, acc)) return Next::close;
+                append(out_, acc);  // the ACCEPT itself travels in clear
                 return Next::more;
             }
         }
@@ -140,7 +150,7 @@ TcpConn::Next TcpConn::answer() {
 }
 
 // false: the transport holds tcp.max_connections already; close without an ACCEPT.
-bool TcpConn::on_authenticated() {
+bool TcpConn::on_authenticated(const handshake::Auth &a, const handshake::Accept &acc) {
     if (!server_.authenticated(*this)) {
         KVX_LOG(warn, "tcp: closing an authenticated connection: tcp.max_connections are open");
         return false;
@@ -148,22 +158,52 @@ bool TcpConn::on_authenticated() {
     ctx_.loop->cancel_timer(deadline_);
     deadline_ = 0;
     net::set_nodelay(fd_.get());
-    head_.resize(kHeadLen);
+    if (acc.flags & handshake::kFlagTcpAead) {
+        handshake::Keys k = handshake::derive_keys(ctx_.identity.secret, challenge_, a, acc);
+        rx_ = std::make_unique<Aead>(k.to_target, false);
+        tx_ = std::make_unique<Aead>(k.to_initiator, true);
+        plain_.resize(kMaxHead);
+    }
+    need_ = rx_ ? kSealedHeadLen : kHeadLen;
+    head_.resize(need_);
     have_ = 0;
-    need_ = kHeadLen;
     state_ = State::frame_head;
     return true;
 }
 
+// Sealed mode, a whole head record in head_: its plaintext, authenticated.
+// Throws Error(KVX_EAUTH) for a record that is not.
+const uint8_t *TcpConn::open_head() {
+    const size_t len = need_ - 4 - kTagLen;
+    uint8_t aad[5] = {kRecordHead};
+    memcpy(aad + 1, head_.data(), 4);
+    if (!rx_->open(aad, sizeof aad, head_.data() + 4, len, plain_.data()))
+        fail(KVX_EAUTH, "frame head record fails authentication (forged, replayed or reordered)");
+    frame_ = decode_frame_header(plain_.data(), ctx_.region.block_len);
+    if (kFrameHeaderLen + frame_.nseg * kSegLen != len) fail(KVX_EINVAL, "frame: head record length mismatch");
+    return plain_.data() + kFrameHeaderLen;
+}
+
 // Header and first segment, then the rest of the segment table; nothing of
-// the payload is read before all of it is validated.
+// the payload is read before all of it is validated. Sealed: the head is one
+// record, opened only once whole.
 TcpConn::Next TcpConn::read_head() {
     ssize_t r = outcome(::recv(fd_.get(), head_.data() + have_, need_ - have_, 0));
     if (r <= 0) return r < 0 ? Next::close : Next::wait;
     have_ += static_cast<size_t>(r);
     if (have_ < need_) return Next::wait;
     try {
-        if (state_ == State::frame_head) {
+        if (state_ == State::frame_head && rx_) {
+            const size_t len = get_le(head_.data(), 4);
+            if (len < kHeadLen || len > kMaxHead || (len - kFrameHeaderLen) % kSegLen != 0)
+                fail(KVX_EINVAL, "frame: head record of %zu bytes", len);
+            if (len > kHeadLen) {
+                need_ = 4 + len + kTagLen;
+                head_.resize(need_);
+                state_ = State::frame_segs;
+                return Next::more;
+            }
+        } else if (state_ == State::frame_head) {
             frame_ = decode_frame_header(head_.data(), ctx_.region.block_len);
             if (frame_.nseg > 1) {
                 need_ = kFrameHeaderLen + frame_.nseg * kSegLen;
@@ -172,7 +212,7 @@ TcpConn::Next TcpConn::read_head() {
                 return Next::more;
             }
         }
-        start_payload();
+        start_payload(rx_ ? open_head() : head_.data() + kFrameHeaderLen);
     } catch (const Error &e) {
         KVX_LOG(warn, "tcp: closing a connection after a bad frame: %s", e.what());
         return Next::close;
@@ -180,13 +220,17 @@ TcpConn::Next TcpConn::read_head() {
     return Next::more;
 }
 
-void TcpConn::start_payload() {
+void TcpConn::start_payload(const uint8_t *seg_table) {
     const Region &rg = ctx_.region;
-    std::vector<Segment> segs = decode_segments(head_.data() + kFrameHeaderLen, frame_, rg.block_len, rg.size());
+    std::vector<Segment> segs = decode_segments(seg_table, frame_, rg.block_len, rg.size());
     iov_.resize(segs.size());
     for (size_t i = 0; i < segs.size(); i++) iov_[i] = iovec{rg.base + segs[i].offset, segs[i].len};
     iov_at_ = 0;
     state_ = State::payload;
+    if (rx_) {
+        const uint8_t aad[1] = {kRecordPayload};
+        rx_->begin(aad, sizeof aad);
+    }
 }
 
 TcpConn::Next TcpConn::read_payload() {
@@ -194,16 +238,49 @@ TcpConn::Next TcpConn::read_payload() {
     size_t left = iov_.size() - iov_at_;
     ssize_t r = readv_into_region(fd_.get(), iov, left);
     if (r <= 0) return r < 0 ? Next::close : Next::wait;
+    // Sealed: decrypted in place, in the chunks the socket gave; the tag at
+    // the end of the frame decides.
+    for (size_t i = 0, n = static_cast<size_t>(r); rx_ && n > 0; i++) {
+        const size_t take = std::min(n, iov[i].iov_len);
+        auto *p = static_cast<uint8_t *>(iov[i].iov_base);
+        rx_->update(p, p, take);
+        n -= take;
+    }
     left = net::advance_iov(iov, left, static_cast<size_t>(r));
     iov_at_ = static_cast<size_t>(iov - iov_.data());
     if (left > 0) return Next::wait;  // a short read: the socket is drained
+    if (!rx_) return frame_done();
+    have_ = 0;
+    state_ = State::payload_tag;
+    return Next::more;
+}
+
+// A payload that fails its tag fails its transfer: no ack, the connection closes.
+TcpConn::Next TcpConn::read_tag() {
+    ssize_t r = outcome(::recv(fd_.get(), tag_.data() + have_, kTagLen - have_, 0));
+    if (r <= 0) return r < 0 ? Next::close : Next::wait;
+    have_ += static_cast<size_t>(r);
+    if (have_ < kTagLen) return Next::wait;
+    if (!rx_->finish_open(tag_.data())) {
+        KVX_LOG(warn, "tcp: closing a connection: a frame's payload fails authentication");
+        return Next::close;
+    }
+    return frame_done();
+}
+
+TcpConn::Next TcpConn::frame_done() {
     if (frame_.flags & kFlagAck) {
-        uint8_t ack[kAckLen];
+        uint8_t ack[kAckLen + kTagLen];
         encode_ack(Ack{0, frame_.seq}, ack);
-        out_.insert(out_.end(), ack, ack + kAckLen);
+        if (tx_) {
+            const uint8_t aad[1] = {kRecordAck};
+            tx_->seal(aad, sizeof aad, ack, kAckLen, ack);
+        }
+        out_.insert(out_.end(), ack, ack + (tx_ ? kAckLen + kTagLen : kAckLen));
     }
     have_ = 0;
-    need_ = kHeadLen;
+    need_ = rx_ ? kSealedHeadLen : kHeadLen;
+    head_.resize(need_);
     state_ = State::frame_head;
     return Next::more;
 }

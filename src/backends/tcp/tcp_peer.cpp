@@ -41,8 +41,10 @@ int read_message(int fd, handshake::Bytes &buf, size_t *len, Clock::time_point d
 constexpr int kOtherTransport = 1;
 
 // The shared handshake on a connected socket: 0, kOtherTransport, a -errno
-// of the socket, or throws Error with the code of a refusal or a failed proof.
-int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const std::string &where) {
+// of the socket, or throws Error with the code of a refusal or a failed
+// proof. *keys: the data path's keys when the peers chose protection.
+int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const std::string &where,
+                 std::optional<handshake::Keys> *keys) {
     const wire::AgentMetadata &m = *pc.meta;
     handshake::Bytes buf;
     size_t len = 0;
@@ -56,11 +58,13 @@ int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const
         if (e.code() == KVX_ECONNREFUSED) return kOtherTransport;  // another transport listens there now
         throw;
     }
-    handshake::Auth a = handshake::answer(ch, m.instance_id, m.secret, ctx.identity.fingerprint);
+    handshake::Auth a = handshake::answer(ch, m.instance_id, m.secret, ctx.identity.fingerprint,
+                                          protection_flags(*ctx.options));
     rc = net::write_full_by(fd, buf.data(), handshake::encode(a, buf.data()), pc.deadline);
     if (rc == 0) rc = read_message(fd, buf, &len, pc.deadline);
     if (rc != 0) return rc;
-    handshake::expect_accept(buf.data(), len, ch, a, m.secret, where.c_str());
+    handshake::Accept acc = handshake::expect_accept(buf.data(), len, ch, a, m.secret, where.c_str());
+    if (acc.flags & handshake::kFlagTcpAead) *keys = handshake::derive_keys(m.secret, ch, a, acc);
     return 0;
 }
 
@@ -80,7 +84,7 @@ void back_off(int attempt, Clock::time_point deadline) {
 
 // Opens one authenticated connection to the first endpoint that takes it,
 // in rounds until the deadline while an endpoint only refused or reset.
-net::Fd open_stream(const BackendContext &ctx, const PeerContext &pc, const std::vector<net::Endpoint> &eps) {
+Authenticated open_stream(const BackendContext &ctx, const PeerContext &pc, const std::vector<net::Endpoint> &eps) {
     std::string tried;
     bool timed_out = false, refused_only = true;
     for (int round = 0;; round++) {
@@ -88,14 +92,15 @@ net::Fd open_stream(const BackendContext &ctx, const PeerContext &pc, const std:
         tried.clear();
         for (const net::Endpoint &ep : eps) {
             const std::string where = strfmt("peer '%s' at %s", pc.peer_id.c_str(), ep.str().c_str());
-            net::Fd fd;
-            int rc = net::connect_by(ep, pc.deadline, &fd);
-            if (rc == 0) rc = authenticate(fd.get(), ctx, pc, where);
+            Authenticated c;
+            int rc = net::connect_by(ep, pc.deadline, &c.fd);
+            if (rc == 0) rc = authenticate(c.fd.get(), ctx, pc, where, &c.keys);
             if (rc == 0) {
-                net::set_nodelay(fd.get());  // stays non-blocking: it goes on the event loop
-                set_liveness(fd.get(), ctx.options->uint("transfer_timeout_ms"));
-                KVX_LOG(info, "tcp: connected to %s after %d retries", where.c_str(), round);
-                return fd;
+                net::set_nodelay(c.fd.get());  // stays non-blocking: it goes on the event loop
+                set_liveness(c.fd.get(), ctx.options->uint("transfer_timeout_ms"));
+                KVX_LOG(info, "tcp: connected to %s after %d retries%s", where.c_str(), round,
+                        c.keys ? "" : " (tcp.protection=none)");
+                return c;
             }
             const char *why = rc == kOtherTransport ? "another transport" : strerror(-rc);
             tried += strfmt("%s%s: %s", tried.empty() ? "" : ", ", ep.str().c_str(), why);
@@ -116,17 +121,22 @@ net::Fd open_stream(const BackendContext &ctx, const PeerContext &pc, const std:
 
 std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerContext &pc) {
     const std::vector<net::Endpoint> eps = decode_section(*pc.section);
-    std::vector<net::Fd> fds;
+    std::vector<Authenticated> conns;
     const uint64_t streams = ctx.options->uint("tcp.streams");
-    for (uint64_t i = 0; i < streams; i++) fds.push_back(open_stream(ctx, pc, eps));
-    auto peer = std::make_unique<TcpPeer>(ctx, pc, std::move(fds));
+    for (uint64_t i = 0; i < streams; i++) conns.push_back(open_stream(ctx, pc, eps));
+    auto peer = std::make_unique<TcpPeer>(ctx, pc, std::move(conns));
     peer->start();
     return peer;
 }
 
-TcpPeer::TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<net::Fd> fds)
+TcpPeer::TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<Authenticated> conns)
     : loop_(ctx.loop), region_(ctx.region), peer_id_(pc.peer_id), sink_(pc.sink), alive_(std::make_shared<char>()) {
-    for (auto &fd : fds) streams_.push_back(std::make_unique<Stream>(*this, std::move(fd), region_));
+    for (auto &c : conns) {
+        streams_.push_back(std::make_unique<Stream>(*this, std::move(c.fd), region_));
+        if (!c.keys) continue;
+        streams_.back()->writer.protect(c.keys->to_target);
+        streams_.back()->rx = std::make_unique<Aead>(c.keys->to_initiator, false);
+    }
 }
 
 TcpPeer::~TcpPeer() { shutdown(); }
@@ -227,7 +237,7 @@ void TcpPeer::want_writable(Stream &s, bool on) {
 // Acks are read in batches: one recv returns every ack that has arrived.
 // false: the peer failed.
 bool TcpPeer::read_acks(Stream &s) {
-    uint8_t buf[kAckBatch * kAckLen];
+    uint8_t buf[kAckBatch * (kAckLen + kTagLen)];
     memcpy(buf, s.ack_part.data(), s.ack_have);
     ssize_t r = ::recv(s.fd.get(), buf + s.ack_have, sizeof buf - s.ack_have, MSG_DONTWAIT);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
@@ -240,13 +250,7 @@ bool TcpPeer::read_acks(Stream &s) {
     size_t used = 0;
     CompletionBatch done;
     try {
-        for (; have - used >= kAckLen; used += kAckLen) {
-            Ack a = decode_ack(buf + used);
-            if (s.awaiting.empty() || s.awaiting.front().seq != a.seq || a.status != 0)
-                fail(KVX_ECONNRESET, "unexpected acknowledgement %llu", (unsigned long long)a.seq);
-            done.part_done(*s.awaiting.front().op, 0);
-            s.awaiting.pop_front();
-        }
+        take_acks(s, buf, have, &used, done);
     } catch (const Error &e) {
         done.deliver(*sink_);  // acknowledged before the bad one
         KVX_LOG(warn, "tcp: peer '%s': %s", peer_id_.c_str(), e.what());
@@ -259,6 +263,23 @@ bool TcpPeer::read_acks(Stream &s) {
     if (used > 0 && done.empty()) sink_->progress();
     done.deliver(*sink_);
     return true;
+}
+
+// The whole acks (sealed: ack records) in buf, in order; throws for one that
+// is forged, out of order or not a success.
+void TcpPeer::take_acks(Stream &s, uint8_t *buf, size_t have, size_t *used, CompletionBatch &done) {
+    const size_t rec = s.rx ? kAckLen + kTagLen : kAckLen;
+    for (; have - *used >= rec; *used += rec) {
+        uint8_t *p = buf + *used;
+        const uint8_t aad[1] = {kRecordAck};
+        if (s.rx && !s.rx->open(aad, sizeof aad, p, kAckLen, p))
+            fail(KVX_EAUTH, "an acknowledgement fails authentication (forged, replayed or reordered)");
+        Ack a = decode_ack(p);
+        if (s.awaiting.empty() || s.awaiting.front().seq != a.seq || a.status != 0)
+            fail(KVX_ECONNRESET, "unexpected acknowledgement %llu", (unsigned long long)a.seq);
+        done.part_done(*s.awaiting.front().op, 0);
+        s.awaiting.pop_front();
+    }
 }
 
 // Loop thread (or inline once the loop is stopped): breaks the peer and

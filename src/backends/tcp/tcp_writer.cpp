@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "backends/tcp/tcp.h"
+#include "util/bytes.h"
 
 namespace kvx::tcp {
 
@@ -14,6 +16,8 @@ namespace {
 constexpr size_t kSendMaxSegs = kFrameMaxSegs - 1;  // + the header iovec <= IOV_MAX
 constexpr size_t kSendIovMax = kFrameMaxSegs;       // iovecs per sendmsg (IOV_MAX)
 constexpr size_t kSendHeadBytes = 32 << 10;         // frame headers + segment tables per sendmsg
+constexpr size_t kStageBytes = 512 << 10;           // sealed mode: records encrypted per chunk
+constexpr size_t kMaxHeadRecord = 4 + kFrameHeaderLen + kFrameMaxSegs * kSegLen + kTagLen;
 
 }  // namespace
 
@@ -23,11 +27,19 @@ void FrameWriter::add(Part p, uint64_t seq) {
     seqs_.push_back(seq);
 }
 
+void FrameWriter::protect(const std::array<uint8_t, handshake::kKeyLen> &key) {
+    tx_ = std::make_unique<Aead>(key, true);
+    stage_.resize(kStageBytes + kMaxHeadRecord + kTagLen);
+}
+
 void FrameWriter::clear() {
+    stage_len_ = stage_at_ = next_head_ = 0;
+    in_payload_ = false;
     parts_.clear();
     seqs_.clear();
     head_.clear();
     iov_.clear();
+    heads_.clear();
     pi_ = ri_ = iov_at_ = 0;
 }
 
@@ -92,6 +104,7 @@ void FrameWriter::fill() {
 }
 
 int FrameWriter::write(int fd) {
+    if (tx_) return write_sealed(fd);
     for (;;) {
         if (iov_at_ == iov_.size()) {
             if (pi_ == parts_.size()) {
@@ -112,6 +125,71 @@ int FrameWriter::write(int fd) {
         size_t left = net::advance_iov(iov, mh.msg_iovlen, static_cast<size_t>(r));
         iov_at_ = static_cast<size_t>(iov - iov_.data());
         if (left > 0) return 0;  // a short write: the socket buffer is full
+    }
+}
+
+}  // namespace kvx::tcp
+
+namespace kvx::tcp {
+
+// A frame head as one record: its cleartext length (also authenticated), the
+// sealed header and segment table, the tag. Then the payload record opens.
+void FrameWriter::seal_head() {
+    const iovec &h = iov_[iov_at_];
+    uint8_t aad[5] = {kRecordHead};
+    put_le(aad + 1, h.iov_len, 4);
+    uint8_t *out = stage_.data() + stage_len_;
+    memcpy(out, aad + 1, 4);
+    tx_->seal(aad, sizeof aad, static_cast<const uint8_t *>(h.iov_base), h.iov_len, out + 4);
+    stage_len_ += 4 + h.iov_len + kTagLen;
+    iov_at_++;
+    next_head_++;
+    const uint8_t paad[1] = {kRecordPayload};
+    tx_->begin(paad, sizeof paad);
+    in_payload_ = true;
+}
+
+// Encrypts the next chunk of records into stage_: false when every frame is out.
+bool FrameWriter::seal_more() {
+    stage_len_ = stage_at_ = 0;
+    while (stage_len_ < kStageBytes) {
+        const bool at_head = next_head_ < heads_.size() && heads_[next_head_].first == iov_at_;
+        if (in_payload_ && (at_head || iov_at_ == iov_.size())) {
+            tx_->finish_seal(stage_.data() + stage_len_);
+            stage_len_ += kTagLen;
+            in_payload_ = false;
+        } else if (at_head) {
+            seal_head();
+        } else if (iov_at_ < iov_.size()) {
+            iovec &v = iov_[iov_at_];
+            const size_t take = std::min(v.iov_len, kStageBytes - stage_len_);
+            tx_->update(static_cast<const uint8_t *>(v.iov_base), stage_.data() + stage_len_, take);
+            stage_len_ += take;
+            v.iov_base = static_cast<uint8_t *>(v.iov_base) + take;
+            if ((v.iov_len -= take) == 0) iov_at_++;
+        } else if (pi_ < parts_.size()) {
+            fill();
+            next_head_ = 0;
+        } else {
+            break;
+        }
+    }
+    return stage_len_ > 0;
+}
+
+int FrameWriter::write_sealed(int fd) {
+    for (;;) {
+        if (stage_at_ == stage_len_ && !seal_more()) {
+            clear();
+            return 1;
+        }
+        ssize_t r = ::send(fd, stage_.data() + stage_at_, stage_len_ - stage_at_, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+        }
+        stage_at_ += static_cast<size_t>(r);
+        if (stage_at_ < stage_len_) return 0;  // a short write: the socket buffer is full
     }
 }
 
