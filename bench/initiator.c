@@ -94,6 +94,7 @@ struct engine {
     uint64_t rng;
     /* outstanding transfers: slot s owns lidx/ridx[s*batch .. +batch) */
     uint64_t *slot_t0;
+    uint64_t *slot_call;     /* ns the kvx_write_blocks call took */
     uint64_t *lidx, *ridx;
     uint32_t *free_slots, n_free;
     struct idmap map;
@@ -102,6 +103,11 @@ struct engine {
     bool measure;
     uint64_t n_done, n_failed, bytes, t_start, t_last;
     uint64_t *samples;
+    /* per sample, a lower bound of the library's latency: the sample minus
+     * its write_blocks call and the time since the previous kvx_poll began
+     * (the most the completion can have waited to be polled) */
+    uint64_t *floors;
+    uint64_t last_poll, poll_bound;
     size_t n_samples, cap_samples;
     uint64_t seen_samples;
     uint64_t first_failed;
@@ -151,6 +157,7 @@ static void engine_init(struct engine *e, const struct bench_opts *o, kvx_transp
         e->pool_n = nblocks;
     }
     e->slot_t0 = xcalloc(e->inflight, sizeof *e->slot_t0);
+    e->slot_call = xcalloc(e->inflight, sizeof *e->slot_call);
     e->lidx = xcalloc(e->inflight * batch, sizeof *e->lidx);
     e->ridx = xcalloc(e->inflight * batch, sizeof *e->ridx);
     e->free_slots = xcalloc(e->inflight, sizeof *e->free_slots);
@@ -170,6 +177,8 @@ static void engine_free(struct engine *e)
     free(e->busy);
     free(e->pool);
     free(e->slot_t0);
+    free(e->slot_call);
+    free(e->floors);
     free(e->lidx);
     free(e->ridx);
     free(e->free_slots);
@@ -231,6 +240,7 @@ static bool try_submit(struct engine *e)
     if (e->measure && !e->t_start)
         e->t_start = t0;
     e->slot_t0[s] = t0;
+    e->slot_call[s] = now_ns() - t0;
     if (e->expected)
         for (uint64_t k = 0; k < e->batch; k++)
             e->expected[r[k]] = l[k];
@@ -239,25 +249,29 @@ static bool try_submit(struct engine *e)
     return true;
 }
 
-static void add_sample(struct engine *e, uint64_t ns)
+static void add_sample(struct engine *e, uint64_t ns, uint64_t floor)
 {
     e->seen_samples++;
     if (e->n_samples < MAX_SAMPLES) {
         if (e->n_samples == e->cap_samples) {
             size_t cap = e->cap_samples ? e->cap_samples * 2 : 4096;
-            uint64_t *p = realloc(e->samples, cap * sizeof *p);
-            if (!p)
+            uint64_t *p = realloc(e->samples, cap * sizeof *p), *f = p ? realloc(e->floors, cap * sizeof *f) : NULL;
+            if (!p || !f)
                 die("out of memory for latency samples");
             e->samples = p;
+            e->floors = f;
             e->cap_samples = cap;
         }
+        e->floors[e->n_samples] = floor;
         e->samples[e->n_samples++] = ns;
         return;
     }
     /* Reservoir sampling: bounded memory, unbiased percentiles. */
     uint64_t j = rng_below(&e->rng, e->seen_samples);
-    if (j < MAX_SAMPLES)
+    if (j < MAX_SAMPLES) {
         e->samples[j] = ns;
+        e->floors[j] = floor;
+    }
 }
 
 static void complete(struct engine *e, uint64_t id, uint64_t t1, bool ok)
@@ -288,7 +302,8 @@ static void complete(struct engine *e, uint64_t id, uint64_t t1, bool ok)
     e->n_done++;
     e->bytes += e->batch * e->bs;
     e->t_last = t1;
-    add_sample(e, t1 - e->slot_t0[s]);
+    uint64_t ns = t1 - e->slot_t0[s], slack = e->poll_bound + e->slot_call[s];
+    add_sample(e, ns, ns > slack ? ns - slack : 0);
 }
 
 /* Collect everything finished; true if anything was. */
@@ -299,12 +314,16 @@ static bool poll_all(struct engine *e)
     bool any = false;
     do {
         nd = nf = 0;
+        uint64_t t0 = now_ns();
         int rc = kvx_poll(&nd, &nf, e->t, NULL, done, POLL_CAP, failed, POLL_CAP);
         if (rc)
             die_kvx("kvx_poll", rc);
         if (nd > POLL_CAP || nf > POLL_CAP)
             die("kvx_poll reported %zu done / %zu failed with room for %d", nd, nf, POLL_CAP);
         uint64_t t1 = now_ns();
+        /* what this poll reports finished after the previous one began */
+        e->poll_bound = t1 - (e->last_poll ? e->last_poll : t0);
+        e->last_poll = t0;
         for (size_t i = 0; i < nd; i++)
             complete(e, done[i], t1, true);
         for (size_t i = 0; i < nf; i++)
@@ -450,11 +469,25 @@ static uint8_t *expect(uint8_t want, struct rbuf *r, const char *what)
 
 /* ------------------------------------------------------------ one block size */
 
+/* The library's own view of the measured phase: the difference of two
+ * kvx_get_stats() readings of the target peer, taken when nothing is
+ * outstanding (both phases drain), so its counts must equal the bench's.
+ * Its latencies run from inside kvx_write_blocks until the library learnt
+ * the bytes landed; the bench's from before the call until kvx_poll reported
+ * the id: shorter by at most the call and the wait to be polled. */
+struct libview {
+    const char *agrees;                  /* "yes", "no", "n/a" (no telemetry) */
+    uint64_t transfers, bytes, failed;
+    double p50, p99;                     /* us */
+};
+
 struct result {
     const char *backend;
     uint64_t block_size, batch, blocks, inflight, bytes, transfers, failed;
     double seconds, gbps, xps, p50, p99, p999, max_us;
+    double floor_p50, floor_p99;          /* us: what the library's may be at least */
     const char *verified;
+    struct libview lib;
     char problem[600];
 };
 
@@ -649,6 +682,67 @@ static void register_with_target(const struct size_run *sr)
     free(expect(CTL_OK, &r, "PEER"));
 }
 
+/* kvx_get_stats() of the target peer; false if the library has no telemetry. */
+static bool lib_snapshot(kvx_transport *t, kvx_stats *s)
+{
+    kvx_stats init = KVX_STATS_INIT;
+    *s = init;
+    int rc = kvx_get_stats(s, t, PEER_ID);
+    if (rc == KVX_ENOTSUP)
+        return false;
+    if (rc)
+        die_kvx("kvx_get_stats", rc);
+    return true;
+}
+
+/* Lower bound of latency bucket i (the formula of kvx_stats in kvxfer.h). */
+static uint64_t bucket_lo(size_t i) { return i < 8 ? i : (uint64_t)(8 + i % 8) << (i / 8 - 1); }
+
+/* The per_mille-th latency of a histogram of n samples, in us: the midpoint
+ * of its bucket, as the library computes its own percentiles. */
+static double hist_pct_us(const uint64_t *b, uint64_t n, unsigned per_mille)
+{
+    uint64_t rank = (n * per_mille + 999) / 1000, seen = 0;
+    if (n == 0)
+        return 0;
+    if (rank == 0)
+        rank = 1;
+    for (size_t i = 0; i < KVX_STATS_LATENCY_BUCKETS; i++) {
+        seen += b[i];
+        if (seen < rank)
+            continue;
+        if (i + 1 == KVX_STATS_LATENCY_BUCKETS)
+            return (double)bucket_lo(i) / 1e3;
+        return (double)(bucket_lo(i) + (bucket_lo(i + 1) - bucket_lo(i)) / 2) / 1e3;
+    }
+    return 0;
+}
+
+/* Per transfer the library's latency lies between the bench's sample and
+ * the sample's floor, so its percentiles lie between theirs; the library
+ * reports a bucket's midpoint, which is off by less than a bucket (12.5 %). */
+static bool latency_agrees(double lib, double bench, double floor)
+{
+    return lib <= bench * 1.125 + 1 && lib >= floor / 1.125 - 1;
+}
+
+static void lib_view(const kvx_stats *a, const kvx_stats *b, const struct result *res, struct libview *v)
+{
+    uint64_t diff[KVX_STATS_LATENCY_BUCKETS], n = 0;
+    for (size_t i = 0; i < KVX_STATS_LATENCY_BUCKETS; i++)
+        n += diff[i] = b->latency_buckets[i] - a->latency_buckets[i];
+    v->transfers = b->transfers_done - a->transfers_done;
+    v->bytes = b->bytes_done - a->bytes_done;
+    v->failed = (b->transfers_failed - a->transfers_failed) + (b->transfers_cancelled - a->transfers_cancelled);
+    v->p50 = hist_pct_us(diff, n, 500);
+    v->p99 = hist_pct_us(diff, n, 990);
+    bool same = v->transfers == res->transfers && v->bytes == res->bytes && n == res->transfers;
+    v->agrees = same && latency_agrees(v->p50, res->p50, res->floor_p50) &&
+                        latency_agrees(v->p99, res->p99, res->floor_p99)
+                    ? "yes"
+                    : "no";
+}
+
 /* Throughput and latency of the measured phase; failures of both phases. */
 static void summarize(struct engine *e, uint64_t warm_failed, uint64_t warm_first_failed,
                       struct result *res)
@@ -668,6 +762,9 @@ static void summarize(struct engine *e, uint64_t warm_failed, uint64_t warm_firs
     res->p99 = pct_us(e->samples, e->n_samples, 990);
     res->p999 = pct_us(e->samples, e->n_samples, 999);
     res->max_us = e->n_samples ? (double)e->samples[e->n_samples - 1] / 1e3 : 0;
+    qsort(e->floors, e->n_samples, sizeof *e->floors, cmp_u64);
+    res->floor_p50 = pct_us(e->floors, e->n_samples, 500);
+    res->floor_p99 = pct_us(e->floors, e->n_samples, 990);
     res->verified = "off";
     if (res->failed)
         snprintf(res->problem, sizeof res->problem, "%llu transfers failed (first id %llu)",
@@ -683,9 +780,24 @@ static void measure(const struct size_run *sr, struct engine *e, struct result *
     if (o->warmup > 0)
         run_phase(e, false, now_ns() + (uint64_t)(o->warmup * 1e9), 0, sr->label, sr->progress);
     uint64_t warm_failed = e->n_failed, warm_first_failed = e->first_failed;
+    kvx_stats before, after;
+    bool lib = lib_snapshot(sr->t, &before);
     run_phase(e, true, o->total ? 0 : now_ns() + (uint64_t)(o->duration * 1e9), o->total, sr->label,
               sr->progress);
     summarize(e, warm_failed, warm_first_failed, res);
+    res->lib.agrees = "n/a";
+    if (lib && lib_snapshot(sr->t, &after))
+        lib_view(&before, &after, res, &res->lib);
+    if (strcmp(res->lib.agrees, "no") == 0) {
+        char msg[400];
+        snprintf(msg, sizeof msg,
+                 "the library's view differs: %llu transfers, %llu bytes, p50 %.1f us, p99 %.1f us "
+                 "(kvx_get_stats) vs %llu, %llu, %.1f us (at least %.1f), %.1f us (at least %.1f) (measured)",
+                 (unsigned long long)res->lib.transfers, (unsigned long long)res->lib.bytes, res->lib.p50,
+                 res->lib.p99, (unsigned long long)res->transfers, (unsigned long long)res->bytes, res->p50,
+                 res->floor_p50, res->p99, res->floor_p99);
+        add_problem(res, msg);
+    }
 }
 
 /* 5. the target checks every block; then both sides tear down */
@@ -731,17 +843,19 @@ static void run_size(const struct bench_opts *o, uint32_t run, uint64_t bs, uint
 
 static void print_header(void)
 {
-    printf("%8s  %-7s %5s  %-7s %8s %9s %10s %9s %9s  %s\n", "block", "backend", "batch",
-           "pattern", "blocks", "GB/s", "xfers/s", "p50_us", "p99_us", "verified");
+    printf("%8s  %-7s %5s  %-7s %8s %9s %10s %9s %9s  %-8s | %9s %9s %9s  %s\n", "block", "backend",
+           "batch", "pattern", "blocks", "GB/s", "xfers/s", "p50_us", "p99_us", "verified", "lib_GB/s",
+           "lib_p50", "lib_p99", "agree");
 }
 
 static void print_row(const struct bench_opts *o, const struct result *r)
 {
     char sz[32];
     fmt_size(sz, sizeof sz, r->block_size);
-    printf("%8s  %-7s %5llu  %-7s %8llu %9.3f %10.0f %9.1f %9.1f  %s\n", sz, r->backend,
-           (unsigned long long)r->batch, pattern_name(o->pattern), (unsigned long long)r->blocks,
-           r->gbps, r->xps, r->p50, r->p99, r->verified);
+    double lib_gbps = r->seconds > 0 ? (double)r->lib.bytes / r->seconds / 1e9 : 0;
+    printf("%8s  %-7s %5llu  %-7s %8llu %9.3f %10.0f %9.1f %9.1f  %-8s | %9.3f %9.1f %9.1f  %s\n", sz,
+           r->backend, (unsigned long long)r->batch, pattern_name(o->pattern), (unsigned long long)r->blocks,
+           r->gbps, r->xps, r->p50, r->p99, r->verified, lib_gbps, r->lib.p50, r->lib.p99, r->lib.agrees);
     fflush(stdout);
 }
 
@@ -765,12 +879,15 @@ static void print_json(const struct bench_opts *o, const struct result *r)
            "\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f,\"xfers_per_s\":%.1f,"
            "\"p50_us\":%.2f,\"p99_us\":%.2f,\"verified\":\"%s\","
            "\"blocks\":%llu,\"inflight\":%llu,\"transfers\":%llu,\"failed\":%llu,"
-           "\"p999_us\":%.2f,\"max_us\":%.2f}\n",
+           "\"p999_us\":%.2f,\"max_us\":%.2f,\"lib_transfers\":%llu,\"lib_bytes\":%llu,"
+           "\"lib_failed\":%llu,\"lib_p50_us\":%.2f,\"lib_p99_us\":%.2f,\"lib_agrees\":\"%s\"}\n",
            be, (unsigned long long)r->block_size, (unsigned long long)r->batch,
            pattern_name(o->pattern), (unsigned long long)r->bytes, r->seconds, r->gbps, r->xps,
            r->p50, r->p99, r->verified, (unsigned long long)r->blocks,
            (unsigned long long)r->inflight, (unsigned long long)r->transfers,
-           (unsigned long long)r->failed, r->p999, r->max_us);
+           (unsigned long long)r->failed, r->p999, r->max_us, (unsigned long long)r->lib.transfers,
+           (unsigned long long)r->lib.bytes, (unsigned long long)r->lib.failed, r->lib.p50, r->lib.p99,
+           r->lib.agrees);
     fflush(stdout);
 }
 
@@ -825,7 +942,7 @@ int run_initiator(const struct bench_opts *o, int ctl_fd, const char *target_des
             fmt_size(sz, sizeof sz, res.block_size);
             warnx_("%s blocks: FAILED: %s", sz, res.problem);
         }
-        if (res.failed || strcmp(res.verified, "no") == 0)
+        if (res.failed || strcmp(res.verified, "no") == 0 || strcmp(res.lib.agrees, "no") == 0)
             failures++;
     }
     send_or_die(CTL_DONE, NULL);

@@ -28,8 +28,10 @@ static const char usage_text[] =
     "region and prints one line per block size: GB/s (10^9 bytes/s of block data),\n"
     "transfers/s (write_blocks calls completed per second), p50/p99 latency in us\n"
     "(from just before kvx_write_blocks to the kvx_poll call that reports the id)\n"
-    "and whether the data verified (yes/no/off). Exit status 0 only if every\n"
-    "transfer completed and every verification passed; 1 on failure, 2 on bad usage.\n"
+    "and whether the data verified (yes/no/off); next to it the library's own\n"
+    "view of the same phase (kvx_get_stats: GB/s, p50, p99) and whether the two\n"
+    "agree. Exit status 0 only if every transfer completed, every verification\n"
+    "passed and the views agree; 1 on failure, 2 on bad usage.\n"
     "\n"
     "Without --serve/--connect the program starts its own target process\n"
     "(itself with --serve 127.0.0.1:0) and connects to it: the same path as a\n"
@@ -63,7 +65,9 @@ static const char usage_text[] =
     "  --json                     one JSON object per block size on stdout, keys:\n"
     "                             backend block_size batch pattern bytes seconds\n"
     "                             gb_per_s xfers_per_s p50_us p99_us verified, and\n"
-    "                             blocks inflight transfers failed p999_us max_us\n"
+    "                             blocks inflight transfers failed p999_us max_us,\n"
+    "                             lib_transfers lib_bytes lib_failed lib_p50_us\n"
+    "                             lib_p99_us lib_agrees (yes/no/n/a)\n"
     "  --no-progress              no progress line (shown only if stderr is a tty)\n"
     "\n";
 

@@ -46,6 +46,7 @@ kvx_layer(backends
   SEES util wire handshake backend)
 kvx_layer(core
   SOURCES src/core/options.cpp src/core/fingerprint.cpp src/core/transport.cpp
+          src/core/transport_peers.cpp src/core/registrations.cpp src/core/telemetry.cpp
   SEES util wire handshake backend core
   LIBS OpenSSL::Crypto nlohmann_json::nlohmann_json)
 kvx_layer(capi

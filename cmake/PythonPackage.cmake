@@ -52,6 +52,12 @@ add_custom_command(OUTPUT ${_py}/stamp
           ${CMAKE_COMMAND} -E env KVXFER_PREFIX=${_py}/prefix KVXFER_RPATH=0 SWIG=${KVX_SWIG}
           "CFLAGS=${CMAKE_C_FLAGS}" "LDFLAGS=${CMAKE_SHARED_LINKER_FLAGS}"
           ${KVX_PYTHON3} setup.py -q build --build-base ${_py}/build --build-lib ${_py}/lib
+  # the distribution's metadata, for its entry point: vLLM finds the kvxfer
+  # plugin (vllm.general_plugins) through it
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${_py}/meta
+  COMMAND ${CMAKE_COMMAND} -E chdir ${_py}/src
+          ${CMAKE_COMMAND} -E env KVXFER_PREFIX=${_py}/prefix KVXFER_RPATH=0 SWIG=${KVX_SWIG}
+          ${KVX_PYTHON3} setup.py -q egg_info --egg-base ${_py}/meta
   COMMAND sh -c "${KVX_STRIP} --strip-unneeded --remove-section=.comment --remove-section=.note \"$0\"/kvxfer/*.so" ${_py}/lib
   COMMAND ${CMAKE_COMMAND} -E touch ${_py}/stamp
   DEPENDS kvxfer ${_kvx_py_sources}
@@ -60,3 +66,5 @@ add_custom_command(OUTPUT ${_py}/stamp
 add_custom_target(kvxfer-python-package ALL DEPENDS ${_py}/stamp)
 install(DIRECTORY ${_py}/lib/kvxfer DESTINATION ${KVX_PY_SITE} COMPONENT python
   PATTERN __pycache__ EXCLUDE)
+install(DIRECTORY ${_py}/meta/kvxfer.egg-info DESTINATION ${KVX_PY_SITE} COMPONENT python
+  PATTERN SOURCES.txt EXCLUDE PATTERN dependency_links.txt EXCLUDE)

@@ -9,7 +9,8 @@
  * target never has to call anything for bytes to land).
  *
  * Sections: export macros, version, error codes, opaque types, options,
- * lifecycle, properties, peers, transfers, completion and cancel, utilities.
+ * lifecycle, properties, peers, transfers, completion and cancel,
+ * introspection (stats), utilities.
  *
  * Conventions (true for every function unless its comment says otherwise):
  *  - Functions return int: 0 on success, a negative KVX_E* code on failure.
@@ -48,7 +49,7 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define KVX_VERSION_MAJOR 0
-#define KVX_VERSION_MINOR 1
+#define KVX_VERSION_MINOR 2
 #define KVX_VERSION_PATCH 0
 /** MAJOR*10000 + MINOR*100 + PATCH, comparable with '<'. */
 #define KVX_VERSION_NUMBER \
@@ -84,6 +85,8 @@ typedef enum kvx_error {
     KVX_ETIMEDOUT = -110,   /**< connect or transfer timed out (PEER)        */
     KVX_ECONNRESET = -104,  /**< peer connection lost (PEER)                 */
     KVX_EHOSTUNREACH = -113,/**< no route to any of the peer's endpoints (PEER) */
+    KVX_ECANCELED = -125,   /**< registration cancelled: the peer was removed or
+                                 re-added meanwhile (REQUEST; since 0.2)         */
 
     KVX_ERRNO_OFFSET = -1000,
     KVX_ECLOSED = -1001,      /**< transport was closed (TRANSPORT)             */
@@ -119,7 +122,9 @@ KVX_API kvx_error_scope kvx_error_scope_of(int code);
  * @return the message of the calling thread's most recent failed kvxfer call,
  *         naming the bad value ("peer 'p1': remote index 70000 >= 65536 blocks"),
  *         or "" if none failed yet. Successful calls, destructors and getters
- *         never change it.
+ *         never change it, with one documented exception:
+ *         kvx_registration_status() reporting a FAILED registration sets it
+ *         to that registration's message.
  * Ownership: thread-local storage, valid until the next kvxfer call on this
  * thread that fails.
  */
@@ -248,8 +253,12 @@ KVX_API int kvx_transport_create(kvx_transport **out, void *base, uint64_t num_b
  * nothing: poll returns KVX_ECLOSED afterwards), peers are disconnected,
  * threads stopped, sockets and registrations released. When it returns, no
  * byte will be written into the local region by kvxfer any more.
+ * Registrations in progress (kvx_add_remote_peer_async()) fail with
+ * KVX_ECLOSED at once; close waits for their connection attempts to end
+ * (at most connect_timeout_ms).
  * Idempotent: a second close returns 0. Every other call afterwards returns
- * KVX_ECLOSED (properties stay readable).
+ * KVX_ECLOSED (properties, kvx_registration_status() and kvx_get_stats()
+ * stay usable).
  * @return 0, KVX_EINVAL (t NULL).
  */
 KVX_API int kvx_transport_close(kvx_transport *t);
@@ -305,12 +314,15 @@ KVX_API int kvx_get_agent_metadata(size_t *out_len, kvx_transport *t, void *buf,
  *                    fully validated; not retained.
  * @param base_addr, num_blocks, block_len  the peer's region geometry; must
  *                    equal the metadata's, and block_len must equal ours.
- * @return 0; KVX_EINVAL (bad id or NULL); KVX_EEXIST (id registered);
- *         KVX_EBADMETA / KVX_EVERSION (metadata); KVX_EGEOMETRY; KVX_EFINGERPRINT;
- *         KVX_ECONNREFUSED / KVX_ETIMEDOUT / KVX_EHOSTUNREACH / KVX_EAUTH
- *         (connection); KVX_ENOTSUP (the peer's tcp.protection differs from
- *         ours: one side requires AEAD, the other offers none); KVX_ECLOSED.
+ * @return 0; KVX_EINVAL (bad id or NULL); KVX_EEXIST (id registered, or a
+ *         registration of it in progress); KVX_EBADMETA / KVX_EVERSION
+ *         (metadata); KVX_EGEOMETRY; KVX_EFINGERPRINT; KVX_ENOTSUP (no backend
+ *         in common, or the peer's tcp.protection differs from ours: one side
+ *         requires AEAD, the other offers none); KVX_ECONNREFUSED /
+ *         KVX_ETIMEDOUT / KVX_EHOSTUNREACH / KVX_EAUTH (connection); KVX_ECLOSED.
  * Blocks the calling thread up to connect_timeout_ms; other calls proceed.
+ * kvx_add_remote_peer_async() is the non-blocking form, and the one that can
+ * replace a registered peer (KVX_PEER_REPLACE).
  */
 KVX_API int kvx_add_remote_peer(kvx_transport *t, const char *peer_id, const void *metadata,
                                 size_t metadata_len, uint64_t base_addr, uint64_t num_blocks,
@@ -322,9 +334,88 @@ KVX_API int kvx_add_remote_peer(kvx_transport *t, const char *peer_id, const voi
  * released. The id may be registered again afterwards. Bytes of those failed
  * transfers that were already on the wire may still land in the peer's region
  * after this call returns (as with KVX_CANCEL_IMMEDIATE).
- * @return 0; KVX_ENOENT (unknown id); KVX_EINVAL; KVX_ECLOSED.
+ * A registration of peer_id still in progress (kvx_add_remote_peer_async())
+ * is cancelled too: it reports FAILED with KVX_ECANCELED and never publishes.
+ * The peer's statistics (kvx_get_stats()) are forgotten.
+ * @return 0; KVX_ENOENT (id neither registered nor being registered);
+ *         KVX_EINVAL; KVX_ECLOSED.
  */
 KVX_API int kvx_remove_remote_peer(kvx_transport *t, const char *peer_id);
+
+/** Flags of kvx_add_remote_peer_async(), or-ed together (since 0.2). */
+typedef enum kvx_add_peer_flag {
+    /** If peer_id is registered, or being registered, replace it instead of
+     *  failing with KVX_EEXIST: the registered peer is removed at once (as by
+     *  kvx_remove_remote_peer(): its transfers in flight fail) and a
+     *  registration in progress is superseded (it reports KVX_ECANCELED and
+     *  never publishes). This is vLLM's re-add semantics. */
+    KVX_PEER_REPLACE = 1
+} kvx_add_peer_flag;
+
+/** The state of an asynchronous registration (since 0.2). */
+typedef enum kvx_registration_state {
+    KVX_REGISTRATION_PENDING = 0, /**< still connecting                          */
+    KVX_REGISTRATION_DONE = 1,    /**< the peer is registered                     */
+    KVX_REGISTRATION_FAILED = 2   /**< never registered; the error says why       */
+} kvx_registration_state;
+
+/**
+ * Start registering a remote peer without blocking (since 0.2). The arguments
+ * and the metadata are checked now, exactly as by kvx_add_remote_peer(); the
+ * connection is made on a thread of the library, and its outcome is learnt
+ * from kvx_registration_status(). While the registration is in progress
+ * peer_id is reserved (kvx_add_remote_peer(), and this function without
+ * KVX_PEER_REPLACE, fail with KVX_EEXIST) but not yet usable
+ * (kvx_write_blocks() fails with KVX_ENOENT). When it succeeds the peer is
+ * registered exactly as by kvx_add_remote_peer().
+ *
+ * @param out_reg   receives the registration id: unique for the transport's
+ *                  lifetime, never 0 (a counter of its own, not a transfer id).
+ * @param peer_id, metadata, metadata_len, base_addr, num_blocks, block_len
+ *                  as for kvx_add_remote_peer(); all copied, none retained.
+ * @param flags     0 or KVX_PEER_REPLACE.
+ * Cancellation: kvx_remove_remote_peer(peer_id) cancels a registration in
+ * progress, and a later add with KVX_PEER_REPLACE supersedes it: either way it
+ * reports FAILED with KVX_ECANCELED at once, and the connection it was making
+ * is closed when that attempt ends. kvx_transport_close() fails it with
+ * KVX_ECLOSED. A registration that was cancelled or superseded never
+ * publishes: a peer id is only ever registered by its latest add.
+ * @return 0 (the registration is in progress); or at once, with nothing
+ *         started and nothing changed: KVX_EINVAL (bad id, NULL, unknown
+ *         flag); KVX_EEXIST; KVX_EBADMETA / KVX_EVERSION; KVX_EGEOMETRY;
+ *         KVX_EFINGERPRINT; KVX_ENOTSUP (no backend in common); KVX_ECLOSED;
+ *         KVX_ENOMEM. Failures of the connection (KVX_ECONNREFUSED,
+ *         KVX_ETIMEDOUT, KVX_EHOSTUNREACH, KVX_EAUTH, KVX_ECONNRESET) are
+ *         reported by kvx_registration_status(), within connect_timeout_ms.
+ * Thread safety: any thread. Never blocks on the network.
+ */
+KVX_API int kvx_add_remote_peer_async(uint64_t *out_reg, kvx_transport *t, const char *peer_id,
+                                      const void *metadata, size_t metadata_len, uint64_t base_addr,
+                                      uint64_t num_blocks, uint64_t block_len, unsigned flags);
+
+/**
+ * The outcome of a kvx_add_remote_peer_async() registration, waiting up to
+ * timeout_ms for it (since 0.2). A final outcome (DONE or FAILED) is reported
+ * exactly once, then reg is forgotten, like a transfer id by kvx_poll();
+ * outcomes nobody collects are kept until kvx_transport_destroy().
+ * @param out_state  receives a kvx_registration_state value.
+ * @param out_error  receives 0, or for FAILED why: a connection error
+ *                   (KVX_ECONNREFUSED, KVX_ETIMEDOUT, ...), KVX_ECANCELED
+ *                   (removed or superseded), KVX_ECLOSED, KVX_ENOMEM.
+ * @param reg        an id kvx_add_remote_peer_async() returned for t.
+ * @param timeout_ms 0: return at once; > 0: wait at most that long while
+ *                   PENDING; -1: wait until the outcome is known.
+ * For FAILED, the calling thread's kvx_last_error_message() is set to the
+ * registration's own message ("peer 'p1': cannot connect (...)").
+ * @return 0; KVX_ENOENT (reg unknown, or its outcome already reported);
+ *         KVX_EINVAL (NULL argument, timeout_ms < -1).
+ * Works after kvx_transport_close() too (registrations it cut short report
+ * KVX_ECLOSED). Thread safety: any thread; threads may wait on different
+ * registrations at once (two waiting on the same one: one gets the outcome,
+ * the other KVX_ENOENT).
+ */
+KVX_API int kvx_registration_status(int *out_state, int *out_error, kvx_transport *t, uint64_t reg,
+                                    int timeout_ms);
 
 /* ---------------------------------------------------------------- transfers */
 
@@ -397,6 +488,81 @@ typedef enum kvx_cancel_mode {
  */
 KVX_API int kvx_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t *ids, size_t n,
                        int mode, uint64_t *inflight);
+
+/* ---------------------------------------------------------------- introspection */
+
+/** Buckets of the latency histogram in kvx_stats (since 0.2). */
+#define KVX_STATS_LATENCY_BUCKETS 304
+
+/**
+ * Counters of a transport, or of one of its peers (kvx_get_stats(), since
+ * 0.2). A caller-sized struct: the caller sets size (KVX_STATS_INIT does) and
+ * the library fills that many bytes at most, so fields added at the end in a
+ * later version never break an older caller. Every field is a uint64_t.
+ *
+ * Transfers are counted when they end: done (the bytes are in the peer's
+ * region, reported done by kvx_poll()), failed (reported failed, or lost at
+ * close), cancelled (by kvx_cancel() before they ended). A transfer of 0
+ * blocks counts as done, with no bytes and no latency sample.
+ * Latency: from kvx_write_blocks() to the moment the library learns the
+ * transfer is done (not to the kvx_poll() that reports it), of done
+ * transfers, in a histogram of fixed log buckets: bucket i holds latencies
+ * in [lo(i), lo(i+1)) ns, where lo(i) = i for i < 8, and for i >= 8 with
+ * e = i / 8 + 2 and m = i % 8: lo(i) = (8 + m) << (e - 3). So each power of
+ * two is split into 8 equal buckets (at most 12.5 % wide); the last bucket
+ * holds everything from lo(303) (about 17 minutes) up. Percentiles are the
+ * midpoint of the bucket holding them; latency_ns_max is exact.
+ */
+typedef struct kvx_stats {
+    uint64_t size;                /**< in: sizeof(kvx_stats) as the caller knows
+                                       it; out: bytes filled by the library  */
+    uint64_t transfers_done;
+    uint64_t transfers_failed;
+    uint64_t transfers_cancelled;
+    uint64_t bytes_done;          /**< block bytes of the done transfers       */
+    uint64_t bytes_failed;
+    uint64_t bytes_cancelled;
+    uint64_t transfers_inflight;  /**< submitted, not ended yet                 */
+    uint64_t bytes_inflight;
+    uint64_t peers;               /**< registered peers (a peer's own: 1 or 0) */
+    uint64_t peers_connecting;    /**< registrations in progress (own: 1 or 0) */
+    uint64_t connects;            /**< registrations that connected            */
+    uint64_t connect_failures;    /**< that failed to connect (not cancelled)  */
+    uint64_t connect_ns_total;    /**< time to connect, sum over connects      */
+    uint64_t connect_ns_max;
+    uint64_t connect_ns_last;
+    uint64_t latency_count;       /**< samples in the histogram                 */
+    uint64_t latency_ns_p50;
+    uint64_t latency_ns_p90;
+    uint64_t latency_ns_p99;
+    uint64_t latency_ns_p999;
+    uint64_t latency_ns_max;
+    uint64_t latency_buckets[KVX_STATS_LATENCY_BUCKETS]; /**< counts, see above */
+} kvx_stats;
+
+/** Initializer of a kvx_stats: kvx_stats s = KVX_STATS_INIT; */
+#define KVX_STATS_INIT                                                              \
+    {                                                                               \
+        sizeof(kvx_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+            0, 0, { 0 }                                                             \
+    }
+
+/**
+ * Read the counters of the transport (peer_id NULL: every peer it ever had,
+ * removed ones included) or of one peer (since its first registration; a
+ * re-add with KVX_PEER_REPLACE keeps counting, kvx_remove_remote_peer()
+ * forgets them). The counters are kept by default and cost a few increments
+ * per transfer; a library built with KVX_TELEMETRY=OFF has none.
+ * @param out      caller's struct with out->size set (KVX_STATS_INIT); at
+ *                 most out->size bytes are written, and out->size is set to
+ *                 the number of bytes filled (fields past it are untouched).
+ * @param peer_id  NULL, or a peer id registered or being re-added.
+ * @return 0; KVX_EINVAL (NULL, out->size < 8); KVX_ENOENT (peer_id unknown);
+ *         KVX_ENOTSUP (telemetry compiled out).
+ * Thread safety: any thread; also after kvx_transport_close() (final values).
+ * A consistent snapshot: every field is read at the same instant.
+ */
+KVX_API int kvx_get_stats(kvx_stats *out, kvx_transport *t, const char *peer_id);
 
 /* ---------------------------------------------------------------- utilities */
 

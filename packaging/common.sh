@@ -59,12 +59,13 @@ kvx_abidw() { # LIB OUT
 }
 
 # The values of the public header's constants (enumerators and object-like
-# macros, except the version macros, which change every release), one
+# macros with a scalar value: not the version macros, which change every
+# release, nor initializers like KVX_STATS_INIT), one
 # "NAME VALUE" per line, sorted: compiled, so a value is what a caller's
 # compiler sees.
 kvx_constants() { # OUT WORKDIR
     names=$(sed -n -e 's/^ *\(KVX_[A-Z0-9_]*\) *=.*/\1/p' \
-                   -e 's/^#define \(KVX_[A-Z0-9_]*\)[ \t][ \t]*[^ \t].*/\1/p' "$kvx_src/include/kvxfer.h" |
+                   -e 's/^#define \(KVX_[A-Z0-9_]*\)[ \t][ \t]*[^ \t{\\].*/\1/p' "$kvx_src/include/kvxfer.h" |
             grep -v -e '^KVX_VERSION_' -e '^KVX_API$' | sort -u)
     {
         echo '#include <stdio.h>'

@@ -29,6 +29,7 @@ const (
 	CodeTimeout         Code = -110  // KVX_ETIMEDOUT: connect or transfer timed out
 	CodeConnRefused     Code = -111  // KVX_ECONNREFUSED: peer refused the connection
 	CodeHostUnreachable Code = -113  // KVX_EHOSTUNREACH: no route to the peer
+	CodeCanceled        Code = -125  // KVX_ECANCELED: registration cancelled (peer removed or re-added)
 	CodeClosed          Code = -1001 // KVX_ECLOSED: transport was closed
 	CodeBadMetadata     Code = -1002 // KVX_EBADMETA: agent metadata truncated, corrupt or forged
 	CodeVersion         Code = -1003 // KVX_EVERSION: metadata/wire major version unsupported
@@ -137,6 +138,7 @@ var (
 	ErrTimeout         = sentinel(CodeTimeout)
 	ErrConnRefused     = sentinel(CodeConnRefused)
 	ErrHostUnreachable = sentinel(CodeHostUnreachable)
+	ErrCanceled        = sentinel(CodeCanceled)
 	ErrClosed          = sentinel(CodeClosed)
 	ErrBadMetadata     = sentinel(CodeBadMetadata)
 	ErrVersion         = sentinel(CodeVersion)

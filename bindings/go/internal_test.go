@@ -74,3 +74,10 @@ func TestCodesMatchHeader(t *testing.T) {
 		t.Errorf("header version %d, library %d", capi.KVX_VERSION_NUMBER, capi.Kvx_version_number())
 	}
 }
+
+// Stats maps kvx_stats by position: its layout must be what it assumes.
+func TestStatsLayout(t *testing.T) {
+	if capi.KVX_GO_STATS_SIZE != int64(8*(statsScalars+LatencyBuckets)) {
+		t.Fatalf("sizeof(kvx_stats) %d, Stats assumes %d", capi.KVX_GO_STATS_SIZE, 8*(statsScalars+LatencyBuckets))
+	}
+}

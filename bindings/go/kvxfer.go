@@ -256,10 +256,11 @@ func checkPeerID(op, id string, allowEmpty bool) error {
 // blockLen are the peer's geometry, which must equal the metadata's, and
 // blockLen must equal ours. On failure nothing is registered.
 //
-// Errors: ErrInvalid (bad id), ErrPeerExists, ErrBadMetadata, ErrVersion,
-// ErrGeometry, ErrFingerprint, ErrConnRefused, ErrTimeout,
-// ErrHostUnreachable, ErrAuth, ErrClosed. It blocks up to the connect
-// timeout; other calls proceed meanwhile.
+// Errors: ErrInvalid (bad id), ErrPeerExists (registered, or being
+// registered), ErrBadMetadata, ErrVersion, ErrGeometry, ErrFingerprint,
+// ErrNotSupported, ErrConnRefused, ErrTimeout, ErrHostUnreachable, ErrAuth,
+// ErrClosed. It blocks up to the connect timeout; other calls proceed
+// meanwhile. AddRemotePeerAsync and AddRemotePeerContext do not block.
 func (t *Transport) AddRemotePeer(id string, meta []byte, baseAddr, numBlocks, blockLen uint64) error {
 	const op = "AddRemotePeer"
 	if err := checkPeerID(op, id, false); err != nil {
@@ -271,8 +272,9 @@ func (t *Transport) AddRemotePeer(id string, meta []byte, baseAddr, numBlocks, b
 }
 
 // RemoveRemotePeer unregisters a peer: its transfers in flight fail (they
-// surface in Poll's Failed list), its connections close. The id may be
-// added again afterwards. Errors: ErrUnknownPeer, ErrInvalid, ErrClosed.
+// surface in Poll's Failed list), its connections close, and a registration
+// of it in progress (AddRemotePeerAsync) is cancelled. The id may be added
+// again afterwards. Errors: ErrUnknownPeer, ErrInvalid, ErrClosed.
 func (t *Transport) RemoveRemotePeer(id string) error {
 	const op = "RemoveRemotePeer"
 	if err := checkPeerID(op, id, false); err != nil {

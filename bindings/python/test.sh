@@ -96,7 +96,7 @@ WHEEL=$(ls "$OUT"/dist/kvxfer-*.whl)
 "$PY" - "$WHEEL" <<'EOF'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-need = ["kvxfer/__init__.py", "kvxfer/_transport.py", "kvxfer/_errors.py", "kvxfer/_native.py"]
+need = ["kvxfer/__init__.py", "kvxfer/_transport.py", "kvxfer/_errors.py", "kvxfer/_native.py", "kvxfer/vllm.py"]
 missing = [n for n in need if n not in names]
 if not any(n.startswith("kvxfer/__native") and n.endswith(".so") for n in names):
     missing.append("kvxfer/__native*.so")
@@ -109,6 +109,13 @@ EOF
 (cd / && KVXFER_NO_VLLM=1 "$OUT/venv/bin/python" -I -c \
     "import kvxfer, sys; assert kvxfer.__file__.startswith(sys.prefix), kvxfer.__file__; print('wheel imports', kvxfer.library_version, 'from', kvxfer.__file__)")
 (cd / && KVXFER_NO_VLLM=1 "$OUT/venv/bin/python" -I "$HERE/examples/quickstart.py")
+# vLLM finds the adapter through this entry point (kvxfer/vllm.py)
+(cd / && KVXFER_NO_VLLM=1 "$OUT/venv/bin/python" -I -c "
+from importlib.metadata import entry_points
+eps = [e for e in entry_points(group='vllm.general_plugins') if e.name == 'kvxfer']
+assert len(eps) == 1 and eps[0].value == 'kvxfer.vllm:register', eps
+eps[0].load()()  # KVXFER_VLLM unset: a no-op
+print('vllm.general_plugins entry point:', eps[0].value)")
 
 say "self-contained wheel (KVXFER_BUNDLE_LIB=1: libkvxfer.so.0 inside, RUNPATH \$ORIGIN)"
 rm -rf "$OUT/dist-bundled" "$OUT/venv-bundled" "$OUT/src/python/build"

@@ -78,7 +78,7 @@ KVX_API kvx_error_scope kvx_error_scope_of(int code) {
     case KVX_OK: return KVX_SCOPE_NONE;
     case KVX_ENOENT: case KVX_EBUSY: case KVX_EEXIST: case KVX_EINVAL: case KVX_ERANGE: case KVX_ENOBUFS:
     case KVX_ENOTSUP: case KVX_EOVERFLOW: case KVX_EBADMETA: case KVX_EVERSION: case KVX_EFINGERPRINT:
-    case KVX_EGEOMETRY: case KVX_ECONFIG:
+    case KVX_EGEOMETRY: case KVX_ECONFIG: case KVX_ECANCELED:
         return KVX_SCOPE_REQUEST;
     case KVX_ECONNREFUSED: case KVX_ETIMEDOUT: case KVX_ECONNRESET: case KVX_EHOSTUNREACH: case KVX_EPEERBROKEN:
     case KVX_EAUTH:
@@ -182,6 +182,35 @@ KVX_API int kvx_add_remote_peer(kvx_transport *t, const char *peer_id, const voi
     });
 }
 
+KVX_API int kvx_add_remote_peer_async(uint64_t *out_reg, kvx_transport *t, const char *peer_id, const void *metadata,
+                                      size_t metadata_len, uint64_t base_addr, uint64_t num_blocks,
+                                      uint64_t block_len, unsigned flags) {
+    return guard([&] {
+        KVX_REQUIRE(out_reg && t, "NULL argument");
+        std::string id = peer_id_arg(peer_id);
+        KVX_REQUIRE(metadata != nullptr || metadata_len == 0, "metadata is NULL");
+        *out_reg = t->impl.add_peer_async(id, static_cast<const uint8_t *>(metadata), metadata_len, base_addr,
+                                          num_blocks, block_len, flags);
+    });
+}
+
+KVX_API int kvx_registration_status(int *out_state, int *out_error, kvx_transport *t, uint64_t reg,
+                                    int timeout_ms) {
+    std::string message;
+    int rc = guard([&] {
+        KVX_REQUIRE(out_state && out_error && t, "NULL argument");
+        KVX_REQUIRE(timeout_ms >= -1, "timeout_ms %d is below -1", timeout_ms);
+        kvx::Registrations::Status s = t->impl.registration_status(reg, timeout_ms);
+        *out_state = s.state;
+        *out_error = s.error;
+        message = std::move(s.message);
+    });
+    // The registration's failure becomes this thread's message: the thread
+    // that connected is not the caller's.
+    if (rc == 0 && *out_state == KVX_REGISTRATION_FAILED) t_last_error = message;
+    return rc;
+}
+
 KVX_API int kvx_remove_remote_peer(kvx_transport *t, const char *peer_id) {
     return guard([&] {
         KVX_REQUIRE(t != nullptr, "transport is NULL");
@@ -211,6 +240,16 @@ KVX_API int kvx_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t 
     return guard([&] {
         KVX_REQUIRE(out_n_inflight && t, "NULL argument");
         *out_n_inflight = t->impl.cancel(ids, n, mode, inflight);
+    });
+}
+
+KVX_API int kvx_get_stats(kvx_stats *out, kvx_transport *t, const char *peer_id) {
+    return guard([&] {
+        KVX_REQUIRE(out && t, "NULL argument");
+        KVX_REQUIRE(out->size >= sizeof out->size, "kvx_stats.size %llu is too small (set it with KVX_STATS_INIT)",
+                    (unsigned long long)out->size);
+        if (peer_id == nullptr) return t->impl.stats(out, nullptr);
+        t->impl.stats(out, peer_id_arg(peer_id).c_str());
     });
 }
 

@@ -81,6 +81,7 @@ Transport::Transport(void *base, uint64_t num_blocks, uint64_t block_len, const 
     for (const auto &b : backends_) m.sections.push_back(b->describe());
     metadata_ = wire::encode_metadata(m);
     watchdog_ = std::thread([this] { watchdog(); });
+    registrations_.start();
 }
 
 void Transport::start_backends(const BackendContext &ctx) {
@@ -124,37 +125,41 @@ void Transport::close() {
         if (closed_) return;
         closed_ = true;
         peers.swap(peers_);
+        registrations_.cancel_all_locked(KVX_ECLOSED, "the transport was closed");
         wd_cv_.notify_all();
     }
     if (watchdog_.joinable()) watchdog_.join();
+    registrations_.shutdown();  // waits for connection attempts (connect_timeout_ms at most)
     for (auto &[id, p] : peers) p->link->shutdown();
     for (auto &b : backends_) b->shutdown();
     loop_->stop();
     std::lock_guard<std::mutex> lk(mu_);
+    for (auto &[id, tr] : inflight_) count_end_locked(tr, Ending::failed);
     inflight_.clear();
     completions_.clear();
 }
 
 void Transport::add_peer(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,
                          uint64_t num_blocks, uint64_t block_len) {
+    wire::AgentMetadata m = check_peer(id, meta, meta_len, base_addr, num_blocks, block_len);
+    Registrations::Ref r;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        r = reserve_locked(id, 0, false, nullptr);
+    }
+    connect_and_publish(r, m);
+}
+
+// Everything about a new peer that can be checked without connecting.
+wire::AgentMetadata Transport::check_peer(const std::string &id, const uint8_t *meta, size_t meta_len,
+                                          uint64_t base_addr, uint64_t num_blocks, uint64_t block_len) {
     if (id.empty()) fail(KVX_EINVAL, "peer id is empty");
     if (id.size() > KVX_PEER_ID_MAX)
         fail(KVX_EINVAL, "peer id of %zu bytes is longer than %d", id.size(), KVX_PEER_ID_MAX);
     {
         std::lock_guard<std::mutex> lk(mu_);
         check_open_locked();
-        if (peers_.count(id) || connecting_.count(id)) fail(KVX_EEXIST, "peer '%s' is already registered", id.c_str());
-        connecting_.insert(id);
     }
-    struct Unreserve {
-        Transport *t;
-        const std::string &id;
-        ~Unreserve() {
-            std::lock_guard<std::mutex> lk(t->mu_);
-            t->connecting_.erase(id);
-        }
-    } unreserve{this, id};
-
     wire::AgentMetadata m;
     try {
         m = wire::decode_metadata(meta, meta_len);
@@ -173,17 +178,9 @@ void Transport::add_peer(const std::string &id, const uint8_t *meta, size_t meta
     if (!fingerprint_.empty() && !m.fingerprint.empty() && fingerprint_ != m.fingerprint)
         fail(KVX_EFINGERPRINT, "peer '%s': config fingerprint %s differs from the local %s", id.c_str(),
              m.fingerprint.c_str(), fingerprint_.c_str());
-
-    std::shared_ptr<Peer> peer = connect_peer(id, m);
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (!closed_) {
-            peers_[id] = std::move(peer);
-            return;
-        }
-    }
-    peer->link->shutdown();
-    fail(KVX_ECLOSED, "transport was closed while peer '%s' connected", id.c_str());
+    const wire::Section *section = nullptr;
+    pick_backend(id, m, &section);  // no backend in common: refused before connecting
+    return m;
 }
 
 std::shared_ptr<Transport::Peer> Transport::connect_peer(const std::string &id, const wire::AgentMetadata &m) {
@@ -235,7 +232,13 @@ void Transport::remove_peer(const std::string &id) {
         std::lock_guard<std::mutex> lk(mu_);
         check_open_locked();
         auto it = peers_.find(id);
-        if (it == peers_.end()) fail(KVX_ENOENT, "peer '%s' is not registered", id.c_str());
+        // A registration of id in progress never publishes now.
+        const bool cancelled = registrations_.cancel_locked(id, KVX_ECANCELED, "the peer was removed");
+        telemetry_.forget(id);
+        if (it == peers_.end()) {
+            if (cancelled) return;
+            fail(KVX_ENOENT, "peer '%s' is not registered", id.c_str());
+        }
         peer = std::move(it->second);
         peers_.erase(it);
     }
@@ -255,7 +258,9 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
         std::lock_guard<std::mutex> lk(mu_);
         check_open_locked();
         auto it = peers_.find(peer_id);
-        if (it == peers_.end()) fail(KVX_ENOENT, "peer '%s' is not registered", peer_id.c_str());
+        if (it == peers_.end())
+            fail(KVX_ENOENT, "peer '%s' is not registered%s", peer_id.c_str(),
+                 registrations_.pending_locked(peer_id) ? " (its registration is still connecting)" : "");
         peer = it->second;
     }
     if (peer->timed_out.load() || peer->link->broken()) {
@@ -293,6 +298,7 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
     op.bytes = n * bl;
 
     op.state = std::make_shared<OpState>();
+    const int64_t t0 = kTelemetry ? Peer::now_ns() : 0;
     uint64_t id;
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -300,9 +306,11 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
         id = op.state->id = next_id_++;
         if (n == 0) {
             completions_[peer_id].done.push_back(id);
+            telemetry_.ended(peer->stats.get(), 0, Ending::done, -1, false);
             return id;
         }
-        inflight_.emplace(id, Tracked{peer.get(), op.state});
+        inflight_.emplace(id, Tracked{peer.get(), op.state, op.bytes, t0});
+        telemetry_.submitted(peer->stats.get(), op.bytes);
         // Idle until now: the stall clock starts with this work.
         if (peer->outstanding.fetch_add(1) == 0) peer->progress();
     }
@@ -319,7 +327,9 @@ void Transport::complete(Peer &peer, uint64_t id, int status) {
 }
 
 void Transport::finish_locked(uint64_t id, Peer &peer, int status) {
-    inflight_.erase(id);
+    auto tracked = inflight_.find(id);
+    count_end_locked(tracked->second, status == 0 ? Ending::done : Ending::failed);
+    inflight_.erase(tracked);
     peer.outstanding.fetch_sub(1);
     Completions &c = completions_[peer.id];
     (status == 0 ? c.done : c.failed).push_back(id);
@@ -386,6 +396,7 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
             bool dropped = it->second.op->claim_unstarted();
             if (mode == KVX_CANCEL_IMMEDIATE || dropped) {
                 it->second.peer->outstanding.fetch_sub(1);
+                count_end_locked(it->second, Ending::cancelled);
                 inflight_.erase(it);
             } else {
                 inflight[still++] = ids[i];

@@ -17,6 +17,8 @@
 
 #include "backend/backend.h"
 #include "core/options.h"
+#include "core/registrations.h"
+#include "core/telemetry.h"
 #include "kvxfer.h"
 #include "util/event_loop.h"
 
@@ -37,6 +39,13 @@ public:
 
     void add_peer(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,
                   uint64_t num_blocks, uint64_t block_len);
+    // kvx_add_remote_peer_async: checks now, connects on a thread; the
+    // registration id for registration_status().
+    uint64_t add_peer_async(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,
+                            uint64_t num_blocks, uint64_t block_len, unsigned flags);
+    Registrations::Status registration_status(uint64_t reg, int timeout_ms);
+    // kvx_get_stats: peer_id nullptr for the transport's.
+    void stats(kvx_stats *out, const char *peer_id) const;
     void remove_peer(const std::string &id);
     uint64_t write_blocks(const std::string &peer_id, const uint64_t *local, const uint64_t *remote, size_t n);
     void poll(const char *peer_id, uint64_t *done, size_t done_cap, size_t *n_done, uint64_t *failed,
@@ -59,6 +68,7 @@ private:
         // watchdog without it.
         std::atomic<uint64_t> outstanding{0};
         std::atomic<int64_t> progress_ns{0};
+        Telemetry::Slot stats;  // written under mu_
 
         void complete(uint64_t op_id, int status) override { t->complete(*this, op_id, status); }
         void progress() override { progress_ns.store(now_ns(), std::memory_order_relaxed); }
@@ -69,6 +79,8 @@ private:
     struct Tracked {
         Peer *peer;
         OpRef op;
+        uint64_t bytes = 0;
+        int64_t t0_ns = 0;  // submitted (telemetry's latency)
     };
     struct Completions {
         std::deque<uint64_t> done, failed;
@@ -85,6 +97,15 @@ private:
     // *next to when the next one could stall.
     std::vector<std::shared_ptr<Peer>> stalled_peers(Clock::time_point *next);
     std::shared_ptr<Peer> connect_peer(const std::string &id, const wire::AgentMetadata &m);
+    // Registration steps (transport_peers.cpp): the checks that need no
+    // connection, the reservation of the id, and connect + publish.
+    wire::AgentMetadata check_peer(const std::string &id, const uint8_t *meta, size_t meta_len,
+                                   uint64_t base_addr, uint64_t num_blocks, uint64_t block_len);
+    Registrations::Ref reserve_locked(const std::string &id, uint64_t reg, bool replace,
+                                      std::shared_ptr<Peer> *replaced);
+    void connect_and_publish(const Registrations::Ref &r, const wire::AgentMetadata &m);
+    // Telemetry of a transfer that ends here (mu_ held).
+    void count_end_locked(const Tracked &tr, Ending how);
     void start_backends(const BackendContext &ctx);
     Backend &pick_backend(const std::string &id, const wire::AgentMetadata &m, const wire::Section **section);
 
@@ -101,7 +122,9 @@ private:
     bool closed_ = false;
     uint64_t next_id_ = 1;
     std::map<std::string, std::shared_ptr<Peer>> peers_;
-    std::unordered_set<std::string> connecting_;
+    Registrations registrations_{mu_};
+    uint64_t next_reg_ = 1;
+    Telemetry telemetry_;
     std::unordered_map<uint64_t, Tracked> inflight_;
     std::map<std::string, Completions> completions_;
     std::thread watchdog_;

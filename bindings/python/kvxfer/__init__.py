@@ -12,6 +12,9 @@ import).
                           tcp_listen="127.0.0.1:0") as t:
         meta = t.get_agent_metadata()   # give to the peer
         ...
+
+kvxfer.vllm holds the adapter that makes vLLM's P2P KV-offload tier use
+kvxfer instead of NIXL (a vLLM plugin; see its docstring).
 """
 
 import os as _os
@@ -20,16 +23,16 @@ from . import _native
 from ._errors import (ArgumentError, ClosedError, Error, ErrorCode, ErrorInfo, PeerError, RequestError, Scope,
                       TransportError, error_scope, strerror)
 from . import _transport
-from ._transport import CANCEL_MODES, PollResult, Transport, config_fingerprint
+from ._transport import CANCEL_MODES, PollResult, Transport, config_fingerprint, latency_bucket_bounds
 
 __all__ = [
-    "Transport", "PollResult", "config_fingerprint", "CANCEL_MODES",
+    "Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds",
     "Error", "RequestError", "ArgumentError", "PeerError", "TransportError", "ClosedError",
     "ErrorCode", "ErrorInfo", "Scope", "strerror", "error_scope",
     "library_version", "library_version_number", "HEADER_VERSION_NUMBER", "DataTransport",
 ]
 
-#: Version of libkvxfer loaded at run time ("0.1.0") and as a number.
+#: Version of libkvxfer loaded at run time ("0.2.0") and as a number.
 library_version = _native.kvx_version_string()
 library_version_number = _native.kvx_version_number()
 #: KVX_VERSION_NUMBER of the kvxfer.h this binding was built against.

@@ -29,6 +29,7 @@ class ErrorCode(enum.IntEnum):
     ETIMEDOUT = _native.KVX_ETIMEDOUT
     ECONNRESET = _native.KVX_ECONNRESET
     EHOSTUNREACH = _native.KVX_EHOSTUNREACH
+    ECANCELED = _native.KVX_ECANCELED
     ECLOSED = _native.KVX_ECLOSED
     EBADMETA = _native.KVX_EBADMETA
     EVERSION = _native.KVX_EVERSION
@@ -63,7 +64,12 @@ def error_scope(code: int) -> Scope:
 class Error(Exception):
     """A kvxfer failure: .code (negative KVX_E* int) and .message (the C
     library's context message, e.g. "peer 'p1': remote index 70000 >= 65536
-    blocks"). Subclasses by scope: RequestError, PeerError, TransportError."""
+    blocks"). Subclasses by scope: RequestError, PeerError, TransportError.
+
+    RequestError and PeerError are also ValueErrors: vLLM rejects a peer (ack,
+    disconnect, clean up) exactly when add_remote_peer raises a ValueError, and
+    every failure caused by the peer or its metadata is one of these.
+    TransportError (ClosedError included) is not: it is an internal error."""
 
     def __init__(self, code: int, message: Optional[str] = None):
         code = int(code)
@@ -89,19 +95,21 @@ class Error(Exception):
         return "%s [%s]" % (self.message, self.name)
 
 
-class RequestError(Error):
-    """This call was wrong (unknown peer, duplicate peer id, bad metadata,
-    fingerprint mismatch...); nothing else is affected."""
+class RequestError(Error, ValueError):
+    """This call was wrong (bad metadata, fingerprint or version mismatch, no
+    backend in common, a registration cancelled by a later one...); nothing
+    else is affected. Also a ValueError."""
 
 
-class ArgumentError(RequestError, ValueError):
+class ArgumentError(RequestError):
     """An argument value is invalid (index out of range, duplicate remote
-    index, bad option, invalid config...). Also a ValueError."""
+    index, bad option, invalid config, geometry mismatch...). Also a
+    ValueError."""
 
 
-class PeerError(Error):
-    """One peer is unusable (refused, timed out, connection lost,
-    authentication failed): remove and re-add it."""
+class PeerError(Error, ValueError):
+    """One peer is unusable (refused, timed out, unreachable, connection lost,
+    authentication failed): remove and re-add it. Also a ValueError."""
 
 
 class TransportError(Error):

@@ -1,6 +1,8 @@
 """kvxfer.Transport: vLLM's DataTransport contract over libkvxfer."""
 
 import array
+import collections
+import concurrent.futures
 import hashlib
 import json
 import operator
@@ -11,9 +13,9 @@ from collections.abc import Mapping
 from typing import Iterable, NamedTuple, Optional, Sequence
 
 from . import _native
-from ._errors import ArgumentError, ClosedError, ErrorInfo, last_error, make_error
+from ._errors import ArgumentError, ClosedError, Error, ErrorInfo, last_error, make_error
 
-__all__ = ["Transport", "PollResult", "config_fingerprint", "CANCEL_MODES"]
+__all__ = ["Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds"]
 
 _U64_MAX = (1 << 64) - 1
 _POLL_CAP = 256
@@ -25,7 +27,7 @@ _OPTION_PREFIXES = ("tcp", "verbs", "shm")
 class PollResult(NamedTuple):
     """Result of polling inflight transfers (same fields as vLLM's PollResult).
 
-    done: transfer ids that completed successfully.
+    done: transfer ids that completed successfully (a tuple).
     failed: transfer ids that failed (error, timeout, peer removed, ...).
     """
 
@@ -122,8 +124,11 @@ def _as_u64(seq, what, drop_invalid=False):
 
 
 def _geometry(view, num_blocks, block_len):
-    """(num_blocks, block_len) of the region, checking it can be lent as a
-    writable C-contiguous buffer of plain bytes."""
+    """(num_blocks, block_len in bytes, unit) of the region, checking it can be
+    lent as a writable C-contiguous buffer of plain bytes. unit is the size of
+    one item of a 2-D view (block_len in vLLM's sense is view.shape[1] items),
+    1 when the geometry is given in bytes."""
+    unit = 1
     try:
         mv = memoryview(view)
     except TypeError:
@@ -142,7 +147,7 @@ def _geometry(view, num_blocks, block_len):
                 raise ArgumentError(_native.KVX_EINVAL,
                                     "view must be 2-D (num_blocks x block_len) or num_blocks=/block_len= "
                                     "must be given; got a %d-D buffer" % mv.ndim)
-            num_blocks, block_len = mv.shape[0], mv.shape[1] * mv.itemsize
+            num_blocks, block_len, unit = mv.shape[0], mv.shape[1] * mv.itemsize, mv.itemsize
         elif num_blocks is None or block_len is None:
             given = _u64_arg(num_blocks if block_len is None else block_len,
                              "num_blocks" if block_len is None else "block_len")
@@ -159,7 +164,7 @@ def _geometry(view, num_blocks, block_len):
                                     % (nbytes, num_blocks, block_len))
     if num_blocks == 0 or block_len == 0:
         raise ArgumentError(_native.KVX_EINVAL, "empty region: num_blocks=%d, block_len=%d" % (num_blocks, block_len))
-    return num_blocks, block_len
+    return num_blocks, block_len, unit
 
 
 def _config_json(config_fields):
@@ -235,6 +240,85 @@ def _option_items(backend, options):
     return items
 
 
+def latency_bucket_bounds(i: int) -> tuple:
+    """(lo_ns, hi_ns) of bucket i of the latency histogram (kvx_get_stats(3));
+    hi_ns is None for the last bucket, which has no upper bound."""
+    def lo(k):
+        return k if k < 8 else (8 + k % 8) << (k // 8 - 1)
+    if not 0 <= i < _native.KVX_STATS_LATENCY_BUCKETS:
+        raise IndexError("latency bucket %d is not in 0..%d" % (i, _native.KVX_STATS_LATENCY_BUCKETS - 1))
+    return lo(i), (lo(i + 1) if i + 1 < _native.KVX_STATS_LATENCY_BUCKETS else None)
+
+
+class _RegistrationWaiter:
+    """Settles the futures of add_remote_peer_async() in this process. A
+    pool of threads, each waiting in kvx_registration_status(-1) without the
+    GIL until one registration's outcome is known: nothing polls, and the
+    GIL is taken once to pick a registration up and once to settle it. The
+    caller of add_remote_peer_async only queues (a thread start can take
+    milliseconds on a busy host); a thread is started whenever none is idle,
+    so the next registration finds one waiting. The pool starts with the
+    first transport."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._queue = collections.deque()
+        self._idle = 0
+        self._threads = 0
+
+    def start(self):
+        with self._cv:
+            if self._threads == 0:
+                self._spawn_locked()
+
+    def add(self, handle, reg, future):
+        with self._cv:
+            self._queue.append((handle, reg, future))
+            self._cv.notify()
+
+    def after_fork_in_child(self):
+        self.__init__()
+
+    def _spawn_locked(self):
+        self._threads += 1
+        self._idle += 1
+        try:
+            threading.Thread(target=self._work, name="kvxfer-registrations", daemon=True).start()
+        except RuntimeError:  # cannot start a thread: the others serve
+            self._threads -= 1
+            self._idle -= 1
+
+    def _work(self):
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                handle, reg, future = self._queue.popleft()
+                self._idle -= 1
+                if self._idle == 0:
+                    self._spawn_locked()
+            self._settle(handle, reg, future)
+            with self._cv:
+                self._idle += 1
+
+    @staticmethod
+    def _settle(handle, reg, future):
+        try:
+            rc, state, err = _native.kvx_registration_status(handle, reg, -1)
+            exc = None if rc == 0 and state == _native.KVX_REGISTRATION_DONE else last_error(rc or err)
+        except Exception as e:  # noqa: BLE001 - a handle gone bad: the future carries it
+            exc = e
+        if exc is None:
+            future.set_result(None)
+        else:
+            future.set_exception(exc)
+
+
+_WAITER = _RegistrationWaiter()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WAITER.after_fork_in_child)
+
+
 # ------------------------------------------------------------------ Transport
 
 
@@ -247,10 +331,11 @@ class Transport:
               block_len=None, **options)
 
     view: the local KV block storage, written into by remote peers at any
-        time until close(): a 2-D memoryview (num_blocks x block_len bytes),
-        a 2-D C-contiguous numpy array (block_len = bytes per row, typically
-        uint8), or any writable C-contiguous buffer (bytearray, mmap, ...)
-        with num_blocks= and/or block_len= given. The buffer is held (not
+        time until close(): a 2-D memoryview (num_blocks x block_len), a 2-D
+        C-contiguous numpy array (block_len = shape[1] items, as vLLM's
+        DataTransport says; block_len_bytes is the row size in bytes), or any
+        writable C-contiguous buffer (bytearray, mmap, ...) with num_blocks=
+        and/or block_len= (bytes) given. The buffer is held (not
         copied) until close(): a bytearray/mmap cannot be resized or closed
         meanwhile (BufferError).
     config_fields: dict of model config values; its fingerprint must match
@@ -263,10 +348,14 @@ class Transport:
         connect_timeout_ms=5000, transfer_timeout_ms=30000. Dotted names
         work too: **{"tcp.listen": "0.0.0.0:0"}.
 
-    Errors: argument mistakes raise TypeError or ArgumentError (a ValueError);
-    C failures raise kvxfer.Error subclasses (RequestError, PeerError,
-    TransportError, ClosedError) with .code and .message, except
-    write_blocks(), which returns None as the seed says (see last_error).
+    Errors follow vLLM's DataTransport exactly (bindings/python/README.md has
+    the table of every method x failure): add_remote_peer raises a ValueError
+    (kvxfer.RequestError, ArgumentError or PeerError) for every failure
+    caused by the peer or its metadata; add_remote_peer_async puts that
+    exception into its future; write_blocks returns None (see last_error)
+    for every problem with the peer or its indexes; remove_remote_peer of an
+    unknown id does nothing. Only TypeError (and, outside those three,
+    ClosedError/TransportError) is raised for the caller's own mistakes.
     Thread safety: every method may be called from several threads at once;
     the GIL is released while the C library works. A transport belongs to the
     process that created it: in a fork()ed child its methods raise
@@ -278,7 +367,7 @@ class Transport:
         self._h = None
         self._closed = True
         self._tls = threading.local()
-        nb, bl = _geometry(view, num_blocks, block_len)
+        nb, bl, self._unit = _geometry(view, num_blocks, block_len)
         text, expect = _config_json(config_fields)
         if text is not None:
             _c_fingerprint(text, expect)  # refuse before creating anything
@@ -310,6 +399,7 @@ class Transport:
         self._block_len = self._prop(_native.kvx_transport_block_len)
         self._config_fingerprint = self._prop(_native.kvx_transport_config_fingerprint)
         self._backend = _native.kvx_transport_backend(h)
+        _WAITER.start()
         if self._config_fingerprint != expect:  # cannot happen: checked above
             self.close()
             raise ArgumentError(_native.KVX_ECONFIG, "fingerprint %r != %r" % (self._config_fingerprint, expect))
@@ -362,7 +452,14 @@ class Transport:
 
     @property
     def block_len(self) -> int:
-        """Size of each block in bytes."""
+        """Size of each block, as vLLM's DataTransport defines it: the view's
+        shape[1] (bytes for a uint8 view, items of the view's type
+        otherwise); bytes when the geometry was given with block_len=."""
+        return self._block_len // self._unit
+
+    @property
+    def block_len_bytes(self) -> int:
+        """Size of each block in bytes (what the C library calls block_len)."""
         return self._block_len
 
     @property
@@ -401,72 +498,139 @@ class Transport:
                 raise self._error(rc)
             buf = bytearray(n)
 
-    def add_remote_peer(self, peer_id: str, agent_metadata: bytes, base_addr: int, num_blocks: int,
-                        block_len: int) -> None:
-        """Register a remote peer and connect to it (authenticated); blocks up
-        to connect_timeout_ms. On failure nothing is registered and an
-        Error is raised: ArgumentError (bad metadata or geometry),
-        RequestError (KVX_EEXIST, KVX_EFINGERPRINT, KVX_EVERSION), PeerError
-        (refused, timed out, unreachable, authentication), ClosedError."""
+    def _start_registration(self, peer_id, agent_metadata, base_addr, num_blocks, block_len):
+        """Checks the arguments and starts kvx_add_remote_peer_async with
+        KVX_PEER_REPLACE; the registration id. Raises TypeError, or the
+        kvxfer.Error of a failure the C library reports at once."""
         h = self._handle()
+        if isinstance(agent_metadata, str):
+            raise TypeError("agent_metadata must be bytes, not str")
         try:
             peer_id = _peer_arg(peer_id)
             base_addr = _u64_arg(base_addr, "base_addr")
             num_blocks = _u64_arg(num_blocks, "num_blocks")
             block_len = _u64_arg(block_len, "block_len")
+            if block_len * self._unit > _U64_MAX:
+                raise ArgumentError(_native.KVX_ERANGE, "block_len = %d items of %d bytes does not fit in 64 bits"
+                                    % (block_len, self._unit))
         except ArgumentError as e:
             self._raise_local(e)
-        if isinstance(agent_metadata, str):
-            raise TypeError("agent_metadata must be bytes, not str")
-        rc = _native.kvx_add_remote_peer(h, peer_id, agent_metadata, base_addr, num_blocks, block_len)
+        rc, reg = _native.kvx_add_remote_peer_async(h, peer_id, agent_metadata, base_addr, num_blocks,
+                                                    block_len * self._unit, _native.KVX_PEER_REPLACE)
         if rc:
             raise self._error(rc)
+        return h, reg
+
+    def add_remote_peer(self, peer_id: str, agent_metadata: bytes, base_addr: int, num_blocks: int,
+                        block_len: int) -> None:
+        """Register a remote peer and connect to it (authenticated); blocks up
+        to connect_timeout_ms (the GIL is released meanwhile).
+
+        Re-adding a registered id replaces the old registration: its transfers
+        in flight fail, as on remove_remote_peer(), and a registration of the
+        id still in progress (add_remote_peer_async) is superseded.
+        block_len is in the units of this transport's block_len (items of the
+        view's second dimension; bytes for a byte view).
+
+        Every failure caused by the peer or its metadata raises a ValueError:
+        ArgumentError (bad metadata, geometry, peer id value), RequestError
+        (fingerprint, version, no backend in common, cancelled by a later
+        add or a remove), PeerError (refused, timed out, unreachable,
+        authentication). TypeError for argument types; ClosedError and
+        TransportError (not ValueErrors) for the transport's own trouble.
+        On failure no peer is registered under peer_id."""
+        h, reg = self._start_registration(peer_id, agent_metadata, base_addr, num_blocks, block_len)
+        state = _native.KVX_REGISTRATION_PENDING
+        try:
+            while state == _native.KVX_REGISTRATION_PENDING:  # in slices, so that signals get through
+                rc, state, err = _native.kvx_registration_status(h, reg, 200)
+                if rc:
+                    raise self._error(rc)
+        except BaseException:
+            if state == _native.KVX_REGISTRATION_PENDING:  # interrupted: it must not publish behind our back
+                _native.kvx_remove_remote_peer(h, peer_id)
+            raise
+        if state == _native.KVX_REGISTRATION_FAILED:
+            raise self._error(err)  # the message is the registration's, set for this thread
+
+    def add_remote_peer_async(self, peer_id: str, agent_metadata: bytes, base_addr: int, num_blocks: int,
+                              block_len: int) -> "concurrent.futures.Future[None]":
+        """add_remote_peer() without blocking: returns at once a
+        concurrent.futures.Future that gets None when the peer is registered,
+        or the exception add_remote_peer() would have raised (a failed
+        future means: reject the peer). Never raises: even argument errors
+        end up in the future, as with vLLM's DataTransport default.
+
+        The future is running from the start (Future.cancel() returns
+        False); remove_remote_peer(peer_id) cancels the registration, and a
+        later add of the same id supersedes it: its future then fails with a
+        RequestError (KVX_ECANCELED). close() fails it with ClosedError. A
+        cancelled or superseded registration never publishes. Done callbacks
+        run on kvxfer's waiter thread."""
+        fut = concurrent.futures.Future()
+        fut.set_running_or_notify_cancel()
+        try:
+            h, reg = self._start_registration(peer_id, agent_metadata, base_addr, num_blocks, block_len)
+        except Exception as e:  # noqa: BLE001 - the future carries it, as vLLM's default does
+            fut.set_exception(e)
+            return fut
+        _WAITER.add(h, reg, fut)
+        return fut
 
     def remove_remote_peer(self, peer_id: str) -> None:
         """Unregister a peer: its transfers in flight fail (they surface in
-        poll()'s failed list), its connections are closed. The id may be
-        added again. Raises RequestError (KVX_ENOENT) for an unknown id."""
-        h = self._handle()
+        poll()'s failed list), its connections are closed, a registration of
+        it in progress is cancelled (never publishes). The id may be added
+        again. Removing an id that is not registered (never added, rejected,
+        removed already, or after close()) does nothing: vLLM's reaper calls
+        this for every dead session. Raises only TypeError (peer_id not a
+        str); last_error says what happened otherwise."""
+        if not isinstance(peer_id, str):
+            raise TypeError("peer_id must be a str, not %s" % type(peer_id).__name__)
         try:
+            h = self._handle()
             peer_id = _peer_arg(peer_id)
-        except ArgumentError as e:
-            self._raise_local(e)
+        except Error as e:  # closed, or an id that cannot have been added
+            self._tls.error = ErrorInfo(e.code, e.message)
+            return
         rc = _native.kvx_remove_remote_peer(h, peer_id)
         if rc:
-            raise self._error(rc)
+            err = self._error(rc)
+            if rc not in (_native.KVX_ENOENT, _native.KVX_ECLOSED):
+                raise err
 
     def write_blocks(self, peer_id: str, local_idxs: Sequence[int], remote_idxs: Sequence[int]) -> Optional[int]:
         """Submit a WRITE: local block local_idxs[i] -> peer's block
         remote_idxs[i]. Never blocks on the network.
 
         Returns the transfer id (an int > 0, reported once by poll()), or
-        None if the peer is not registered, its connection failed earlier
-        (remove and re-add it) or submission failed otherwise; last_error
-        then says why. Argument mistakes raise: TypeError, or ArgumentError
-        (a ValueError) for different lengths, a negative or out-of-range
-        index, a remote index repeated in one call. ClosedError after close().
-        Index lists: sequences of ints or 1-D numpy integer arrays (uint64 /
-        non-negative int64 C-contiguous arrays are passed without a copy)."""
-        h = self._handle()
+        None for every problem with the peer or the indexes, with last_error
+        saying why: peer not registered (or still connecting), its
+        connection failed earlier (remove and re-add it), an index out of
+        range on either side or negative, a remote index repeated in one
+        call, lists of different lengths, the transport closed. Raises only
+        TypeError (an argument of the wrong type). Index lists: sequences of
+        ints or 1-D numpy integer arrays (uint64 / non-negative int64
+        C-contiguous arrays are passed without a copy)."""
         try:
+            h = self._handle()
             peer_id = _peer_arg(peer_id)
             loc = _as_u64(local_idxs, "local_idxs")
             rem = _as_u64(remote_idxs, "remote_idxs")
             if len(loc) != len(rem):
                 raise ArgumentError(_native.KVX_EINVAL, "local_idxs has %d entries, remote_idxs %d"
                                     % (len(loc), len(rem)))
-        except ArgumentError as e:
-            self._raise_local(e)
+        except Error as e:
+            self._tls.error = ErrorInfo(e.code, e.message)
+            return None
         rc, tid = _native.kvxpy_write_blocks(h, peer_id, loc, rem)
         if rc == 0:
             return tid
-        err = self._error(rc)
-        if isinstance(err, (ArgumentError, ClosedError)):
-            raise err
+        self._error(rc)
         return None
 
     def poll(self, peer_id: Optional[str] = None) -> PollResult:
-        """Collect finished transfers: PollResult(done, failed), lists of
+        """Collect finished transfers: PollResult(done, failed), tuples of
         ids, each id reported exactly once. peer_id restricts to one peer's
         transfers (an unknown id yields nothing). Progress does not depend on
         polling: backends run on their own threads."""
@@ -483,7 +647,32 @@ class Transport:
             done.extend(dbuf[:nd])
             failed.extend(fbuf[:nf])
             if nd < _POLL_CAP and nf < _POLL_CAP:
-                return PollResult(done, failed)
+                return PollResult(tuple(done), tuple(failed))
+
+    def stats(self, peer_id: Optional[str] = None) -> dict:
+        """Telemetry of the transport (peer_id None: every peer it ever had)
+        or of one peer (since it was first added; remove forgets it), as a
+        dict: transfers_done/_failed/_cancelled, bytes_done/_failed/
+        _cancelled, transfers_inflight, bytes_inflight, peers,
+        peers_connecting, connects, connect_failures, connect_ns_total/
+        _max/_last, latency_count, latency_ns_p50/_p90/_p99/_p999/_max, and
+        latency_histogram: [(lo_ns, hi_ns, count), ...] for the non-empty
+        buckets (hi_ns None for the last, open one). Latency: from
+        write_blocks() until the library learnt the bytes landed
+        (kvx_get_stats(3)). Works after close(). Raises RequestError
+        (KVX_ENOENT) for an unknown peer, (KVX_ENOTSUP) for a library built
+        without telemetry."""
+        h = self._h
+        if h is None:
+            raise ClosedError(_native.KVX_ECLOSED, "transport is not open")
+        if peer_id is not None:
+            peer_id = _peer_arg(peer_id)
+        rc, d = _native.kvxpy_stats(h, peer_id)
+        if rc:
+            raise self._error(rc)
+        buckets = d.pop("latency_buckets")
+        d["latency_histogram"] = [latency_bucket_bounds(i) + (n,) for i, n in enumerate(buckets) if n]
+        return d
 
     def cancel(self, transfer_ids: Iterable[int], mode: str = "immediate") -> list:
         """Cancel transfers; unknown or already reported ids are ignored.

@@ -140,7 +140,11 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 /* Out-parameters -> extra tuple items. */
 %typemap(in, numinputs=0) uint64_t *out (uint64_t tmp = 0) { $1 = &tmp; }
 %typemap(argout) uint64_t *out { $result = kvxpy_append($result, PyLong_FromUnsignedLongLong((unsigned long long)*$1)); if (!$result) SWIG_fail; }
-%apply uint64_t *out { uint64_t *out_id };
+%apply uint64_t *out { uint64_t *out_id, uint64_t *out_reg };
+
+%typemap(in, numinputs=0) int *out_state (int tmp = 0) { $1 = &tmp; }
+%typemap(argout) int *out_state { $result = kvxpy_append($result, PyLong_FromLong(*$1)); if (!$result) SWIG_fail; }
+%apply int *out_state { int *out_error };
 
 %typemap(in, numinputs=0) size_t *out_len (size_t tmp = 0) { $1 = &tmp; }
 %typemap(argout) size_t *out_len { $result = kvxpy_append($result, PyLong_FromSize_t(*$1)); if (!$result) SWIG_fail; }
@@ -220,6 +224,9 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 %ignore kvx_transport_close;
 %ignore kvx_write_blocks;
 %ignore kvx_cancel;
+/* kvxpy_stats() returns a dict instead of the caller-sized struct. */
+%ignore kvx_get_stats;
+%ignore kvx_stats;
 
 #define KVX_API
 %include "kvxfer.h"
@@ -231,6 +238,11 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 %nothread kvxpy_open;
 %nothread kvxpy_close;
 %nothread kvxpy_holds_region;
+%nothread kvxpy_stats;
+/* Never blocks (it only checks and queues), so the GIL stays with the
+ * caller: no hand-off to another thread in the middle of a call that
+ * vLLM's scheduler makes on its hot path. */
+%nothread kvx_add_remote_peer_async;
 
 %inline %{
 /* Acquire the region's buffer (writable, C-contiguous, held until close) and
@@ -323,4 +335,46 @@ int kvxpy_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t *ids, 
     if (inflight_cap < n) inflight = NULL;
     return kvx_cancel(out_n_inflight, t, ids, n, mode, inflight);
 }
+
+/* kvx_get_stats as (rc, dict or None): every scalar field of kvx_stats by
+ * its C name, and "latency_buckets", a tuple of the histogram's counts. */
+PyObject *kvxpy_stats(PyObject *handle, const char *peer_id) {
+    static const struct { const char *name; size_t off; } fields[] = {
+#define KVXPY_FIELD(f) {#f, offsetof(kvx_stats, f)}
+        KVXPY_FIELD(transfers_done), KVXPY_FIELD(transfers_failed), KVXPY_FIELD(transfers_cancelled),
+        KVXPY_FIELD(bytes_done), KVXPY_FIELD(bytes_failed), KVXPY_FIELD(bytes_cancelled),
+        KVXPY_FIELD(transfers_inflight), KVXPY_FIELD(bytes_inflight), KVXPY_FIELD(peers),
+        KVXPY_FIELD(peers_connecting), KVXPY_FIELD(connects), KVXPY_FIELD(connect_failures),
+        KVXPY_FIELD(connect_ns_total), KVXPY_FIELD(connect_ns_max), KVXPY_FIELD(connect_ns_last),
+        KVXPY_FIELD(latency_count), KVXPY_FIELD(latency_ns_p50), KVXPY_FIELD(latency_ns_p90),
+        KVXPY_FIELD(latency_ns_p99), KVXPY_FIELD(latency_ns_p999), KVXPY_FIELD(latency_ns_max),
+#undef KVXPY_FIELD
+    };
+    kvxpy_handle *h = kvxpy_from_capsule(handle, 0);
+    kvx_stats s = KVX_STATS_INIT;
+    PyObject *d, *b;
+    size_t i;
+    int rc;
+    if (!h) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvx_get_stats(&s, h->t, peer_id);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return Py_BuildValue("(iO)", rc, Py_None);
+    if (!(d = PyDict_New())) return NULL;
+    for (i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(*(const uint64_t *)((const char *)&s + fields[i].off));
+        if (!v || PyDict_SetItemString(d, fields[i].name, v) != 0) { Py_XDECREF(v); Py_DECREF(d); return NULL; }
+        Py_DECREF(v);
+    }
+    if (!(b = PyTuple_New(KVX_STATS_LATENCY_BUCKETS))) { Py_DECREF(d); return NULL; }
+    for (i = 0; i < KVX_STATS_LATENCY_BUCKETS; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(s.latency_buckets[i]);
+        if (!v) { Py_DECREF(b); Py_DECREF(d); return NULL; }
+        PyTuple_SET_ITEM(b, i, v);
+    }
+    if (PyDict_SetItemString(d, "latency_buckets", b) != 0) { Py_DECREF(b); Py_DECREF(d); return NULL; }
+    Py_DECREF(b);
+    return Py_BuildValue("(iN)", 0, d);
+}
 %}
+

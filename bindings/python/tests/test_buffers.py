@@ -32,10 +32,18 @@ def test_numpy_uint8_regions():
     assert (np.delete(b, [10, 11, 12], axis=0) == 0xEE).all()
 
 
-def test_numpy_other_dtype_block_len_is_bytes():
-    a = np.zeros((4, 256), np.float16)
-    with kvxfer.Transport(a, **TCP) as t:
-        assert (t.num_blocks, t.block_len) == (4, 512)
+def test_numpy_other_dtype_block_len_is_items():
+    """block_len is view.shape[1], as vLLM's DataTransport defines it; peers
+    exchange it in those units and add_remote_peer converts."""
+    a = np.arange(4 * 256, dtype=np.float16).reshape(4, 256)
+    b = np.zeros((4, 256), np.float16)
+    with kvxfer.Transport(a, **TCP) as src, kvxfer.Transport(b, **TCP) as dst:
+        assert (dst.num_blocks, dst.block_len, dst.block_len_bytes) == (4, 256, 512)
+        _xfer(src, dst, [1, 2], [3, 0])
+        assert (b[3] == a[1]).all() and (b[0] == a[2]).all()
+        with pytest.raises(ValueError):  # bytes where items are meant: a geometry mismatch
+            src.add_remote_peer("x", dst.get_agent_metadata(), dst.base_addr, dst.num_blocks,
+                                dst.block_len_bytes)
 
 
 def test_numpy_rejections():
@@ -196,10 +204,10 @@ def test_numpy_index_arrays_end_to_end():
         ]
         assert None not in ids
         assert set(wait_for(src, ids)[0].values()) == {"done"}
-        with pytest.raises(ValueError):
-            src.write_blocks("dst", np.array([0, -1]), np.array([0, 1]))
-        with pytest.raises(ValueError):
-            src.write_blocks("dst", np.array([nb]), np.array([0]))
+        # index values come from the peer: None (last_error), never an exception
+        assert src.write_blocks("dst", np.array([0, -1]), np.array([0, 1])) is None
+        assert src.last_error.code == kvxfer.ErrorCode.ERANGE
+        assert src.write_blocks("dst", np.array([nb]), np.array([0])) is None
         with pytest.raises(TypeError):
             src.write_blocks("dst", np.array([0.0]), np.array([0]))
         more = [src.write_blocks("dst", [0], [0]) for _ in range(5)]

@@ -125,7 +125,7 @@ FAKE_VLLM_CHECK = textwrap.dedent("""
     with kvxfer.Transport(mem, num_blocks=4, block_len=64, backend="tcp", tcp_listen="127.0.0.1:0") as t:
         assert isinstance(t, base.DataTransport)
         r = t.poll()
-        assert isinstance(r, base.PollResult) and r == ([], [])
+        assert isinstance(r, base.PollResult) and r == ((), ())
     print("registered")
 """)
 
@@ -192,5 +192,5 @@ def test_fork_child_cannot_use_parent_transport():
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-        assert t.poll() == ([], [])  # the parent's transport is unaffected
+        assert t.poll() == ((), ())  # the parent's transport is unaffected
         assert len(t.get_agent_metadata()) > 0

@@ -90,7 +90,7 @@ def test_ids_unique_and_reported_once(pair):
     assert len(set(ids)) == 200 and all(i > 0 for i in ids)
     seen, extra = wait_for(pair.src, ids)
     assert set(seen.values()) == {"done"} and not extra
-    assert pair.src.poll() == kvxfer.PollResult([], [])
+    assert pair.src.poll() == kvxfer.PollResult((), ())
 
 
 def test_poll_collects_more_than_one_array(pair, monkeypatch):
@@ -111,7 +111,7 @@ def test_poll_result_type(pair):
     r = pair.src.poll()
     assert isinstance(r, tuple) and r._fields == ("done", "failed")
     done, failed = r
-    assert done == [] and failed == []
+    assert done == () and failed == ()  # tuples, as vLLM's tests compare
 
 
 def test_poll_by_peer():
@@ -124,7 +124,7 @@ def test_poll_by_peer():
             b = p.src.write_blocks("c", [2], [2])
             seen_c, extra_c = wait_for(p.src, [b], peer_id="c")
             assert seen_c == {b: "done"} and a not in extra_c
-            assert p.src.poll("unknown-peer") == ([], [])
+            assert p.src.poll("unknown-peer") == ((), ())
             assert wait_for(p.src, [a])[0] == {a: "done"}
     finally:
         p.close()
@@ -164,16 +164,17 @@ def test_remove_and_readd_peer(pair):
 
 
 def test_remove_unknown_peer(pair):
-    with pytest.raises(kvxfer.RequestError) as ei:
-        pair.src.remove_remote_peer("nope")
-    assert ei.value.code == kvxfer.ErrorCode.ENOENT
-    assert not isinstance(ei.value, ValueError)
+    assert pair.src.remove_remote_peer("nope") is None  # a no-op, as vLLM's reaper needs
+    assert pair.src.last_error.code == kvxfer.ErrorCode.ENOENT
+    assert pair.src.remove_remote_peer("") is None  # cannot have been added either
+    with pytest.raises(TypeError):
+        pair.src.remove_remote_peer(7)
 
 
-def test_add_twice(pair):
-    with pytest.raises(kvxfer.RequestError) as ei:
-        connect(pair.src, pair.dst)
-    assert ei.value.code == kvxfer.ErrorCode.EEXIST and ei.value.scope == kvxfer.Scope.REQUEST
+def test_add_twice_replaces(pair):
+    connect(pair.src, pair.dst)  # replaces the registration, no error
+    tid = pair.src.write_blocks("dst", [0], [0])
+    assert wait_for(pair.src, [tid])[0] == {tid: "done"}
 
 
 def test_add_bad_metadata_and_geometry(pair):
@@ -291,22 +292,18 @@ def test_remove_peer_fails_inflight_or_completes(pair):
 
 
 def test_write_blocks_argument_errors(pair):
+    """Values (which vLLM takes from the peer's messages) give None and
+    last_error; only types raise."""
     w = pair.src.write_blocks
-    with pytest.raises(ValueError):
-        w("dst", [0, 1], [0])
-    with pytest.raises(kvxfer.ArgumentError) as ei:
-        w("dst", [16], [0])
-    assert ei.value.code == kvxfer.ErrorCode.ERANGE and "16" in ei.value.message
-    with pytest.raises(ValueError) as ei:
-        w("dst", [0], [99])
-    assert "99" in str(ei.value)
-    with pytest.raises(kvxfer.ArgumentError) as ei:
-        w("dst", [0, 1], [5, 5])
-    assert ei.value.code == kvxfer.ErrorCode.EINVAL
-    with pytest.raises(ValueError):
-        w("dst", [-1], [0])
-    with pytest.raises(ValueError):
-        w("dst", [0], [2 ** 64])
+    err = lambda: pair.src.last_error  # noqa: E731
+    assert w("dst", [0, 1], [0]) is None and err().code == kvxfer.ErrorCode.EINVAL
+    assert w("dst", [16], [0]) is None
+    assert err().code == kvxfer.ErrorCode.ERANGE and "16" in err().message
+    assert w("dst", [0], [99]) is None and "99" in err().message
+    assert w("dst", [0, 1], [5, 5]) is None and err().code == kvxfer.ErrorCode.EINVAL
+    assert w("dst", [-1], [0]) is None and err().code == kvxfer.ErrorCode.ERANGE
+    assert w("dst", [0], [2 ** 64]) is None and err().code == kvxfer.ErrorCode.ERANGE
+    assert isinstance(err().exception(), ValueError)
     with pytest.raises(TypeError):
         w("dst", [0.0], [0])
     with pytest.raises(TypeError):
@@ -315,12 +312,9 @@ def test_write_blocks_argument_errors(pair):
         w("dst", 0, 0)
     with pytest.raises(TypeError):
         w(b"dst", [0], [0])
-    with pytest.raises(ValueError):
-        w("", [0], [0])
-    with pytest.raises(ValueError):
-        w("x" * 256, [0], [0])
-    with pytest.raises(ValueError):
-        w("a\0b", [0], [0])
+    assert w("", [0], [0]) is None
+    assert w("x" * 256, [0], [0]) is None
+    assert w("a\0b", [0], [0]) is None
     assert pair.src.last_error.code == kvxfer.ErrorCode.EINVAL
     # local duplicates are fine (the same block sent to two places)
     tid = w("dst", [3, 3], [4, 5])
@@ -459,13 +453,18 @@ def test_close_idempotent_and_closed_errors():
     t.close()
     t.close()
     assert t.closed
-    for call in (t.get_agent_metadata, t.poll, lambda: t.write_blocks("p", [0], [0]),
-                 lambda: t.add_remote_peer("p", b"x" * 64, 0, 4, 64), lambda: t.remove_remote_peer("p"),
+    for call in (t.get_agent_metadata, t.poll, lambda: t.add_remote_peer("p", b"x" * 64, 0, 4, 64),
                  lambda: t.cancel([1])):
         with pytest.raises(kvxfer.ClosedError) as ei:
             call()
         assert ei.value.code == kvxfer.ErrorCode.ECLOSED
-        assert isinstance(ei.value, kvxfer.TransportError)
+        assert isinstance(ei.value, kvxfer.TransportError) and not isinstance(ei.value, ValueError)
+    # the DataTransport calls vLLM makes outside its error handling never raise
+    assert t.write_blocks("p", [0], [0]) is None and t.last_error.code == kvxfer.ErrorCode.ECLOSED
+    assert t.remove_remote_peer("p") is None
+    fut = t.add_remote_peer_async("p", b"x" * 64, 0, 4, 64)
+    assert isinstance(fut.exception(timeout=5), kvxfer.ClosedError)
+    assert t.stats()["transfers_done"] == 0  # telemetry stays readable
 
 
 def test_context_manager_closes_on_exception():
@@ -507,7 +506,9 @@ def test_errors_carry_code_and_message():
     assert type(e2) is kvxfer.PeerError and (e2.code, e2.message) == (-111, "refused")
     assert kvxfer.error_scope(kvxfer.ErrorCode.EPEERBROKEN) == kvxfer.Scope.PEER
     assert issubclass(kvxfer.ArgumentError, ValueError) and issubclass(kvxfer.ArgumentError, kvxfer.RequestError)
+    assert issubclass(kvxfer.RequestError, ValueError) and issubclass(kvxfer.PeerError, ValueError)
     assert issubclass(kvxfer.ClosedError, kvxfer.TransportError)
+    assert not issubclass(kvxfer.TransportError, ValueError)
 
 
 def test_not_picklable(pair):

@@ -23,8 +23,18 @@ def pattern(block):
     return bytes((block * 29 + i * 5 + 7) & 0xFF for i in range(BLOCK_LEN))
 
 
+def vllm_plugin():
+    """The entry point through which vLLM loads kvxfer's adapter."""
+    from importlib.metadata import entry_points
+    eps = [e for e in entry_points(group="vllm.general_plugins") if e.name == "kvxfer"]
+    assert len(eps) == 1 and eps[0].value == "kvxfer.vllm:register", eps
+    eps[0].load()  # importable; without KVXFER_VLLM=1 calling it would do nothing
+    return eps[0].value
+
+
 def main():
     print("module:", kvxfer.__file__)
+    print("vllm plugin:", vllm_plugin())
     print("library:", loaded_library())
     print("version:", kvxfer.library_version)
     src = bytearray(b"".join(pattern(b) for b in range(NUM_BLOCKS)))

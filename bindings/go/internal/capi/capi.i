@@ -42,8 +42,17 @@ KVX_SLICE(void, byte)
 KVX_SLICE(const void, byte)
 KVX_SLICE(kvx_transport *, uintptr)
 KVX_SLICE(kvx_options *, uintptr)
+KVX_SLICE(int, int32)
+/* kvx_stats is all uint64_t: it travels as a []uint64 whose element 0 is the
+ * size field (package kvxfer maps the rest by position; KVX_GO_STATS_SIZE
+ * lets its tests check the layout). */
+KVX_SLICE(kvx_stats, uint64)
+%ignore kvx_stats;
+%constant size_t KVX_GO_STATS_SIZE = sizeof(kvx_stats);
 
-%apply uint64_t *KVX_SLICE { uint64_t *out, uint64_t *out_id, uint64_t *done, uint64_t *failed, uint64_t *inflight };
+%apply uint64_t *KVX_SLICE { uint64_t *out, uint64_t *out_id, uint64_t *out_reg, uint64_t *done, uint64_t *failed, uint64_t *inflight };
+%apply int *KVX_SLICE { int *out_state, int *out_error };
+%apply kvx_stats *KVX_SLICE { kvx_stats *out };
 %apply const uint64_t *KVX_SLICE { const uint64_t *local_idxs, const uint64_t *remote_idxs, const uint64_t *ids };
 %apply size_t *KVX_SLICE { size_t *out_len, size_t *out_n_done, size_t *out_n_failed, size_t *out_n_inflight };
 %apply char *KVX_SLICE { char *out };

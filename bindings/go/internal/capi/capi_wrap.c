@@ -13,9 +13,9 @@ extern
 #ifdef __cplusplus
   "C"
 #endif
-  void cgo_panic__capi_9c4791b8df16e0b1(const char*);
+  void cgo_panic__capi_b536363a61e19449(const char*);
 static void _swig_gopanic(const char *p) {
-  cgo_panic__capi_9c4791b8df16e0b1(p);
+  cgo_panic__capi_b536363a61e19449(p);
 }
 
 
@@ -203,7 +203,7 @@ typedef char kvx_go_size_t_is_64_bit[sizeof(size_t) == sizeof(uint64_t) ? 1 : -1
 extern "C" {
 #endif
 
-void _wrap_Swig_free_capi_9c4791b8df16e0b1(void *_swig_go_0) {
+void _wrap_Swig_free_capi_b536363a61e19449(void *_swig_go_0) {
   void *arg1 = (void *) 0 ;
   
   arg1 = *(void **)&_swig_go_0; 
@@ -213,7 +213,7 @@ void _wrap_Swig_free_capi_9c4791b8df16e0b1(void *_swig_go_0) {
 }
 
 
-void *_wrap_Swig_malloc_capi_9c4791b8df16e0b1(intgo _swig_go_0) {
+void *_wrap_Swig_malloc_capi_b536363a61e19449(intgo _swig_go_0) {
   int arg1 ;
   void *result = 0 ;
   void *_swig_go_result;
@@ -226,18 +226,29 @@ void *_wrap_Swig_malloc_capi_9c4791b8df16e0b1(intgo _swig_go_0) {
 }
 
 
-intgo _wrap_KVX_VERSION_NUMBER_capi_9c4791b8df16e0b1() {
-  int result;
-  intgo _swig_go_result;
+long long _wrap_KVX_GO_STATS_SIZE_capi_b536363a61e19449() {
+  size_t result;
+  long long _swig_go_result;
   
   
-  result = (int)((0*10000+1*100+0));
+  result = (size_t)(sizeof(kvx_stats));
   _swig_go_result = result; 
   return _swig_go_result;
 }
 
 
-intgo _wrap_kvx_version_number_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_VERSION_NUMBER_capi_b536363a61e19449() {
+  int result;
+  intgo _swig_go_result;
+  
+  
+  result = (int)((0*10000+2*100+0));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_version_number_capi_b536363a61e19449() {
   unsigned int result;
   intgo _swig_go_result;
   
@@ -248,7 +259,7 @@ intgo _wrap_kvx_version_number_capi_9c4791b8df16e0b1() {
 }
 
 
-_gostring_ _wrap_kvx_version_string_capi_9c4791b8df16e0b1() {
+_gostring_ _wrap_kvx_version_string_capi_b536363a61e19449() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -259,7 +270,7 @@ _gostring_ _wrap_kvx_version_string_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_OK_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_OK_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -271,7 +282,7 @@ intgo _wrap_KVX_OK_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EPERM_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EPERM_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -283,7 +294,7 @@ intgo _wrap_KVX_EPERM_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_ENOENT_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_ENOENT_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -295,7 +306,7 @@ intgo _wrap_KVX_ENOENT_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_ENOMEM_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_ENOMEM_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -307,7 +318,7 @@ intgo _wrap_KVX_ENOMEM_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EBUSY_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EBUSY_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -319,7 +330,7 @@ intgo _wrap_KVX_EBUSY_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EEXIST_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EEXIST_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -331,7 +342,7 @@ intgo _wrap_KVX_EEXIST_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EINVAL_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EINVAL_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -343,7 +354,7 @@ intgo _wrap_KVX_EINVAL_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_ERANGE_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_ERANGE_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -355,7 +366,7 @@ intgo _wrap_KVX_ERANGE_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_ENOBUFS_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_ENOBUFS_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -367,7 +378,7 @@ intgo _wrap_KVX_ENOBUFS_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_ENOTSUP_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_ENOTSUP_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -379,7 +390,7 @@ intgo _wrap_KVX_ENOTSUP_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EOVERFLOW_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EOVERFLOW_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -391,7 +402,7 @@ intgo _wrap_KVX_EOVERFLOW_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_ECONNREFUSED_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_ECONNREFUSED_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -403,7 +414,7 @@ intgo _wrap_KVX_ECONNREFUSED_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_ETIMEDOUT_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_ETIMEDOUT_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -415,7 +426,7 @@ intgo _wrap_KVX_ETIMEDOUT_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_ECONNRESET_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_ECONNRESET_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -427,7 +438,7 @@ intgo _wrap_KVX_ECONNRESET_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EHOSTUNREACH_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EHOSTUNREACH_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -439,7 +450,19 @@ intgo _wrap_KVX_EHOSTUNREACH_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_ERRNO_OFFSET_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_ECANCELED_capi_b536363a61e19449() {
+  enum kvx_error result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_ECANCELED;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_ERRNO_OFFSET_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -451,7 +474,7 @@ intgo _wrap_KVX_ERRNO_OFFSET_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_ECLOSED_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_ECLOSED_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -463,7 +486,7 @@ intgo _wrap_KVX_ECLOSED_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EBADMETA_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EBADMETA_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -475,7 +498,7 @@ intgo _wrap_KVX_EBADMETA_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EVERSION_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EVERSION_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -487,7 +510,7 @@ intgo _wrap_KVX_EVERSION_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EFINGERPRINT_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EFINGERPRINT_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -499,7 +522,7 @@ intgo _wrap_KVX_EFINGERPRINT_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EGEOMETRY_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EGEOMETRY_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -511,7 +534,7 @@ intgo _wrap_KVX_EGEOMETRY_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EPEERBROKEN_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EPEERBROKEN_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -523,7 +546,7 @@ intgo _wrap_KVX_EPEERBROKEN_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EAUTH_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EAUTH_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -535,7 +558,7 @@ intgo _wrap_KVX_EAUTH_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_ECONFIG_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_ECONFIG_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -547,7 +570,7 @@ intgo _wrap_KVX_ECONFIG_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EBACKEND_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EBACKEND_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -559,7 +582,7 @@ intgo _wrap_KVX_EBACKEND_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_EINTERNAL_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_EINTERNAL_capi_b536363a61e19449() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -571,7 +594,7 @@ intgo _wrap_KVX_EINTERNAL_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_SCOPE_NONE_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_SCOPE_NONE_capi_b536363a61e19449() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -583,7 +606,7 @@ intgo _wrap_KVX_SCOPE_NONE_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_SCOPE_REQUEST_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_SCOPE_REQUEST_capi_b536363a61e19449() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -595,7 +618,7 @@ intgo _wrap_KVX_SCOPE_REQUEST_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_SCOPE_PEER_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_SCOPE_PEER_capi_b536363a61e19449() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -607,7 +630,7 @@ intgo _wrap_KVX_SCOPE_PEER_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_SCOPE_TRANSPORT_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_SCOPE_TRANSPORT_capi_b536363a61e19449() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -619,7 +642,7 @@ intgo _wrap_KVX_SCOPE_TRANSPORT_capi_9c4791b8df16e0b1() {
 }
 
 
-_gostring_ _wrap_kvx_strerror_capi_9c4791b8df16e0b1(intgo _swig_go_0) {
+_gostring_ _wrap_kvx_strerror_capi_b536363a61e19449(intgo _swig_go_0) {
   int arg1 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -632,7 +655,7 @@ _gostring_ _wrap_kvx_strerror_capi_9c4791b8df16e0b1(intgo _swig_go_0) {
 }
 
 
-intgo _wrap_kvx_error_scope_of_capi_9c4791b8df16e0b1(intgo _swig_go_0) {
+intgo _wrap_kvx_error_scope_of_capi_b536363a61e19449(intgo _swig_go_0) {
   int arg1 ;
   kvx_error_scope result;
   intgo _swig_go_result;
@@ -645,7 +668,7 @@ intgo _wrap_kvx_error_scope_of_capi_9c4791b8df16e0b1(intgo _swig_go_0) {
 }
 
 
-_gostring_ _wrap_kvx_last_error_message_capi_9c4791b8df16e0b1() {
+_gostring_ _wrap_kvx_last_error_message_capi_b536363a61e19449() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -656,7 +679,7 @@ _gostring_ _wrap_kvx_last_error_message_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_kvx_options_create_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0) {
+intgo _wrap_kvx_options_create_capi_b536363a61e19449(_goslice_ _swig_go_0) {
   kvx_options **arg1 = (kvx_options **) 0 ;
   int result;
   intgo _swig_go_result;
@@ -671,7 +694,7 @@ intgo _wrap_kvx_options_create_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0) {
 }
 
 
-void _wrap_kvx_options_destroy_capi_9c4791b8df16e0b1(kvx_options *_swig_go_0) {
+void _wrap_kvx_options_destroy_capi_b536363a61e19449(kvx_options *_swig_go_0) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   
   arg1 = (kvx_options *)_swig_go_0; 
@@ -681,7 +704,7 @@ void _wrap_kvx_options_destroy_capi_9c4791b8df16e0b1(kvx_options *_swig_go_0) {
 }
 
 
-intgo _wrap_kvx_options_set_capi_9c4791b8df16e0b1(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_options_set_capi_b536363a61e19449(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   char *arg2 = (char *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -708,7 +731,7 @@ intgo _wrap_kvx_options_set_capi_9c4791b8df16e0b1(kvx_options *_swig_go_0, _gost
 }
 
 
-intgo _wrap_kvx_transport_create_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
+intgo _wrap_kvx_transport_create_capi_b536363a61e19449(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
   kvx_transport **arg1 = (kvx_transport **) 0 ;
   void *arg2 = (void *) 0 ;
   uint64_t arg3 ;
@@ -744,7 +767,7 @@ intgo _wrap_kvx_transport_create_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, voi
 }
 
 
-intgo _wrap_kvx_transport_close_capi_9c4791b8df16e0b1(kvx_transport *_swig_go_0) {
+intgo _wrap_kvx_transport_close_capi_b536363a61e19449(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   int result;
   intgo _swig_go_result;
@@ -757,7 +780,7 @@ intgo _wrap_kvx_transport_close_capi_9c4791b8df16e0b1(kvx_transport *_swig_go_0)
 }
 
 
-void _wrap_kvx_transport_destroy_capi_9c4791b8df16e0b1(kvx_transport *_swig_go_0) {
+void _wrap_kvx_transport_destroy_capi_b536363a61e19449(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   
   arg1 = (kvx_transport *)_swig_go_0; 
@@ -767,7 +790,7 @@ void _wrap_kvx_transport_destroy_capi_9c4791b8df16e0b1(kvx_transport *_swig_go_0
 }
 
 
-intgo _wrap_kvx_transport_base_addr_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_base_addr_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -784,7 +807,7 @@ intgo _wrap_kvx_transport_base_addr_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_num_blocks_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_num_blocks_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -801,7 +824,7 @@ intgo _wrap_kvx_transport_num_blocks_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0,
 }
 
 
-intgo _wrap_kvx_transport_block_len_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_block_len_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -818,7 +841,7 @@ intgo _wrap_kvx_transport_block_len_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_config_fingerprint_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_config_fingerprint_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   char *arg1 = (char *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -835,7 +858,7 @@ intgo _wrap_kvx_transport_config_fingerprint_capi_9c4791b8df16e0b1(_goslice_ _sw
 }
 
 
-_gostring_ _wrap_kvx_transport_backend_capi_9c4791b8df16e0b1(kvx_transport *_swig_go_0) {
+_gostring_ _wrap_kvx_transport_backend_capi_b536363a61e19449(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -848,7 +871,7 @@ _gostring_ _wrap_kvx_transport_backend_capi_9c4791b8df16e0b1(kvx_transport *_swi
 }
 
 
-intgo _wrap_kvx_get_agent_metadata_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
+intgo _wrap_kvx_get_agent_metadata_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -871,7 +894,7 @@ intgo _wrap_kvx_get_agent_metadata_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, k
 }
 
 
-intgo _wrap_kvx_add_remote_peer_capi_9c4791b8df16e0b1(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
+intgo _wrap_kvx_add_remote_peer_capi_b536363a61e19449(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -909,7 +932,7 @@ intgo _wrap_kvx_add_remote_peer_capi_9c4791b8df16e0b1(kvx_transport *_swig_go_0,
 }
 
 
-intgo _wrap_kvx_remove_remote_peer_capi_9c4791b8df16e0b1(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_remove_remote_peer_capi_b536363a61e19449(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -935,7 +958,124 @@ intgo _wrap_kvx_remove_remote_peer_capi_9c4791b8df16e0b1(kvx_transport *_swig_go
 }
 
 
-intgo _wrap_kvx_write_blocks_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
+intgo _wrap_KVX_PEER_REPLACE_capi_b536363a61e19449() {
+  enum kvx_add_peer_flag result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_PEER_REPLACE;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_REGISTRATION_PENDING_capi_b536363a61e19449() {
+  enum kvx_registration_state result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_REGISTRATION_PENDING;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_REGISTRATION_DONE_capi_b536363a61e19449() {
+  enum kvx_registration_state result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_REGISTRATION_DONE;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_REGISTRATION_FAILED_capi_b536363a61e19449() {
+  enum kvx_registration_state result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_REGISTRATION_FAILED;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_add_remote_peer_async_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
+  uint64_t *arg1 = (uint64_t *) 0 ;
+  kvx_transport *arg2 = (kvx_transport *) 0 ;
+  char *arg3 = (char *) 0 ;
+  void *arg4 = (void *) 0 ;
+  size_t arg5 ;
+  uint64_t arg6 ;
+  uint64_t arg7 ;
+  uint64_t arg8 ;
+  unsigned int arg9 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (uint64_t *)(_swig_go_0.len ? _swig_go_0.array : NULL); 
+  arg2 = (kvx_transport *)_swig_go_1; 
+  
+  arg3 = NULL;
+  if (_swig_go_2.n > 0) {
+    arg3 = (char *)malloc(_swig_go_2.n + 1);
+    if (!arg3) {
+      _swig_gopanic("kvxfer: out of memory copying a string argument");
+    }
+    memcpy(arg3, _swig_go_2.p, _swig_go_2.n);
+    arg3[_swig_go_2.n] = '\0';
+  }
+  
+  arg4 = (void *)(_swig_go_3.len ? _swig_go_3.array : NULL); 
+  arg5 = (size_t)_swig_go_4; 
+  arg6 = (uint64_t)_swig_go_5; 
+  arg7 = (uint64_t)_swig_go_6; 
+  arg8 = (uint64_t)_swig_go_7; 
+  arg9 = (unsigned int)_swig_go_8; 
+  
+  result = (int)kvx_add_remote_peer_async(arg1,arg2,(char const *)arg3,(void const *)arg4,arg5,arg6,arg7,arg8,arg9);
+  _swig_go_result = result; 
+  
+  
+  
+  free(arg3); 
+  
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_registration_status_capi_b536363a61e19449(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
+  int *arg1 = (int *) 0 ;
+  int *arg2 = (int *) 0 ;
+  kvx_transport *arg3 = (kvx_transport *) 0 ;
+  uint64_t arg4 ;
+  int arg5 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (int *)(_swig_go_0.len ? _swig_go_0.array : NULL); 
+  arg2 = (int *)(_swig_go_1.len ? _swig_go_1.array : NULL); 
+  arg3 = (kvx_transport *)_swig_go_2; 
+  arg4 = (uint64_t)_swig_go_3; 
+  arg5 = (int)_swig_go_4; 
+  
+  result = (int)kvx_registration_status(arg1,arg2,arg3,arg4,arg5);
+  _swig_go_result = result; 
+  
+  
+  
+  
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_write_blocks_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -975,7 +1115,7 @@ intgo _wrap_kvx_write_blocks_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, kvx_tra
 }
 
 
-intgo _wrap_kvx_poll_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
+intgo _wrap_kvx_poll_capi_b536363a61e19449(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
   size_t *arg1 = (size_t *) 0 ;
   size_t *arg2 = (size_t *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1021,7 +1161,7 @@ intgo _wrap_kvx_poll_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, _goslice_ _swig
 }
 
 
-intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_b536363a61e19449() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1033,7 +1173,7 @@ intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_KVX_CANCEL_WAIT_capi_9c4791b8df16e0b1() {
+intgo _wrap_KVX_CANCEL_WAIT_capi_b536363a61e19449() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1045,7 +1185,7 @@ intgo _wrap_KVX_CANCEL_WAIT_capi_9c4791b8df16e0b1() {
 }
 
 
-intgo _wrap_kvx_cancel_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
+intgo _wrap_kvx_cancel_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   uint64_t *arg3 = (uint64_t *) 0 ;
@@ -1074,7 +1214,37 @@ intgo _wrap_kvx_cancel_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, kvx_transport
 }
 
 
-intgo _wrap_kvx_config_fingerprint_capi_9c4791b8df16e0b1(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_get_stats_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
+  kvx_stats *arg1 = (kvx_stats *) 0 ;
+  kvx_transport *arg2 = (kvx_transport *) 0 ;
+  char *arg3 = (char *) 0 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (kvx_stats *)(_swig_go_0.len ? _swig_go_0.array : NULL); 
+  arg2 = (kvx_transport *)_swig_go_1; 
+  
+  arg3 = NULL;
+  if (_swig_go_2.n > 0) {
+    arg3 = (char *)malloc(_swig_go_2.n + 1);
+    if (!arg3) {
+      _swig_gopanic("kvxfer: out of memory copying a string argument");
+    }
+    memcpy(arg3, _swig_go_2.p, _swig_go_2.n);
+    arg3[_swig_go_2.n] = '\0';
+  }
+  
+  
+  result = (int)kvx_get_stats(arg1,arg2,(char const *)arg3);
+  _swig_go_result = result; 
+  
+  
+  free(arg3); 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_config_fingerprint_capi_b536363a61e19449(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;

@@ -52,6 +52,9 @@ pub enum ErrorKind {
     ConnectionReset,
     /// KVX_EHOSTUNREACH
     HostUnreachable,
+    /// KVX_ECANCELED: a registration was cancelled (its peer removed, or
+    /// added again with replace) before it connected.
+    Canceled,
     /// KVX_ECLOSED: the transport was closed.
     Closed,
     /// KVX_EBADMETA: agent metadata truncated, corrupt or forged.
@@ -95,6 +98,7 @@ impl ErrorKind {
             sys::KVX_ETIMEDOUT => TimedOut,
             sys::KVX_ECONNRESET => ConnectionReset,
             sys::KVX_EHOSTUNREACH => HostUnreachable,
+            sys::KVX_ECANCELED => Canceled,
             sys::KVX_ECLOSED => Closed,
             sys::KVX_EBADMETA => BadMetadata,
             sys::KVX_EVERSION => Version,

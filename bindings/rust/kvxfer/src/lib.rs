@@ -37,10 +37,14 @@
 
 mod error;
 mod options;
+mod registration;
+mod stats;
 mod transport;
 
 pub use error::{strerror, Error, ErrorKind, Result, Scope};
 pub use options::Options;
+pub use registration::PendingPeer;
+pub use stats::{latency_bucket_bounds, Stats, LATENCY_BUCKETS};
 pub use transport::{CancelMode, PollResult, Transport};
 
 /// The raw bindings, for what this crate does not wrap.
@@ -93,5 +97,7 @@ const _: () = {
         send_sync::<Options>();
         send_sync::<Error>();
         send_sync::<PollResult>();
+        send_sync::<PendingPeer<'static, 'static>>();
+        send_sync::<Stats>();
     }
 };

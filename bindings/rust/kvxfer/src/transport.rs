@@ -1,6 +1,8 @@
 //! `Transport`: one local region, its peers and its transfers.
 use crate::error::{check, Error, Result};
 use crate::options::{cstring, Options};
+use crate::registration::PendingPeer;
+use crate::stats::Stats;
 use kvxfer_sys as sys;
 use std::ffi::{CStr, CString};
 use std::fmt;
@@ -392,8 +394,42 @@ impl<'r> Transport<'r> {
         })
     }
 
+    /// Start registering a remote peer without blocking
+    /// (`kvx_add_remote_peer_async`): the arguments and the metadata are
+    /// checked now (errors returned at once), the connection is made on a
+    /// thread of the library, and the returned [`PendingPeer`] tells the
+    /// outcome. With `replace`, a peer registered under `peer_id`, or a
+    /// registration of it in progress, is replaced instead of failing with
+    /// `PeerExists` (the old peer's transfers in flight fail).
+    pub fn add_remote_peer_async(
+        &self,
+        peer_id: &str,
+        metadata: &[u8],
+        base_addr: u64,
+        num_blocks: u64,
+        block_len: u64,
+        replace: bool,
+    ) -> Result<PendingPeer<'_, 'r>> {
+        PendingPeer::start(
+            self,
+            peer_id,
+            metadata,
+            (base_addr, num_blocks, block_len),
+            replace,
+        )
+    }
+
+    /// Telemetry of the transport (`None`: every peer it ever had) or of one
+    /// peer (since it was first added; removing it forgets them)
+    /// (`kvx_get_stats`).
+    pub fn stats(&self, peer_id: Option<&str>) -> Result<Stats> {
+        crate::stats::get(self, peer_id)
+    }
+
     /// Unregister a peer; its transfers in flight fail (they surface in
-    /// [`Transport::poll`]'s `failed`). The id may be added again afterwards.
+    /// [`Transport::poll`]'s `failed`), and a registration of it in progress
+    /// ([`Transport::add_remote_peer_async`]) is cancelled. The id may be
+    /// added again afterwards.
     pub fn remove_remote_peer(&self, peer_id: &str) -> Result<()> {
         let id = cstring("peer id", peer_id)?;
         // SAFETY: live handle; id NUL-terminated.

@@ -1,0 +1,106 @@
+//! Telemetry (`kvx_get_stats`).
+use crate::error::{check, Result};
+use crate::options::cstring;
+use crate::transport::Transport;
+use kvxfer_sys as sys;
+use std::ptr;
+
+/// Buckets of [`Stats::latency_buckets`].
+pub const LATENCY_BUCKETS: usize = sys::KVX_STATS_LATENCY_BUCKETS as usize;
+
+/// Counters of a transport or of one peer ([`Transport::stats`]): transfers
+/// and bytes by how they ended, what is in flight, connects, and the latency
+/// of done transfers (from `write_blocks` to the moment the library learnt
+/// the bytes landed) as percentiles and as a histogram of fixed log buckets
+/// ([`latency_bucket_bounds`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct Stats {
+    pub transfers_done: u64,
+    pub transfers_failed: u64,
+    pub transfers_cancelled: u64,
+    pub bytes_done: u64,
+    pub bytes_failed: u64,
+    pub bytes_cancelled: u64,
+    pub transfers_inflight: u64,
+    pub bytes_inflight: u64,
+    pub peers: u64,
+    pub peers_connecting: u64,
+    pub connects: u64,
+    pub connect_failures: u64,
+    pub connect_ns_total: u64,
+    pub connect_ns_max: u64,
+    pub connect_ns_last: u64,
+    pub latency_count: u64,
+    pub latency_ns_p50: u64,
+    pub latency_ns_p90: u64,
+    pub latency_ns_p99: u64,
+    pub latency_ns_p999: u64,
+    pub latency_ns_max: u64,
+    /// Counts per bucket ([`LATENCY_BUCKETS`] of them).
+    pub latency_buckets: Vec<u64>,
+}
+
+/// `(lo, hi)` in ns of latency bucket `i`: it holds latencies in `[lo, hi)`;
+/// `hi` is `None` for the last bucket. Panics if `i >= LATENCY_BUCKETS`.
+pub fn latency_bucket_bounds(i: usize) -> (u64, Option<u64>) {
+    assert!(
+        i < LATENCY_BUCKETS,
+        "latency bucket {} >= {}",
+        i,
+        LATENCY_BUCKETS
+    );
+    let lo = |k: usize| -> u64 {
+        if k < 8 {
+            k as u64
+        } else {
+            ((8 + k % 8) as u64) << (k / 8 - 1)
+        }
+    };
+    (
+        lo(i),
+        if i + 1 < LATENCY_BUCKETS {
+            Some(lo(i + 1))
+        } else {
+            None
+        },
+    )
+}
+
+pub(crate) fn get(t: &Transport<'_>, peer_id: Option<&str>) -> Result<Stats> {
+    let id = match peer_id {
+        Some(p) => Some(cstring("peer id", p)?),
+        None => None,
+    };
+    // SAFETY: kvx_stats is plain integers: all-zero is a valid value.
+    let mut s: sys::kvx_stats = unsafe { std::mem::zeroed() };
+    s.size = std::mem::size_of::<sys::kvx_stats>() as u64;
+    let id_ptr = id.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+    // SAFETY: live handle; s is a kvx_stats of the size it says; id is NULL
+    // or NUL-terminated.
+    check(unsafe { sys::kvx_get_stats(&mut s, t.as_raw(), id_ptr) })?;
+    Ok(Stats {
+        transfers_done: s.transfers_done,
+        transfers_failed: s.transfers_failed,
+        transfers_cancelled: s.transfers_cancelled,
+        bytes_done: s.bytes_done,
+        bytes_failed: s.bytes_failed,
+        bytes_cancelled: s.bytes_cancelled,
+        transfers_inflight: s.transfers_inflight,
+        bytes_inflight: s.bytes_inflight,
+        peers: s.peers,
+        peers_connecting: s.peers_connecting,
+        connects: s.connects,
+        connect_failures: s.connect_failures,
+        connect_ns_total: s.connect_ns_total,
+        connect_ns_max: s.connect_ns_max,
+        connect_ns_last: s.connect_ns_last,
+        latency_count: s.latency_count,
+        latency_ns_p50: s.latency_ns_p50,
+        latency_ns_p90: s.latency_ns_p90,
+        latency_ns_p99: s.latency_ns_p99,
+        latency_ns_p999: s.latency_ns_p999,
+        latency_ns_max: s.latency_ns_max,
+        latency_buckets: s.latency_buckets.to_vec(),
+    })
+}
