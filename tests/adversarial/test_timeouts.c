@@ -16,6 +16,11 @@
 #define NB 64
 #define BL (1u << 20)
 
+static pid_t g_frozen;  /* killed at exit: a failed assertion never leaves it stopped */
+static void kill_frozen(void) {
+    if (g_frozen > 0) kill(g_frozen, SIGKILL);
+}
+
 static void test_burst_on_healthy_link(void **state) {
     (void)state;
     child_target c;
@@ -57,6 +62,8 @@ static void test_frozen_target(void **state) {
     region r = region_new(NB, BL, 0);
     kvx_transport *a = transport_new(&r, NULL, test_options("transfer_timeout_ms=1000", NULL));
     add_peer(a, "t", &c.meta);
+    g_frozen = c.pid;
+    atexit(kill_frozen);
     assert_int_equal(kill(c.pid, SIGSTOP), 0);
     uint64_t ids[N];
     uint64_t t0 = now_ms();
@@ -78,6 +85,7 @@ static void test_frozen_target(void **state) {
     uint64_t l = 0, rm = 0, id;
     CHECK_ERR(kvx_write_blocks(&id, a, "t", &l, &rm, 1), KVX_EPEERBROKEN);
     assert_int_equal(kill(c.pid, SIGCONT), 0);
+    g_frozen = 0;
     CHECK_OK(kvx_remove_remote_peer(a, "t"));
     add_peer(a, "t", &c.meta);
     fill_block(r.base, BL, 0, 9);

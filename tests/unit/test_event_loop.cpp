@@ -65,7 +65,7 @@ void test_timers_in_order(void **) {
     Recorder r;
     r.loop = &loop;
     const auto t0 = Clock::now();
-    const int delays_ms[] = {60, 20, 40, 0};
+    const int delays_ms[] = {600, 200, 400, 0};  // wide apart: adding them may be preempted under load
     for (int i = 0; i < 4; i++) assert_true(loop.add_timer(t0 + std::chrono::milliseconds(delays_ms[i]), &r, i) != 0);
     assert_true(wait_for([&] { return r.n_fired() == 4; }, 5000ms));
     std::this_thread::sleep_for(50ms);  // and each only once
