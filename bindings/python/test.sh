@@ -125,7 +125,9 @@ rm -rf "$OUT/dist-bundled" "$OUT/venv-bundled" "$OUT/src/python/build"
 "$PY" -m venv --system-site-packages "$OUT/venv-bundled"
 "$OUT/venv-bundled/bin/python" -m pip install -q --no-index --no-deps "$OUT"/dist-bundled/kvxfer-*.whl
 EXT=$(ls "$OUT"/venv-bundled/lib/python3*/site-packages/kvxfer/__native*.so)
-ldd "$EXT" | grep -q "libkvxfer.so.0 => $(dirname "$EXT")/libkvxfer.so.0" ||
-    { ldd "$EXT" >&2; echo "kvxfer python: bundled extension does not load its own libkvxfer" >&2; exit 1; }
+# (through a file: with pipefail, grep -q exiting early can kill ldd with SIGPIPE)
+ldd "$EXT" >"$OUT/ldd-bundled.txt"
+grep -q "libkvxfer.so.0 => $(dirname "$EXT")/libkvxfer.so.0" "$OUT/ldd-bundled.txt" ||
+    { cat "$OUT/ldd-bundled.txt" >&2; echo "kvxfer python: bundled extension does not load its own libkvxfer" >&2; exit 1; }
 (cd / && KVXFER_NO_VLLM=1 "$OUT/venv-bundled/bin/python" -I "$HERE/examples/quickstart.py")
 say "all passed"
