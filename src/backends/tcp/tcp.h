@@ -143,9 +143,9 @@ struct Awaiting {
     uint64_t seq = 0;
 };
 
-// The streams to one peer. Callers queue parts under mu_ and wake the loop;
-// the loop thread alone writes frames and reads acknowledgements, and
-// completes transfers with no lock held.
+// The streams to one peer. Callers queue transfers under mu_ and wake the
+// loop; the loop thread alone splits them into parts, writes frames, reads
+// acknowledgements, and completes transfers with no lock held.
 class TcpPeer final : public BackendPeer {
 public:
     TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<net::Fd> fds);
@@ -170,11 +170,21 @@ private:
         std::deque<Awaiting> awaiting;
         std::array<uint8_t, kAckLen> ack_part{};  // an ack cut by a recv
         size_t ack_have = 0;
+        bool idle = true;  // found the queue empty: takes more only when woken (under mu_)
+    };
+    // A transfer not started yet, in 40 bytes (most have one run, kept
+    // inline): a million may wait behind a stalled peer. first.len == 0: dropped.
+    struct Queued {
+        uint64_t id;
+        Run first;
+        std::unique_ptr<std::vector<Run>> rest;
     };
     void pump();
     void on_stream(Stream &s, uint32_t events);
     void send_more(Stream &s);
     bool take_batch(Stream &s);
+    bool next_part_locked(Part *out);
+    std::deque<Queued>::iterator find_queued_locked(uint64_t id);
     bool read_acks(Stream &s);
     void want_writable(Stream &s, bool on);
     void fail_on_loop(int status, CompletionBatch &victims);
@@ -185,9 +195,11 @@ private:
     std::string peer_id_;
     CompletionSink *sink_;
     std::vector<std::unique_ptr<Stream>> streams_;
-    std::mutex mu_;  // guards queue_, stop_, kicked_, alive_, next_seq_
-    std::deque<Part> queue_;
+    std::mutex mu_;  // guards queue_, split_, stop_, kicked_, alive_, next_seq_
+    std::deque<Queued> queue_;  // in id order, so that a drop finds its id by bisection
+    std::deque<Part> split_;    // the parts of started transfers no stream took yet
     bool stop_ = false;
+    size_t idle_streams_ = 0;       // streams a submit must wake
     bool kicked_ = false;           // a pump is posted and has not started yet
     std::shared_ptr<void> alive_;   // a posted pump runs only while this lives
     uint64_t next_seq_ = 1;

@@ -3,8 +3,10 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 
 #include "backends/tcp/tcp.h"
 #include "util/error.h"
@@ -103,6 +105,7 @@ std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerC
 TcpPeer::TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<net::Fd> fds)
     : loop_(ctx.loop), region_(ctx.region), peer_id_(pc.peer_id), sink_(pc.sink), alive_(std::make_shared<char>()) {
     for (auto &fd : fds) streams_.push_back(std::make_unique<Stream>(*this, std::move(fd), region_));
+    idle_streams_ = streams_.size();
 }
 
 TcpPeer::~TcpPeer() { shutdown(); }
@@ -122,16 +125,21 @@ void TcpPeer::start() {
 }
 
 void TcpPeer::submit(Op op) {
-    std::vector<Part> parts = split_op(std::move(op), streams_.size(), kSplitMin, region_.block_len);
+    Queued q{op.id, op.runs.front(), nullptr};  // the core never submits an empty transfer
+    if (op.runs.size() > 1) q.rest = std::make_unique<std::vector<Run>>(op.runs.begin() + 1, op.runs.end());
     std::weak_ptr<void> alive;
     bool queued = false, kick = false;
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (!stop_) {
-            for (auto &p : parts) queue_.push_back(std::move(p));
+            // Ids grow with each caller's submits: the place is at the end, or near it.
+            auto pos = queue_.end();
+            while (pos != queue_.begin() && std::prev(pos)->id > q.id) --pos;
+            queue_.insert(pos, std::move(q));
             queued = true;
-            kick = !kicked_;
-            kicked_ = true;
+            // A busy stream takes more by itself once its batch is out.
+            kick = idle_streams_ > 0 && !kicked_;
+            kicked_ |= kick;
             alive = alive_;
         }
     }
@@ -141,17 +149,29 @@ void TcpPeer::submit(Op op) {
     });
     if (queued) return;
     CompletionBatch out;
-    out.fail(*parts.front().op, break_status_.load() ? break_status_.load() : KVX_EPEERBROKEN);
+    out.add(op.id, break_status_.load() ? break_status_.load() : KVX_EPEERBROKEN);
     out.deliver(*sink_);
+}
+
+// Ids are unique and increasing along queue_, so id sits at most
+// id - front.id places in: with no other peer's ids in between, exactly there.
+std::deque<TcpPeer::Queued>::iterator TcpPeer::find_queued_locked(uint64_t id) {
+    if (queue_.empty() || id < queue_.front().id) return queue_.end();
+    const size_t guess = static_cast<size_t>(std::min<uint64_t>(id - queue_.front().id, queue_.size() - 1));
+    if (queue_[guess].id == id) return queue_.begin() + static_cast<ptrdiff_t>(guess);
+    auto end = queue_.begin() + static_cast<ptrdiff_t>(guess);
+    auto it = std::lower_bound(queue_.begin(), end, id, [](const Queued &q, uint64_t v) { return q.id < v; });
+    return it != end && it->id == id ? it : queue_.end();
 }
 
 bool TcpPeer::drop_if_not_started(uint64_t id) {
     std::lock_guard<std::mutex> lk(mu_);
-    OpRef op;
-    for (const Part &p : queue_)
-        if (p.op->id == id) op = p.op;
-    if (!op || !op->claim_unstarted()) return false;
-    std::erase_if(queue_, [&](const Part &p) { return p.op == op; });
+    auto it = find_queued_locked(id);
+    if (it == queue_.end() || it->first.len == 0) return false;
+    it->first.len = 0;  // a tombstone keeps the order; the loop skips it
+    it->rest.reset();
+    while (!queue_.empty() && queue_.back().first.len == 0) queue_.pop_back();
+    while (!queue_.empty() && queue_.front().first.len == 0) queue_.pop_front();
     return true;
 }
 
@@ -192,9 +212,8 @@ bool TcpPeer::take_batch(Stream &s) {
     if (stop_) return false;
     uint64_t bytes = 0;
     size_t n = 0;
-    while (!queue_.empty() && n < kBatchParts && (n == 0 || bytes < kBatchBytes)) {
-        Part p = std::move(queue_.front());
-        queue_.pop_front();
+    Part p;
+    while (n < kBatchParts && (n == 0 || bytes < kBatchBytes) && next_part_locked(&p)) {
         p.op->started.store(true);
         const uint64_t seq = next_seq_++;
         bytes += p.bytes;
@@ -202,7 +221,29 @@ bool TcpPeer::take_batch(Stream &s) {
         s.writer.add(std::move(p), seq);
         n++;
     }
+    if (s.idle != (n == 0)) {
+        s.idle = n == 0;
+        s.idle ? idle_streams_++ : idle_streams_--;
+    }
     return n > 0;
+}
+
+// The rest of a started transfer first, else the next queued one that was
+// not dropped, split over the streams now.
+bool TcpPeer::next_part_locked(Part *out) {
+    while (split_.empty() && !queue_.empty()) {
+        Queued q = std::move(queue_.front());
+        queue_.pop_front();
+        if (q.first.len == 0) continue;
+        Op op{q.id, {q.first}, q.first.len};
+        if (q.rest) op.runs.insert(op.runs.end(), q.rest->begin(), q.rest->end());
+        for (size_t i = 1; i < op.runs.size(); i++) op.bytes += op.runs[i].len;
+        for (Part &p : split_op(std::move(op), streams_.size(), kSplitMin, region_.block_len)) split_.push_back(std::move(p));
+    }
+    if (split_.empty()) return false;
+    *out = std::move(split_.front());
+    split_.pop_front();
+    return true;
 }
 
 void TcpPeer::want_writable(Stream &s, bool on) {
@@ -254,8 +295,11 @@ void TcpPeer::fail_on_loop(int status, CompletionBatch &victims) {
         std::lock_guard<std::mutex> lk(mu_);
         if (!broken_.exchange(true)) break_status_.store(status);
         stop_ = true;
-        for (auto &p : queue_) victims.fail(*p.op, status);
+        for (const Queued &q : queue_)
+            if (q.first.len) victims.add(q.id, status);
         queue_.clear();
+        for (const Part &p : split_) victims.fail(*p.op, status);
+        split_.clear();
     }
     for (auto &s : streams_) {
         for (auto &a : s->awaiting) victims.fail(*a.op, status);
