@@ -161,6 +161,10 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        1..3600000, default 5000.
  *   transfer_timeout_ms  a transfer not done after this long fails and its
  *                        peer is marked broken, 1..3600000, default 30000.
+ *                        tcp sockets of both sides get keepalive and
+ *                        TCP_USER_TIMEOUT from it: the connection of a peer
+ *                        host that vanishes without a FIN is released
+ *                        within it (for 2000 and more; 2 s below that).
  *   tcp.listen           "HOST:PORT" to listen on (IPv4, or [IPv6]:PORT),
  *                        default "0.0.0.0:0" (all IPv4 interfaces, any port).
  *   tcp.advertise        comma-separated "HOST:PORT" list put in the metadata
@@ -170,6 +174,19 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        non-loopback IPv4 address of the host that is up,
  *                        then 127.0.0.1 (so one host and several both work).
  *   tcp.streams          TCP connections per peer, 1..16, default 1.
+ *   tcp.handshake_timeout_ms  an accepted connection that has not
+ *                        authenticated within this long is closed,
+ *                        10..60000, default 1000.
+ *   tcp.max_handshakes   unauthenticated connections a target holds at
+ *                        once, 1..65536, default 1024; past it the oldest is
+ *                        closed to admit the newest (a peer whose connection
+ *                        is closed or refused retries until
+ *                        connect_timeout_ms).
+ *   tcp.max_handshakes_per_source  of them, from one source address,
+ *                        1..65536, default 128; more are closed at once.
+ *   tcp.max_connections  authenticated connections a target keeps at once,
+ *                        1..1048576, default 4096; more are closed before
+ *                        their handshake completes.
  *   verbs.device         RDMA device name (e.g. "mlx5_0"); default: the
  *                        first device with an ACTIVE port.
  *   verbs.port           port number on that device, 1..255; default: the

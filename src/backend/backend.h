@@ -6,6 +6,7 @@
 // the registry and never names a backend.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -36,9 +37,43 @@ struct Run {
     uint64_t len;
 };
 
+// A transfer's state, shared by the core (which may cancel it) and the
+// backend (which moves it): reported exactly once, when its last part is done
+// or at its first failure, or never if it was claimed before it started.
+// Every transition is one atomic step, so cancel needs no backend lock and
+// no search: O(1) per id.
+struct OpState {
+    uint64_t id = 0;
+    std::atomic<uint32_t> parts_left{0};
+    std::atomic<uint8_t> state{kQueued};
+    enum : uint8_t { kQueued, kStarted, kReported };
+
+    // The backend is about to put bytes of it on the wire. false: it was
+    // claimed (cancelled) or already failed: drop the part, report nothing.
+    bool try_start() {
+        uint8_t s = kQueued;
+        return state.compare_exchange_strong(s, kStarted) || s == kStarted;
+    }
+    // The core cancels it: true if nothing of it was sent and it will never
+    // be reported; false once it started (it will be reported).
+    bool claim_unstarted() {
+        uint8_t s = kQueued;
+        return state.compare_exchange_strong(s, kReported);
+    }
+    // True for the one caller that reports it.
+    bool report() { return state.exchange(kReported) != kReported; }
+    // One part ended with status. True when the transfer is to be reported
+    // now, with that status (a success only for the last part).
+    bool finish_part(int status) {
+        if (status != 0) return report();
+        return parts_left.fetch_sub(1) == 1 && report();
+    }
+};
+using OpRef = std::shared_ptr<OpState>;
+
 // A transfer as a backend sees it: validated, coalesced runs.
 struct Op {
-    uint64_t id = 0;
+    OpRef state;  // id, and what the core shares with the backend
     std::vector<Run> runs;
     uint64_t bytes = 0;
 };
@@ -78,11 +113,10 @@ class BackendPeer {
 public:
     virtual ~BackendPeer() = default;
     // Queue an op. Never blocks on the network. If the peer is broken or shut
-    // down, the op is failed through the sink.
+    // down, the op is failed through the sink. Before the first byte of a
+    // part leaves, the backend calls op.state->try_start() and drops the part
+    // silently when it says false (the core cancelled the transfer).
     virtual void submit(Op op) = 0;
-    // Remove an op that has not started. true: it was dropped and will never
-    // reach the sink; false: it is on the wire (or unknown) and will.
-    virtual bool drop_if_not_started(uint64_t id) = 0;
     // True once the connection failed; later submits fail fast.
     virtual bool broken() const = 0;
     // Break the connection without waiting (timeout path); pending ops fail.

@@ -4,19 +4,8 @@
 
 namespace kvx {
 
-bool OpState::finish_part(int status) {
-    if (status != 0) return !reported.exchange(true);
-    return parts_left.fetch_sub(1) == 1 && !reported.exchange(true);
-}
-
-bool OpState::claim_unstarted() {
-    if (started.load()) return false;
-    return !reported.exchange(true);
-}
-
 std::vector<Part> split_op(Op &&op, uint64_t max_parts, uint64_t min_part, uint64_t block_len) {
-    auto st = std::make_shared<OpState>();
-    st->id = op.id;
+    OpRef st = std::move(op.state);
     std::vector<Part> parts;
     uint64_t nparts = std::min<uint64_t>(max_parts, std::max<uint64_t>(1, op.bytes / std::max<uint64_t>(1, min_part)));
     if (nparts <= 1) {

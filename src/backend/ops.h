@@ -13,22 +13,6 @@
 
 namespace kvx {
 
-// A transfer in a backend: reported exactly once, when its last part is done
-// or at its first failure, or never if it was dropped before it started.
-struct OpState {
-    uint64_t id = 0;
-    std::atomic<uint32_t> parts_left{0};
-    std::atomic<bool> started{false};
-    std::atomic<bool> reported{false};
-
-    // One part ended with status. True when the transfer is to be reported
-    // now, with that status (a success only for the last part).
-    bool finish_part(int status);
-    // Drop a transfer that has not started: true if it will never be reported.
-    bool claim_unstarted();
-};
-using OpRef = std::shared_ptr<OpState>;
-
 // The share of a transfer one stream or queue pair carries.
 struct Part {
     OpRef op;
@@ -50,7 +34,7 @@ public:
     }
     // Fails the transfer at once (a broken link: all its parts are lost).
     void fail(OpState &op, int status) {
-        if (!op.reported.exchange(true)) out_.emplace_back(op.id, status);
+        if (op.report()) out_.emplace_back(op.id, status);
     }
     // Reports an id the backend never tracked (e.g. refused at submit).
     void add(uint64_t id, int status) { out_.emplace_back(id, status); }

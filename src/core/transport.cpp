@@ -292,19 +292,20 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
     }
     op.bytes = n * bl;
 
+    op.state = std::make_shared<OpState>();
+    uint64_t id;
     {
         std::lock_guard<std::mutex> lk(mu_);
         check_open_locked();
-        op.id = next_id_++;
+        id = op.state->id = next_id_++;
         if (n == 0) {
-            completions_[peer_id].done.push_back(op.id);
-            return op.id;
+            completions_[peer_id].done.push_back(id);
+            return id;
         }
-        inflight_.emplace(op.id, Tracked{peer});
+        inflight_.emplace(id, Tracked{peer.get(), op.state});
         // Idle until now: the stall clock starts with this work.
         if (peer->outstanding.fetch_add(1) == 0) peer->progress();
     }
-    uint64_t id = op.id;
     peer->link->submit(std::move(op));
     return id;
 }
@@ -364,7 +365,6 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
     if (mode != KVX_CANCEL_IMMEDIATE && mode != KVX_CANCEL_WAIT) fail(KVX_EINVAL, "cancel: mode %d is unknown", mode);
     if (n > 0 && ids == nullptr) fail(KVX_EINVAL, "cancel: ids is NULL with n = %zu", n);
     if (mode == KVX_CANCEL_WAIT && n > 0 && inflight == nullptr) fail(KVX_EINVAL, "cancel: wait mode needs an output array");
-    std::vector<std::pair<uint64_t, std::shared_ptr<Peer>>> targets;
     // Ids that finished but were not polled yet: released, never reported
     // (vLLM's handle release succeeds for a finished transfer).
     std::unordered_set<uint64_t> finished;
@@ -373,6 +373,7 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
         std::lock_guard<std::mutex> lk(mu_);
         check_open_locked();
         std::unordered_set<uint64_t> seen;
+        seen.reserve(n);
         for (size_t i = 0; i < n; i++) {
             if (!seen.insert(ids[i]).second) continue;  // an id given twice counts once
             auto it = inflight_.find(ids[i]);
@@ -380,25 +381,17 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
                 finished.insert(ids[i]);  // or unknown, or reported: then nothing matches
                 continue;
             }
-            targets.emplace_back(ids[i], it->second.peer);
-            if (mode == KVX_CANCEL_IMMEDIATE) {
+            // Not started: the backend drops it unseen. Started: it is on the
+            // wire and surfaces in poll (wait), or is forgotten (immediate).
+            bool dropped = it->second.op->claim_unstarted();
+            if (mode == KVX_CANCEL_IMMEDIATE || dropped) {
                 it->second.peer->outstanding.fetch_sub(1);
                 inflight_.erase(it);
+            } else {
+                inflight[still++] = ids[i];
             }
         }
-    }
-    for (auto &[id, peer] : targets) {
-        bool dropped = peer->link->drop_if_not_started(id);
-        if (mode == KVX_CANCEL_IMMEDIATE) continue;
-        std::lock_guard<std::mutex> lk(mu_);
-        if (dropped) {
-            if (inflight_.erase(id)) peer->outstanding.fetch_sub(1);
-        } else if (inflight_.count(id)) inflight[still++] = id;  // on the wire: poll reports it
-        else finished.insert(id);                               // finished meanwhile
-    }
-    if (!finished.empty()) {
-        std::lock_guard<std::mutex> lk(mu_);
-        drop_unpolled_locked(finished);
+        if (!finished.empty()) drop_unpolled_locked(finished);
     }
     return still;
 }

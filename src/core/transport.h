@@ -64,8 +64,11 @@ private:
         void progress() override { progress_ns.store(now_ns(), std::memory_order_relaxed); }
         static int64_t now_ns() { return Clock::now().time_since_epoch().count(); }
     };
+    // An id in flight. The peer outlives it: removing a peer reports all its
+    // transfers (erasing their entries) before the peer goes.
     struct Tracked {
-        std::shared_ptr<Peer> peer;
+        Peer *peer;
+        OpRef op;
     };
     struct Completions {
         std::deque<uint64_t> done, failed;

@@ -117,12 +117,20 @@ size_t encode(const Auth &m, uint8_t *out) {
     return kAuthLen;
 }
 
-size_t encode(const Challenge &m, uint8_t *out) {
-    put_header(out, Kind::challenge);
-    put_le(out + 8, m.challenge_id, 4);
-    memcpy(out + 12, m.nonce.data(), kChallengeNonceLen);
-    return kChallengeLen;
+namespace {
+
+// Header, a u32, then N bytes: the layout of CHALLENGE and ACCEPT.
+template <size_t N>
+size_t put_u32_bytes(uint8_t *out, Kind k, uint32_t v, const std::array<uint8_t, N> &b) {
+    put_header(out, k);
+    put_le(out + 8, v, 4);
+    memcpy(out + 12, b.data(), N);
+    return 12 + N;
 }
+
+}  // namespace
+
+size_t encode(const Challenge &m, uint8_t *out) { return put_u32_bytes(out, Kind::challenge, m.challenge_id, m.nonce); }
 
 size_t encode(const Refuse &m, uint8_t *out) {
     put_header(out, Kind::refuse);
@@ -130,12 +138,7 @@ size_t encode(const Refuse &m, uint8_t *out) {
     return kRefuseLen;
 }
 
-size_t encode(const Accept &m, uint8_t *out) {
-    put_header(out, Kind::accept);
-    put_le(out + 8, m.flags, 4);
-    memcpy(out + 12, m.proof.data(), kProofLen);
-    return kAcceptLen;
-}
+size_t encode(const Accept &m, uint8_t *out) { return put_u32_bytes(out, Kind::accept, m.flags, m.proof); }
 
 size_t message_len(const uint8_t *p) {
     if (get_le(p, 4) != kMagic) fail(KVX_EINVAL, "handshake: bad magic 0x%08x", (unsigned)get_le(p, 4));

@@ -146,11 +146,6 @@ void set_nodelay(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-void set_blocking(int fd, bool blocking) {
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0) fcntl(fd, F_SETFL, blocking ? (fl & ~O_NONBLOCK) : (fl | O_NONBLOCK));
-}
-
 void set_nonblocking(int fd, const char *what) {
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0)
@@ -234,36 +229,6 @@ int write_full_by(int fd, const void *buf, size_t n, Clock::time_point deadline)
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             int rc = wait_fd(fd, POLLOUT, deadline);
             if (rc != 0) return rc;
-        } else if (errno != EINTR) {
-            return -errno;
-        }
-    }
-    return 0;
-}
-
-int read_full(int fd, void *buf, size_t n) {
-    auto *p = static_cast<uint8_t *>(buf);
-    while (n > 0) {
-        ssize_t r = ::recv(fd, p, n, MSG_WAITALL);
-        if (r > 0) {
-            p += r;
-            n -= static_cast<size_t>(r);
-        } else if (r == 0) {
-            return -ECONNRESET;
-        } else if (errno != EINTR) {
-            return -errno;
-        }
-    }
-    return 0;
-}
-
-int write_full(int fd, const void *buf, size_t n) {
-    const auto *p = static_cast<const uint8_t *>(buf);
-    while (n > 0) {
-        ssize_t r = ::send(fd, p, n, MSG_NOSIGNAL);
-        if (r >= 0) {
-            p += r;
-            n -= static_cast<size_t>(r);
         } else if (errno != EINTR) {
             return -errno;
         }

@@ -71,12 +71,8 @@ int connect_by(const Endpoint &e, Clock::time_point deadline, Fd *out);
 int read_full_by(int fd, void *buf, size_t n, Clock::time_point deadline);
 int write_full_by(int fd, const void *buf, size_t n, Clock::time_point deadline);
 
-// Blocking variants without deadline (data path). 0, or -errno (EOF: -ECONNRESET).
-int read_full(int fd, void *buf, size_t n);
-int write_full(int fd, const void *buf, size_t n);
 
 void set_nodelay(int fd);
-void set_blocking(int fd, bool blocking);
 // Sets O_NONBLOCK; throws Error(KVX_EBACKEND) naming what.
 void set_nonblocking(int fd, const char *what);
 

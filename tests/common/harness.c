@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -186,9 +187,16 @@ static void write_all(int fd, const void *p, size_t n) {
     if (write_full(fd, p, n) != 0) _exit(90);
 }
 
-static void child_main(int in, int out, uint64_t nb, uint64_t bl, const char *config) {
+static void child_main(int in, int out, uint64_t nb, uint64_t bl, const char *config, const char *const *opts) {
     region r = region_new(nb, bl, INIT_FILL);
     kvx_options *o = test_options(NULL);
+    for (; opts && *opts; opts++) {
+        char key[128];
+        const char *eq = strchr(*opts, '=');
+        if (!eq) _exit(93);
+        snprintf(key, sizeof key, "%.*s", (int)(eq - *opts), *opts);
+        if (kvx_options_set(o, key, eq + 1) != 0) _exit(93);
+    }
     kvx_transport *t = NULL;
     if (kvx_transport_create(&t, r.base, nb, bl, config, o) != 0) {
         fprintf(stderr, "child: create failed: %s\n", kvx_last_error_message());
@@ -225,7 +233,8 @@ static void child_main(int in, int out, uint64_t nb, uint64_t bl, const char *co
     _exit(0);
 }
 
-void child_start(child_target *c, uint64_t nb, uint64_t bl, const char *config) {
+void child_start_opts(child_target *c, uint64_t nb, uint64_t bl, const char *config, const char *const *opts,
+                      long nofile) {
     int a[2], b[2];
     assert_int_equal(pipe(a), 0);
     assert_int_equal(pipe(b), 0);
@@ -235,13 +244,22 @@ void child_start(child_target *c, uint64_t nb, uint64_t bl, const char *config) 
     if (c->pid == 0) {
         close(a[1]);
         close(b[0]);
-        child_main(a[0], b[1], nb, bl, config);
+        struct rlimit rl;
+        if (nofile > 0 && getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            rl.rlim_cur = (rlim_t)nofile;
+            if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(94);
+        }
+        child_main(a[0], b[1], nb, bl, config, opts);
     }
     close(a[0]);
     close(b[1]);
     c->to_child = a[1];
     c->from_child = b[0];
     if (read_full(c->from_child, &c->meta, sizeof c->meta) != 0) fail_msg("child target did not start");
+}
+
+void child_start(child_target *c, uint64_t nb, uint64_t bl, const char *config) {
+    child_start_opts(c, nb, bl, config, NULL, 0);
 }
 
 int child_verify(child_target *c, uint64_t remote_idx, uint64_t local_idx, uint32_t seed) {

@@ -84,6 +84,10 @@ typedef struct child_target {
     metablob meta;
 } child_target;
 void child_start(child_target *c, uint64_t nb, uint64_t bl, const char *config);
+/* The same with extra "key=value" options (NULL-terminated array, or NULL)
+ * and, when nofile > 0, RLIMIT_NOFILE lowered to nofile in the child. */
+void child_start_opts(child_target *c, uint64_t nb, uint64_t bl, const char *config, const char *const *opts,
+                      long nofile);
 /* Asks the child to verify block remote_idx holds fill_block(local_idx, seed);
  * returns 1 if it does. */
 int child_verify(child_target *c, uint64_t remote_idx, uint64_t local_idx, uint32_t seed);

@@ -1,6 +1,7 @@
 // tcp initiator under concurrency, driven through the backend interface: ops
 // submitted from several threads while another drops queued ones and the
-// link is aborted or shut down mid-flight. Every op that was not dropped is
+// link is aborted or shut down mid-flight (a drop is the core's cancel: a
+// claim on the op's shared state). Every op that was not dropped is
 // reported exactly once, a dropped one never, and after shutdown() returns
 // the sink is never called again. Run under TSan (label threads).
 #include <atomic>
@@ -91,7 +92,8 @@ struct Rig {
 kvx::Op random_op(uint64_t id, std::mt19937 &rng) {
     const uint64_t n = 1 + rng() % kNB, at = rng() % (kNB - n + 1);
     kvx::Op op;
-    op.id = id;
+    op.state = std::make_shared<kvx::OpState>();
+    op.state->id = id;
     op.runs.push_back(kvx::Run{at * kBL, (kNB - n - at) * kBL, n * kBL});
     op.bytes = n * kBL;
     return op;
@@ -100,24 +102,32 @@ kvx::Op random_op(uint64_t id, std::mt19937 &rng) {
 struct Load {
     std::atomic<uint64_t> next_id{1};
     std::mutex mu;
+    std::map<uint64_t, kvx::OpRef> states;  // as the core keeps them, to cancel
     std::set<uint64_t> dropped;
     std::atomic<bool> stop{false};
 };
 
 void submitter(kvx::BackendPeer &p, Load &ld, int seed) {
     std::mt19937 rng(seed);
-    for (int i = 0; i < kPerSubmitter; i++) p.submit(random_op(ld.next_id++, rng));
+    for (int i = 0; i < kPerSubmitter; i++) {
+        kvx::Op op = random_op(ld.next_id++, rng);
+        {
+            std::lock_guard<std::mutex> lk(ld.mu);
+            ld.states.emplace(op.state->id, op.state);
+        }
+        p.submit(std::move(op));
+    }
 }
 
-void dropper(kvx::BackendPeer &p, Load &ld) {
+// Cancels recent ops as the core does: a claim that wins means the backend
+// must never send nor report the op.
+void dropper(Load &ld) {
     std::mt19937 rng(99);
     while (!ld.stop.load()) {
-        const uint64_t hi = ld.next_id.load();
-        const uint64_t id = hi > 8 ? hi - 1 - rng() % 8 : 1;
-        if (p.drop_if_not_started(id)) {
-            std::lock_guard<std::mutex> lk(ld.mu);
-            assert_true(ld.dropped.insert(id).second);
-        }
+        std::lock_guard<std::mutex> lk(ld.mu);
+        if (ld.states.empty()) continue;
+        auto it = std::prev(ld.states.end(), 1 + static_cast<long>(rng() % std::min<size_t>(8, ld.states.size())));
+        if (it->second->claim_unstarted()) assert_true(ld.dropped.insert(it->first).second);
     }
 }
 
@@ -129,7 +139,7 @@ void run(Rig &rig, const std::function<void()> &breaker, bool drain) {
     Load ld;
     std::vector<std::thread> th;
     for (int i = 0; i < kSubmitters; i++) th.emplace_back(submitter, std::ref(*rig.peer), std::ref(ld), i);
-    std::thread drop(dropper, std::ref(*rig.peer), std::ref(ld));
+    std::thread drop(dropper, std::ref(ld));
     breaker();
     for (auto &t : th) t.join();
     ld.stop = true;

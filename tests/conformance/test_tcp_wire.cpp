@@ -76,7 +76,6 @@ int handshake(const Target &tg, const std::array<uint8_t, 32> &secret, const cha
     *status = m.kind == hs::Kind::refuse ? m.refuse.status : 0;
     if (m.kind == hs::Kind::accept)  // the target proves it holds the secret too
         hs::expect_accept(b.data(), hs::encode(m.accept, b.data()), ch, a, secret, "target");
-    kvx::net::set_blocking(fd.get(), true);
     return fd.release();
 }
 
@@ -93,11 +92,10 @@ int send_frame(int fd, const std::vector<kvx::tcp::Segment> &segs, uint64_t tota
     for (size_t i = 0; i < segs.size(); i++)
         kvx::tcp::encode_segment(segs[i], buf.data() + kvx::tcp::kFrameHeaderLen + i * kvx::tcp::kSegLen);
     buf.insert(buf.end(), payload.begin(), payload.end());
-    kvx::net::write_full(fd, buf.data(), buf.size());  // may fail half-way once the server closes
+    auto deadline = kvx::net::Clock::now() + std::chrono::seconds(5);
+    kvx::net::write_full_by(fd, buf.data(), buf.size(), deadline);  // may fail half-way once the server closes
     uint8_t ack[kvx::tcp::kAckLen];
-    struct timeval tv = {5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (kvx::net::read_full(fd, ack, sizeof ack) != 0) return -1;
+    if (kvx::net::read_full_by(fd, ack, sizeof ack, deadline) != 0) return -1;
     kvx::tcp::Ack a = kvx::tcp::decode_ack(ack);
     return a.seq == 77 && a.status == 0 ? 0 : -1;
 }

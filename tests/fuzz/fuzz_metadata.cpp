@@ -27,7 +27,7 @@
 #include <set>
 #include <vector>
 
-#include "backends/tcp/tcp.h"
+#include "backends/tcp/tcp_wire.h"
 #include "kvxfer.h"
 #include "util/bytes.h"
 #include "util/error.h"

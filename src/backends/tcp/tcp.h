@@ -12,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -29,19 +30,35 @@ namespace kvx::tcp {
 
 class TcpServer;
 
+// Where an accepted connection comes from, for the per-source cap: the
+// address (an IPv4-mapped form for IPv4), without the port.
+using SourceAddr = std::array<uint8_t, 16>;
+struct SourceHash {
+    size_t operator()(const SourceAddr &a) const noexcept;
+};
+
+// Keepalive and TCP_USER_TIMEOUT derived from transfer_timeout_ms, so that a
+// peer host that vanishes without a FIN releases the connection within that
+// timeout (for timeouts of 2 s and more; keepalive counts whole seconds).
+void set_liveness(int fd, uint64_t timeout_ms);
+
 // One accepted connection, on the loop thread: the handshake (HELLO ->
 // CHALLENGE, AUTH -> ACCEPT, or REFUSE) before a deadline, then frames whose
 // header and segment table are validated before their payload is read into
 // the region, and the acknowledgements, written without blocking.
 class TcpConn final : private EventLoop::Source {
 public:
-    TcpConn(TcpServer &server, net::Fd fd);
+    TcpConn(TcpServer &server, net::Fd fd, const SourceAddr &src);
     // Attaches to the loop and arms the handshake deadline; false when the
     // loop is stopped.
     bool start(Clock::time_point deadline);
     // Never called again once this returns; the socket closes with the object.
     void stop();
     bool authenticated() const { return state_ >= State::frame_head; }
+    const SourceAddr &source() const { return src_; }
+    int fd() const { return fd_.get(); }
+    // Its place in the server's queue of unauthenticated connections, oldest first.
+    std::list<TcpConn *>::iterator queued;
 
 private:
     enum class State { hello, auth, refused, frame_head, frame_segs, payload };
@@ -51,7 +68,7 @@ private:
     Next read_turn();
     Next read_handshake();
     Next answer();
-    void on_authenticated();
+    bool on_authenticated();
     Next read_head();
     void start_payload();
     Next read_payload();
@@ -61,6 +78,7 @@ private:
     TcpServer &server_;
     const BackendContext &ctx_;
     net::Fd fd_;
+    SourceAddr src_;
     uint64_t token_ = 0, deadline_ = 0;
     uint32_t events_ = 0;
     State state_ = State::hello;
@@ -76,8 +94,12 @@ private:
 };
 
 // The listener: accepts on the loop thread and admits connections to the
-// handshake. Admission today: at most 64 unauthenticated connections at
-// once, each closed if it has not authenticated within connect_timeout_ms.
+// handshake so that no flood of unauthenticated connections locks peers out:
+// each has tcp.handshake_timeout_ms to authenticate; a source address holds
+// at most tcp.max_handshakes_per_source of them (more are closed at once);
+// past tcp.max_handshakes in all, the oldest is shed for the newest, so an
+// idle flood cannot starve a peer that completes its handshake promptly.
+// Authenticated connections are at most tcp.max_connections.
 class TcpServer final : private EventLoop::Source {
 public:
     explicit TcpServer(const BackendContext &ctx);
@@ -88,13 +110,15 @@ public:
 
     // For TcpConn, on the loop thread.
     const BackendContext &ctx() const { return ctx_; }
-    void authenticated();
+    // A connection proved itself; false (close it) when tcp.max_connections are open.
+    bool authenticated(TcpConn &c);
     void close(TcpConn &c);  // frees c
 
 private:
     void on_event(int tag, uint32_t events) override;
     void on_timer(int tag) override;
-    void admit(net::Fd fd);
+    void admit(net::Fd fd, const SourceAddr &src);
+    void forget_handshake(TcpConn &c);
     void pause_accepting();
 
     BackendContext ctx_;
@@ -103,7 +127,12 @@ private:
     uint64_t listen_tok_ = 0, resume_timer_ = 0;
     // The loop thread's.
     std::unordered_map<TcpConn *, std::unique_ptr<TcpConn>> conns_;
-    size_t handshaking_ = 0;  // unauthenticated connections
+    std::list<TcpConn *> handshaking_;  // unauthenticated connections, oldest first
+    std::unordered_map<SourceAddr, size_t, SourceHash> per_source_;  // of them, by source address
+    size_t authenticated_ = 0;
+    const size_t max_handshakes_, max_per_source_, max_connections_;
+    const std::chrono::milliseconds handshake_timeout_;
+    uint64_t shed_ = 0, refused_ = 0;  // counted for the log
     bool stopped_ = false;
 };
 
@@ -143,9 +172,9 @@ struct Awaiting {
     uint64_t seq = 0;
 };
 
-// The streams to one peer. Callers queue transfers under mu_ and wake the
-// loop; the loop thread alone splits them into parts, writes frames, reads
-// acknowledgements, and completes transfers with no lock held.
+// The streams to one peer. Callers queue parts under mu_ and wake the loop;
+// the loop thread alone writes frames and reads acknowledgements, and
+// completes transfers with no lock held.
 class TcpPeer final : public BackendPeer {
 public:
     TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<net::Fd> fds);
@@ -153,7 +182,6 @@ public:
     // Puts the streams on the loop; throws Error(KVX_ECLOSED) when it is stopped.
     void start();
     void submit(Op op) override;
-    bool drop_if_not_started(uint64_t id) override;
     bool broken() const override { return broken_.load(); }
     void abort(int status) override;
     void shutdown() override;
@@ -172,19 +200,10 @@ private:
         size_t ack_have = 0;
         bool idle = true;  // found the queue empty: takes more only when woken (under mu_)
     };
-    // A transfer not started yet, in 40 bytes (most have one run, kept
-    // inline): a million may wait behind a stalled peer. first.len == 0: dropped.
-    struct Queued {
-        uint64_t id;
-        Run first;
-        std::unique_ptr<std::vector<Run>> rest;
-    };
     void pump();
     void on_stream(Stream &s, uint32_t events);
     void send_more(Stream &s);
     bool take_batch(Stream &s);
-    bool next_part_locked(Part *out);
-    std::deque<Queued>::iterator find_queued_locked(uint64_t id);
     bool read_acks(Stream &s);
     void want_writable(Stream &s, bool on);
     void fail_on_loop(int status, CompletionBatch &victims);
@@ -195,9 +214,8 @@ private:
     std::string peer_id_;
     CompletionSink *sink_;
     std::vector<std::unique_ptr<Stream>> streams_;
-    std::mutex mu_;  // guards queue_, split_, stop_, kicked_, alive_, next_seq_
-    std::deque<Queued> queue_;  // in id order, so that a drop finds its id by bisection
-    std::deque<Part> split_;    // the parts of started transfers no stream took yet
+    std::mutex mu_;  // guards queue_, stop_, idle_streams_, kicked_, alive_, next_seq_
+    std::deque<Part> queue_;
     bool stop_ = false;
     size_t idle_streams_ = 0;       // streams a submit must wake
     bool kicked_ = false;           // a pump is posted and has not started yet
@@ -211,9 +229,5 @@ private:
 // Opens and authenticates the streams to a peer; throws Error.
 std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerContext &pc);
 
-// The tcp section of the metadata: the endpoints to connect to, in order of preference.
-wire::Section encode_section(const std::vector<net::Endpoint> &eps);
-// Throws Error(KVX_EBADMETA) naming the defect.
-std::vector<net::Endpoint> decode_section(const wire::Section &s);
 
 }  // namespace kvx::tcp

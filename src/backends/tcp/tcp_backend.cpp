@@ -1,7 +1,6 @@
 // The tcp backend's registry entry: options, metadata section, factory.
 #include "backend/registry.h"
 #include "backends/tcp/tcp.h"
-#include "util/bytes.h"
 #include "util/error.h"
 
 namespace kvx {
@@ -10,8 +9,6 @@ namespace tcp {
 
 namespace {
 
-constexpr uint16_t kSectionId = 2;
-constexpr uint8_t kSectionVersion = 0;
 
 constexpr OptionSpec kOptions[] = {
     {"tcp.listen", OptType::hostport, 0, 0, "0.0.0.0:0",
@@ -19,6 +16,14 @@ constexpr OptionSpec kOptions[] = {
     {"tcp.advertise", OptType::hostports, wire::kMaxEndpoints, 0, "",
      "comma-separated HOST:PORT list put in the metadata, in order of preference; PORT 0 = the listening port"},
     {"tcp.streams", OptType::uint, 1, 16, "1", "TCP connections per peer; a transfer of 2 MiB or more is split over them"},
+    {"tcp.handshake_timeout_ms", OptType::uint, 10, 60000, "1000",
+     "an accepted connection that has not authenticated within this long is closed"},
+    {"tcp.max_handshakes", OptType::uint, 1, 65536, "1024",
+     "unauthenticated connections at once; past it the oldest is closed to admit the newest"},
+    {"tcp.max_handshakes_per_source", OptType::uint, 1, 65536, "128",
+     "unauthenticated connections at once from one source address; more are closed at once"},
+    {"tcp.max_connections", OptType::uint, 1, 1048576, "4096",
+     "authenticated connections the target keeps at once; more are closed before their ACCEPT"},
 };
 
 class TcpBackend final : public Backend {
@@ -41,28 +46,6 @@ std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) { retu
 void check_section(const wire::Section &s, const wire::AgentMetadata &) { decode_section(s); }
 
 }  // namespace
-
-wire::Section encode_section(const std::vector<net::Endpoint> &eps) {
-    Writer w;
-    w.u16(static_cast<uint16_t>(eps.size()));
-    w.u16(0);
-    for (const auto &e : eps) wire::put_endpoint(w, e);
-    return wire::Section{kSectionId, kSectionVersion, std::move(w.buf())};
-}
-
-std::vector<net::Endpoint> decode_section(const wire::Section &s) {
-    Reader r(s.body.data(), s.body.size(), KVX_EBADMETA, "metadata tcp section");
-    uint16_t cnt = r.u16("tcp.count");
-    r.u16("tcp.reserved");
-    if (cnt == 0 || cnt > wire::kMaxEndpoints)
-        fail(KVX_EBADMETA, "metadata: tcp endpoint count %u out of range 1..%zu", cnt, wire::kMaxEndpoints);
-    size_t want = 4 + wire::kEndpointLen * cnt;
-    if (s.body.size() != want && !(s.version > kSectionVersion && s.body.size() > want))
-        fail(KVX_EBADMETA, "metadata: tcp section is %zu bytes, expected %zu", s.body.size(), want);
-    std::vector<net::Endpoint> eps;
-    for (uint16_t i = 0; i < cnt; i++) eps.push_back(wire::get_endpoint(r));
-    return eps;
-}
 
 }  // namespace tcp
 

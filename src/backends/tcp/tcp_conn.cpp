@@ -41,8 +41,8 @@ void append(std::vector<uint8_t> &out, const M &m) {
 
 }  // namespace
 
-TcpConn::TcpConn(TcpServer &server, net::Fd fd)
-    : server_(server), ctx_(server.ctx()), fd_(std::move(fd)), need_(handshake::kHeaderLen) {}
+TcpConn::TcpConn(TcpServer &server, net::Fd fd, const SourceAddr &src)
+    : server_(server), ctx_(server.ctx()), fd_(std::move(fd)), src_(src), need_(handshake::kHeaderLen) {}
 
 bool TcpConn::start(Clock::time_point deadline) {
     events_ = EPOLLIN;
@@ -60,8 +60,8 @@ void TcpConn::stop() {
 
 void TcpConn::on_timer(int) {
     deadline_ = 0;
-    KVX_LOG(warn, "tcp: closing a connection that did not authenticate within %llu ms",
-            (unsigned long long)ctx_.options->uint("connect_timeout_ms"));
+    KVX_LOG(debug, "tcp: closing a connection that did not authenticate within %llu ms",
+            (unsigned long long)ctx_.options->uint("tcp.handshake_timeout_ms"));
     server_.close(*this);
 }
 
@@ -125,8 +125,8 @@ TcpConn::Next TcpConn::answer() {
                          ? handshake::verify(ctx_.identity, challenge_, m.auth, &acc, "a tcp connection")
                          : KVX_EAUTH;
             if (status == 0) {
+                if (!on_authenticated()) return Next::close;
                 append(out_, acc);
-                on_authenticated();
                 return Next::more;
             }
         }
@@ -139,15 +139,20 @@ TcpConn::Next TcpConn::answer() {
     return Next::wait;
 }
 
-void TcpConn::on_authenticated() {
+// false: the transport holds tcp.max_connections already; close without an ACCEPT.
+bool TcpConn::on_authenticated() {
+    if (!server_.authenticated(*this)) {
+        KVX_LOG(warn, "tcp: closing an authenticated connection: tcp.max_connections are open");
+        return false;
+    }
     ctx_.loop->cancel_timer(deadline_);
     deadline_ = 0;
-    server_.authenticated();
     net::set_nodelay(fd_.get());
     head_.resize(kHeadLen);
     have_ = 0;
     need_ = kHeadLen;
     state_ = State::frame_head;
+    return true;
 }
 
 // Header and first segment, then the rest of the segment table; nothing of

@@ -3,10 +3,10 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#include <algorithm>
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
-#include <iterator>
+#include <thread>
 
 #include "backends/tcp/tcp.h"
 #include "util/error.h"
@@ -37,10 +37,11 @@ int read_message(int fd, handshake::Bytes &buf, size_t *len, Clock::time_point d
     return net::read_full_by(fd, buf.data() + handshake::kHeaderLen, *len - handshake::kHeaderLen, deadline);
 }
 
-// The shared handshake on a connected socket: 0, a -errno of the socket, or
-// throws Error with the code of a refusal or a failed proof. A target that
-// says "no such transport here" (ECONNREFUSED) comes back as -ECONNREFUSED,
-// so that the next endpoint is tried.
+// A target that answers "no such transport here": the next endpoint, never again.
+constexpr int kOtherTransport = 1;
+
+// The shared handshake on a connected socket: 0, kOtherTransport, a -errno
+// of the socket, or throws Error with the code of a refusal or a failed proof.
 int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const std::string &where) {
     const wire::AgentMetadata &m = *pc.meta;
     handshake::Bytes buf;
@@ -52,7 +53,7 @@ int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const
     try {
         ch = handshake::expect_challenge(buf.data(), len, where.c_str());
     } catch (const Error &e) {
-        if (e.code() == KVX_ECONNREFUSED) return -ECONNREFUSED;  // another transport listens there now
+        if (e.code() == KVX_ECONNREFUSED) return kOtherTransport;  // another transport listens there now
         throw;
     }
     handshake::Auth a = handshake::answer(ch, m.instance_id, m.secret, ctx.identity.fingerprint);
@@ -63,30 +64,51 @@ int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const
     return 0;
 }
 
-// Opens one authenticated connection to the first endpoint that takes it.
+// A busy or flooded target refuses, resets, or closes before the handshake
+// is done: worth another try before the deadline.
+bool transient(int rc) { return rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED; }
+
+// Sleeps 1..2 ms, doubling per attempt up to 64..128 ms (jittered, so a crowd
+// spreads out), never past the deadline.
+void back_off(int attempt, Clock::time_point deadline) {
+    static thread_local uint32_t jitter = static_cast<uint32_t>(Clock::now().time_since_epoch().count());
+    jitter = jitter * 1664525u + 1013904223u;
+    const int64_t base_us = int64_t{1000} << std::min(attempt, 6);
+    auto pause = std::chrono::microseconds(base_us + (jitter >> 8) % base_us);
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, std::max<Clock::duration>(deadline - Clock::now(), {})));
+}
+
+// Opens one authenticated connection to the first endpoint that takes it,
+// in rounds until the deadline while an endpoint only refused or reset.
 net::Fd open_stream(const BackendContext &ctx, const PeerContext &pc, const std::vector<net::Endpoint> &eps) {
     std::string tried;
-    int worst = 0;
-    bool refused_only = true;
-    for (const net::Endpoint &ep : eps) {
-        const std::string where = strfmt("peer '%s' at %s", pc.peer_id.c_str(), ep.str().c_str());
-        net::Fd fd;
-        int rc = net::connect_by(ep, pc.deadline, &fd);
-        if (rc == 0) rc = authenticate(fd.get(), ctx, pc, where);
-        if (rc == 0) {
-            net::set_nodelay(fd.get());  // stays non-blocking: it goes on the event loop
-            KVX_LOG(info, "tcp: connected to %s", where.c_str());
-            return fd;
+    bool timed_out = false, refused_only = true;
+    for (int round = 0;; round++) {
+        bool again = false;
+        tried.clear();
+        for (const net::Endpoint &ep : eps) {
+            const std::string where = strfmt("peer '%s' at %s", pc.peer_id.c_str(), ep.str().c_str());
+            net::Fd fd;
+            int rc = net::connect_by(ep, pc.deadline, &fd);
+            if (rc == 0) rc = authenticate(fd.get(), ctx, pc, where);
+            if (rc == 0) {
+                net::set_nodelay(fd.get());  // stays non-blocking: it goes on the event loop
+                set_liveness(fd.get(), ctx.options->uint("transfer_timeout_ms"));
+                KVX_LOG(info, "tcp: connected to %s after %d retries", where.c_str(), round);
+                return fd;
+            }
+            const char *why = rc == kOtherTransport ? "another transport" : strerror(-rc);
+            tried += strfmt("%s%s: %s", tried.empty() ? "" : ", ", ep.str().c_str(), why);
+            refused_only &= rc == -ECONNREFUSED || rc == kOtherTransport;
+            timed_out |= rc == -ETIMEDOUT;
+            again |= transient(rc);
+            if (Clock::now() >= pc.deadline) break;
         }
-        tried += strfmt("%s%s: %s", tried.empty() ? "" : ", ", ep.str().c_str(), strerror(-rc));
-        refused_only &= rc == -ECONNREFUSED;
-        if (rc == -ETIMEDOUT) worst = KVX_ETIMEDOUT;
-        if (Clock::now() >= pc.deadline) {
-            worst = KVX_ETIMEDOUT;
-            break;
-        }
+        if (!again || Clock::now() >= pc.deadline) break;
+        back_off(round, pc.deadline);
     }
-    int code = worst ? worst : refused_only ? KVX_ECONNREFUSED : KVX_EHOSTUNREACH;
+    timed_out |= Clock::now() >= pc.deadline && !refused_only;
+    int code = timed_out ? KVX_ETIMEDOUT : refused_only ? KVX_ECONNREFUSED : KVX_EHOSTUNREACH;
     fail(code, "peer '%s': cannot connect (%s)", pc.peer_id.c_str(), tried.c_str());
 }
 
@@ -125,17 +147,13 @@ void TcpPeer::start() {
 }
 
 void TcpPeer::submit(Op op) {
-    Queued q{op.id, op.runs.front(), nullptr};  // the core never submits an empty transfer
-    if (op.runs.size() > 1) q.rest = std::make_unique<std::vector<Run>>(op.runs.begin() + 1, op.runs.end());
+    std::vector<Part> parts = split_op(std::move(op), streams_.size(), kSplitMin, region_.block_len);
     std::weak_ptr<void> alive;
     bool queued = false, kick = false;
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (!stop_) {
-            // Ids grow with each caller's submits: the place is at the end, or near it.
-            auto pos = queue_.end();
-            while (pos != queue_.begin() && std::prev(pos)->id > q.id) --pos;
-            queue_.insert(pos, std::move(q));
+            for (auto &p : parts) queue_.push_back(std::move(p));
             queued = true;
             // A busy stream takes more by itself once its batch is out.
             kick = idle_streams_ > 0 && !kicked_;
@@ -149,30 +167,8 @@ void TcpPeer::submit(Op op) {
     });
     if (queued) return;
     CompletionBatch out;
-    out.add(op.id, break_status_.load() ? break_status_.load() : KVX_EPEERBROKEN);
+    out.fail(*parts.front().op, break_status_.load() ? break_status_.load() : KVX_EPEERBROKEN);
     out.deliver(*sink_);
-}
-
-// Ids are unique and increasing along queue_, so id sits at most
-// id - front.id places in: with no other peer's ids in between, exactly there.
-std::deque<TcpPeer::Queued>::iterator TcpPeer::find_queued_locked(uint64_t id) {
-    if (queue_.empty() || id < queue_.front().id) return queue_.end();
-    const size_t guess = static_cast<size_t>(std::min<uint64_t>(id - queue_.front().id, queue_.size() - 1));
-    if (queue_[guess].id == id) return queue_.begin() + static_cast<ptrdiff_t>(guess);
-    auto end = queue_.begin() + static_cast<ptrdiff_t>(guess);
-    auto it = std::lower_bound(queue_.begin(), end, id, [](const Queued &q, uint64_t v) { return q.id < v; });
-    return it != end && it->id == id ? it : queue_.end();
-}
-
-bool TcpPeer::drop_if_not_started(uint64_t id) {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = find_queued_locked(id);
-    if (it == queue_.end() || it->first.len == 0) return false;
-    it->first.len = 0;  // a tombstone keeps the order; the loop skips it
-    it->rest.reset();
-    while (!queue_.empty() && queue_.back().first.len == 0) queue_.pop_back();
-    while (!queue_.empty() && queue_.front().first.len == 0) queue_.pop_front();
-    return true;
 }
 
 // Loop thread: every idle stream takes queued parts. A stream still writing
@@ -212,9 +208,10 @@ bool TcpPeer::take_batch(Stream &s) {
     if (stop_) return false;
     uint64_t bytes = 0;
     size_t n = 0;
-    Part p;
-    while (n < kBatchParts && (n == 0 || bytes < kBatchBytes) && next_part_locked(&p)) {
-        p.op->started.store(true);
+    while (!queue_.empty() && n < kBatchParts && (n == 0 || bytes < kBatchBytes)) {
+        Part p = std::move(queue_.front());
+        queue_.pop_front();
+        if (!p.op->try_start()) continue;  // cancelled while queued
         const uint64_t seq = next_seq_++;
         bytes += p.bytes;
         s.awaiting.push_back(Awaiting{p.op, seq});
@@ -226,24 +223,6 @@ bool TcpPeer::take_batch(Stream &s) {
         s.idle ? idle_streams_++ : idle_streams_--;
     }
     return n > 0;
-}
-
-// The rest of a started transfer first, else the next queued one that was
-// not dropped, split over the streams now.
-bool TcpPeer::next_part_locked(Part *out) {
-    while (split_.empty() && !queue_.empty()) {
-        Queued q = std::move(queue_.front());
-        queue_.pop_front();
-        if (q.first.len == 0) continue;
-        Op op{q.id, {q.first}, q.first.len};
-        if (q.rest) op.runs.insert(op.runs.end(), q.rest->begin(), q.rest->end());
-        for (size_t i = 1; i < op.runs.size(); i++) op.bytes += op.runs[i].len;
-        for (Part &p : split_op(std::move(op), streams_.size(), kSplitMin, region_.block_len)) split_.push_back(std::move(p));
-    }
-    if (split_.empty()) return false;
-    *out = std::move(split_.front());
-    split_.pop_front();
-    return true;
 }
 
 void TcpPeer::want_writable(Stream &s, bool on) {
@@ -295,11 +274,8 @@ void TcpPeer::fail_on_loop(int status, CompletionBatch &victims) {
         std::lock_guard<std::mutex> lk(mu_);
         if (!broken_.exchange(true)) break_status_.store(status);
         stop_ = true;
-        for (const Queued &q : queue_)
-            if (q.first.len) victims.add(q.id, status);
+        for (auto &p : queue_) victims.fail(*p.op, status);
         queue_.clear();
-        for (const Part &p : split_) victims.fail(*p.op, status);
-        split_.clear();
     }
     for (auto &s : streams_) {
         for (auto &a : s->awaiting) victims.fail(*a.op, status);

@@ -1,9 +1,11 @@
 // Target side of the tcp backend: the listener and the admission of accepted
 // connections (TcpConn does the rest), all on the transport's event loop.
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
 #include "backends/tcp/tcp.h"
@@ -14,7 +16,7 @@ namespace kvx::tcp {
 
 namespace {
 
-constexpr size_t kMaxHandshaking = 64;  // unauthenticated connections at once
+constexpr int kBacklog = 4096;          // a burst of connects waits here, not in SYN retransmits
 constexpr int kAcceptBurst = 64;        // accepts per readiness event, then other sources get a turn
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);  // after running out of descriptors
 
@@ -51,9 +53,53 @@ std::vector<net::Endpoint> advertise_list(const std::string &advertise, const ne
     return out;
 }
 
+SourceAddr source_of(const sockaddr_storage &ss) {
+    SourceAddr a{};
+    if (ss.ss_family == AF_INET6) {
+        memcpy(a.data(), &reinterpret_cast<const sockaddr_in6 &>(ss).sin6_addr, 16);
+    } else {
+        a[10] = a[11] = 0xff;
+        memcpy(a.data() + 12, &reinterpret_cast<const sockaddr_in &>(ss).sin_addr, 4);
+    }
+    return a;
+}
+
 }  // namespace
 
-TcpServer::TcpServer(const BackendContext &ctx) : ctx_(ctx) {
+size_t SourceHash::operator()(const SourceAddr &a) const noexcept {
+    uint64_t lo, hi;
+    memcpy(&lo, a.data(), 8);
+    memcpy(&hi, a.data() + 8, 8);
+    return std::hash<uint64_t>()(lo * 0x9e3779b97f4a7c15ull ^ hi);
+}
+
+void set_liveness(int fd, uint64_t timeout_ms) {
+    // Unacknowledged data: the kernel gives up after the user timeout, 3/4 of
+    // the timeout (its retransmission timer fires late by up to ~15 %, as
+    // measured in tests/adversarial/test_liveness.c). An idle connection: the
+    // first probe goes out after idle_s of silence, then one a second, and the
+    // kernel gives up at the first one past the user timeout, on a whole
+    // second at or below 95 % of the timeout (2 s at least: keepalive counts
+    // seconds).
+    const uint64_t idle_s = std::max<uint64_t>(1, timeout_ms / 2000);
+    const uint64_t give_up_s = std::max<uint64_t>(2, (timeout_ms - timeout_ms / 20) / 1000);
+    const uint64_t user_ms = std::max<uint64_t>(1, std::min(timeout_ms - timeout_ms / 4, give_up_s * 1000));
+    const int one = 1, idle = static_cast<int>(idle_s), intvl = 1;
+    const int cnt = static_cast<int>(std::clamp<uint64_t>(give_up_s - std::min(idle_s, give_up_s), 1, 127));
+    const unsigned user = static_cast<unsigned>(user_ms);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user, sizeof user);
+}
+
+TcpServer::TcpServer(const BackendContext &ctx)
+    : ctx_(ctx),
+      max_handshakes_(ctx.options->uint("tcp.max_handshakes")),
+      max_per_source_(ctx.options->uint("tcp.max_handshakes_per_source")),
+      max_connections_(ctx.options->uint("tcp.max_connections")),
+      handshake_timeout_(ctx.options->uint("tcp.handshake_timeout_ms")) {
     const std::string listen = ctx.options->str("tcp.listen");
     sockaddr_storage ss = net::parse_hostport(listen, "option tcp.listen", true);
     listen_fd_ = net::Fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -62,7 +108,7 @@ TcpServer::TcpServer(const BackendContext &ctx) : ctx_(ctx) {
     setsockopt(listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (::bind(listen_fd_.get(), reinterpret_cast<sockaddr *>(&ss), net::sa_len(ss)) != 0)
         fail(KVX_EBACKEND, "tcp: cannot listen on '%s': %s", listen.c_str(), strerror(errno));
-    if (::listen(listen_fd_.get(), 128) != 0) fail(KVX_EBACKEND, "tcp: listen(): %s", strerror(errno));
+    if (::listen(listen_fd_.get(), kBacklog) != 0) fail(KVX_EBACKEND, "tcp: listen(): %s", strerror(errno));
     sockaddr_storage bound{};
     socklen_t bl = sizeof bound;
     getsockname(listen_fd_.get(), reinterpret_cast<sockaddr *>(&bound), &bl);
@@ -83,15 +129,19 @@ void TcpServer::shutdown() {
         ctx_.loop->cancel_timer(resume_timer_);
         for (auto &[raw, c] : conns_) raw->stop();
         conns_.clear();
+        handshaking_.clear();
+        per_source_.clear();
         listen_fd_ = net::Fd();
     });
 }
 
 void TcpServer::on_event(int, uint32_t) {
     for (int i = 0; i < kAcceptBurst; i++) {
-        int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        sockaddr_storage ss{};
+        socklen_t sl = sizeof ss;
+        int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr *>(&ss), &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd >= 0) {
-            admit(net::Fd(fd));
+            admit(net::Fd(fd), source_of(ss));
         } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
             return pause_accepting();
         } else if (errno != ECONNABORTED && errno != EINTR) {
@@ -113,25 +163,48 @@ void TcpServer::on_timer(int) {
     ctx_.loop->modify(listen_tok_, EPOLLIN);
 }
 
-// Admission of a new connection. The seam for a policy against hostile
-// networks: handshaking_ counts the unauthenticated connections, and each
-// gets a deadline after which TcpConn closes it.
-void TcpServer::admit(net::Fd fd) {
-    if (handshaking_ >= kMaxHandshaking) {
-        KVX_LOG(warn, "tcp: %zu connections are authenticating, refusing one more", kMaxHandshaking);
+// Admission of a new connection: refused when its source already has its
+// share of handshakes or the authenticated connections are at their bound;
+// when every handshake slot is taken, the oldest handshake makes room.
+void TcpServer::admit(net::Fd fd, const SourceAddr &src) {
+    auto known = per_source_.find(src);
+    if ((known != per_source_.end() && known->second >= max_per_source_) || authenticated_ >= max_connections_) {
+        if (refused_++ % 1024 == 0)
+            KVX_LOG(warn, "tcp: refused %llu connections (a source over %zu handshakes, or %zu connections open)",
+                    (unsigned long long)refused_, max_per_source_, max_connections_);
         return;
     }
-    auto c = std::make_unique<TcpConn>(*this, std::move(fd));
-    if (!c->start(Clock::now() + std::chrono::milliseconds(ctx_.options->uint("connect_timeout_ms")))) return;
-    handshaking_++;
+    if (handshaking_.size() >= max_handshakes_) {
+        if (shed_++ % 1024 == 0)
+            KVX_LOG(warn, "tcp: %zu connections are authenticating: shed the oldest (%llu so far)", max_handshakes_,
+                    (unsigned long long)shed_);
+        close(*handshaking_.front());
+    }
+    auto c = std::make_unique<TcpConn>(*this, std::move(fd), src);
+    if (!c->start(Clock::now() + handshake_timeout_)) return;
+    per_source_[src]++;  // close() above may have rehashed the map
+    c->queued = handshaking_.insert(handshaking_.end(), c.get());
     TcpConn *raw = c.get();
     conns_.emplace(raw, std::move(c));
 }
 
-void TcpServer::authenticated() { handshaking_--; }
+void TcpServer::forget_handshake(TcpConn &c) {
+    handshaking_.erase(c.queued);
+    auto it = per_source_.find(c.source());
+    if (it != per_source_.end() && --it->second == 0) per_source_.erase(it);
+}
+
+bool TcpServer::authenticated(TcpConn &c) {
+    if (authenticated_ >= max_connections_) return false;
+    forget_handshake(c);
+    authenticated_++;
+    set_liveness(c.fd(), ctx_.options->uint("transfer_timeout_ms"));
+    return true;
+}
 
 void TcpServer::close(TcpConn &c) {
-    if (!c.authenticated()) handshaking_--;
+    if (c.authenticated()) authenticated_--;
+    else forget_handshake(c);
     c.stop();
     conns_.erase(&c);
 }

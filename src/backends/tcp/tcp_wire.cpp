@@ -88,4 +88,26 @@ Ack decode_ack(const uint8_t in[kAckLen]) {
     return a;
 }
 
+wire::Section encode_section(const std::vector<net::Endpoint> &eps) {
+    Writer w;
+    w.u16(static_cast<uint16_t>(eps.size()));
+    w.u16(0);
+    for (const auto &e : eps) wire::put_endpoint(w, e);
+    return wire::Section{kSectionId, kSectionVersion, std::move(w.buf())};
+}
+
+std::vector<net::Endpoint> decode_section(const wire::Section &s) {
+    Reader r(s.body.data(), s.body.size(), KVX_EBADMETA, "metadata tcp section");
+    uint16_t cnt = r.u16("tcp.count");
+    r.u16("tcp.reserved");
+    if (cnt == 0 || cnt > wire::kMaxEndpoints)
+        fail(KVX_EBADMETA, "metadata: tcp endpoint count %u out of range 1..%zu", cnt, wire::kMaxEndpoints);
+    size_t want = 4 + wire::kEndpointLen * cnt;
+    if (s.body.size() != want && !(s.version > kSectionVersion && s.body.size() > want))
+        fail(KVX_EBADMETA, "metadata: tcp section is %zu bytes, expected %zu", s.body.size(), want);
+    std::vector<net::Endpoint> eps;
+    for (uint16_t i = 0; i < cnt; i++) eps.push_back(wire::get_endpoint(r));
+    return eps;
+}
+
 }  // namespace kvx::tcp

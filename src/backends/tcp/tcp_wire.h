@@ -10,7 +10,19 @@
 #include <vector>
 
 
+#include "util/net.h"
+#include "wire/metadata.h"
+
 namespace kvx::tcp {
+
+// The tcp section of the metadata (its registry id, the section's type):
+// the endpoints to connect to, in order of preference.
+constexpr uint16_t kSectionId = 2;
+constexpr uint8_t kSectionVersion = 0;
+wire::Section encode_section(const std::vector<net::Endpoint> &eps);
+// Throws Error(KVX_EBADMETA) naming the defect.
+std::vector<net::Endpoint> decode_section(const wire::Section &s);
+
 
 constexpr uint32_t kFrameMagic = 0x4658564bu;  // "KVXF"
 constexpr uint32_t kAckMagic = 0x4158564bu;    // "KVXA"

@@ -130,7 +130,6 @@ public:
     bool start();
 
     void submit(Op op) override;
-    bool drop_if_not_started(uint64_t id) override;
     bool broken() const override { return broken_flag_.load(std::memory_order_acquire); }
     void abort(int status) override;
     void shutdown() override;

@@ -230,7 +230,7 @@ void VerbsPeer::submit(Op op) {
     CompletionBatch out;
     std::unique_lock<std::mutex> lk(mu_);
     if (broken_ || stopping_ || op.runs.empty()) {
-        out.add(op.id, op.runs.empty() ? 0 : stopping_ ? KVX_ECONNRESET : KVX_EPEERBROKEN);
+        if (op.state->report()) out.add(op.state->id, op.runs.empty() ? 0 : stopping_ ? KVX_ECONNRESET : KVX_EPEERBROKEN);
         deliver(lk, out);
         return;
     }
@@ -292,6 +292,11 @@ void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
     const uint32_t depth = cfg_.sq_depth;
     while (!broken_ && !q.dead && !q.waiting.empty() && q.used < depth) {
         QueuedPart &p = q.waiting.front();
+        if (!p.part.op->try_start()) {  // cancelled while waiting: never posted, never reported
+            q.waiting_wrs -= p.wrs_left;
+            q.waiting.pop_front();
+            continue;
+        }
         const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(depth - q.used, p.wrs_left));
         const size_t marks_before = q.marks.size();
         const Cursor c = build_chain(q, p, n);
@@ -305,7 +310,6 @@ void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
             fail_all_waiting(break_status_, out);
             return;
         }
-        p.part.op->started.store(true);
         q.used += n;
         q.since_signal = c.since_signal;
         q.next_seq = c.seq;
@@ -315,25 +319,6 @@ void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
         q.waiting_wrs -= n;
         if (p.wrs_left == 0) q.waiting.pop_front();
     }
-}
-
-bool VerbsPeer::drop_if_not_started(uint64_t id) {
-    std::lock_guard<std::mutex> lk(mu_);
-    OpRef op;
-    for (Qp &q : qps_)
-        for (QueuedPart &p : q.waiting)
-            if (p.part.op->id == id) op = p.part.op;
-    if (!op || !op->claim_unstarted()) return false;  // claimed: never reaches the sink
-    for (Qp &q : qps_)
-        for (auto it = q.waiting.begin(); it != q.waiting.end();) {
-            if (it->part.op == op) {
-                q.waiting_wrs -= it->wrs_left;
-                it = q.waiting.erase(it);
-            } else {
-                ++it;
-            }
-        }
-    return true;
 }
 
 void VerbsPeer::fail_waiting(Qp &q, int status, CompletionBatch &out) {
