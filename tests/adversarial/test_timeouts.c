@@ -57,7 +57,7 @@ static void test_frozen_target(void **state) {
     region r = region_new(NB, BL, 0);
     kvx_transport *a = transport_new(&r, NULL, test_options("transfer_timeout_ms=1000", NULL));
     add_peer(a, "t", &c.meta);
-    assert_int_equal(kill(c.pid, SIGSTOP), 0);
+    child_freeze(&c);
     uint64_t ids[N];
     uint64_t t0 = now_ms();
     for (uint64_t i = 0; i < N; i++) {
