@@ -164,12 +164,14 @@ void EventLoop::call(const std::function<void()> &fn) {
 }
 
 bool EventLoop::post(std::function<void()> fn) {
+    bool first;
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (!running_ || stop_) return false;
+        first = posted_.empty();
         posted_.push_back(std::move(fn));
     }
-    wake();
+    if (first) wake();  // later ones ride on that wake-up: the loop takes them all at once
     return true;
 }
 
@@ -236,8 +238,7 @@ void EventLoop::loop() {
         for (int i = 0; i < n; i++) woken |= evs[i].data.u64 == 0;
         if (woken) {
             uint64_t v;
-            while (::read(wakefd_, &v, sizeof v) > 0) {
-            }
+            (void)!::read(wakefd_, &v, sizeof v);  // takes every wake-up so far
             {
                 std::lock_guard<std::mutex> lk(mu_);
                 if (stop_) break;

@@ -64,7 +64,7 @@ static void test_frozen_target(void **state) {
     add_peer(a, "t", &c.meta);
     g_frozen = c.pid;
     atexit(kill_frozen);
-    assert_int_equal(kill(c.pid, SIGSTOP), 0);
+    child_freeze(&c);
     uint64_t ids[N];
     uint64_t t0 = now_ms();
     for (uint64_t i = 0; i < N; i++) {

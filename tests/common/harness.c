@@ -1,5 +1,6 @@
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -277,6 +278,34 @@ int child_untouched(child_target *c, const uint64_t *written, size_t n) {
     uint8_t ok = 0;
     if (read_full(c->from_child, &ok, 1) != 0) return 0;
     return ok;
+}
+
+/* 1 when every thread of pid is in state T (stopped). */
+static int all_threads_stopped(pid_t pid) {
+    char dir[64], path[64 + 256 + 8], line[512];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int all = 1;
+    for (struct dirent *e; all && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        const char *paren = f && fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL;
+        all = paren && paren[1] == ' ' && paren[2] == 'T';  /* after "pid (comm)" */
+        if (f) fclose(f);
+    }
+    closedir(d);
+    return all;
+}
+
+void child_freeze(child_target *c) {
+    assert_int_equal(kill(c->pid, SIGSTOP), 0);
+    uint64_t end = now_ms() + 10000;
+    while (!all_threads_stopped(c->pid)) {
+        if (now_ms() > end) fail_msg("child %d did not stop within 10 s", (int)c->pid);
+        usleep(200);
+    }
 }
 
 void child_kill(child_target *c) {

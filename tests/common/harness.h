@@ -94,6 +94,10 @@ int child_verify(child_target *c, uint64_t remote_idx, uint64_t local_idx, uint3
 /* Asks the child whether blocks not listed still hold the initial fill and
  * its guards are intact. */
 int child_untouched(child_target *c, const uint64_t *written, size_t n);
+/* SIGSTOP, returning only once every thread of the child is stopped: the
+ * signal stops one thread first and the others only when that one runs, so
+ * right after kill() the child may still receive and acknowledge. */
+void child_freeze(child_target *c);
 void child_kill(child_target *c);
 int child_stop(child_target *c);
 

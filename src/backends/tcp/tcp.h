@@ -224,6 +224,7 @@ private:
         std::array<uint8_t, kAckLen + kTagLen> ack_part{};  // an ack cut by a recv
         size_t ack_have = 0;
         std::unique_ptr<Aead> rx;  // tcp.protection=aead: acks arrive sealed
+        bool idle = true;  // found the queue empty: takes more only when woken (under mu_)
     };
     void pump();
     void on_stream(Stream &s, uint32_t events);
@@ -240,9 +241,10 @@ private:
     std::string peer_id_;
     CompletionSink *sink_;
     std::vector<std::unique_ptr<Stream>> streams_;
-    std::mutex mu_;  // guards queue_, stop_, kicked_, alive_, next_seq_
+    std::mutex mu_;  // guards queue_, stop_, idle_streams_, kicked_, alive_, next_seq_
     std::deque<Part> queue_;
     bool stop_ = false;
+    size_t idle_streams_ = 0;       // streams a submit must wake
     bool kicked_ = false;           // a pump is posted and has not started yet
     std::shared_ptr<void> alive_;   // a posted pump runs only while this lives
     uint64_t next_seq_ = 1;

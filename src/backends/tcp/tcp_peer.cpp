@@ -137,6 +137,7 @@ TcpPeer::TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<A
         streams_.back()->writer.protect(c.keys->to_target);
         streams_.back()->rx = std::make_unique<Aead>(c.keys->to_initiator, false);
     }
+    idle_streams_ = streams_.size();
 }
 
 TcpPeer::~TcpPeer() { shutdown(); }
@@ -164,8 +165,9 @@ void TcpPeer::submit(Op op) {
         if (!stop_) {
             for (auto &p : parts) queue_.push_back(std::move(p));
             queued = true;
-            kick = !kicked_;
-            kicked_ = true;
+            // A busy stream takes more by itself once its batch is out.
+            kick = idle_streams_ > 0 && !kicked_;
+            kicked_ |= kick;
             alive = alive_;
         }
     }
@@ -225,6 +227,10 @@ bool TcpPeer::take_batch(Stream &s) {
         s.awaiting.push_back(Awaiting{p.op, seq});
         s.writer.add(std::move(p), seq);
         n++;
+    }
+    if (s.idle != (n == 0)) {
+        s.idle = n == 0;
+        s.idle ? idle_streams_++ : idle_streams_--;
     }
     return n > 0;
 }
