@@ -146,6 +146,20 @@ void set_nodelay(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+void abort_close(Fd &fd) {
+    if (!fd) return;
+    const linger lg{1, 0};  // on, 0 s: close() sends RST and drops the send queue
+    setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    fd = Fd();
+}
+
+int pending_error(int fd) {
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
+    return err;
+}
+
 void set_nonblocking(int fd, const char *what) {
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0)

@@ -73,6 +73,13 @@ int write_full_by(int fd, const void *buf, size_t n, Clock::time_point deadline)
 
 
 void set_nodelay(int fd);
+// Closes a stream socket with a reset: unsent bytes are discarded (never
+// delivered later) and the peer sees ECONNRESET, even while it still has
+// received bytes it has not read. fd is empty afterwards.
+void abort_close(Fd &fd);
+// The socket's pending error (ECONNRESET once a reset arrived), 0 for none.
+// Clears it.
+int pending_error(int fd);
 // Sets O_NONBLOCK; throws Error(KVX_EBACKEND) naming what.
 void set_nonblocking(int fd, const char *what);
 

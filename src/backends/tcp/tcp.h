@@ -75,6 +75,10 @@ private:
     const uint8_t *open_head();
     void start_payload(const uint8_t *segs);
     Next read_payload();
+    bool decrypt_chunk(const iovec *chunk, size_t n);
+    Next payload_landed(size_t r, size_t want);
+    bool waited_since(Clock::time_point since);
+    Next stale_landing(const iovec *chunk, size_t cnt);
     Next read_tag();
     Next frame_done();
     bool flush();
@@ -100,6 +104,7 @@ private:
     std::unique_ptr<Aead> rx_, tx_;
     std::vector<uint8_t> plain_;  // the opened frame head
     std::array<uint8_t, kTagLen> tag_{};
+    Clock::time_point last_landed_{};  // of the last chunk of payload
 };
 
 // The listener: accepts on the loop thread and admits connections to the
@@ -122,6 +127,8 @@ public:
     // A connection proved itself; false (close it) when tcp.max_connections are open.
     bool authenticated(TcpConn &c);
     void close(TcpConn &c);  // frees c
+    // A buffer of the loop thread's, for bytes read aside.
+    std::vector<uint8_t> &scratch() { return scratch_; }
 
 private:
     void on_event(int tag, uint32_t events) override;
@@ -136,6 +143,7 @@ private:
     uint64_t listen_tok_ = 0, resume_timer_ = 0;
     // The loop thread's.
     std::unordered_map<TcpConn *, std::unique_ptr<TcpConn>> conns_;
+    std::vector<uint8_t> scratch_;
     std::list<TcpConn *> handshaking_;  // unauthenticated connections, oldest first
     std::unordered_map<SourceAddr, size_t, SourceHash> per_source_;  // of them, by source address
     size_t authenticated_ = 0;

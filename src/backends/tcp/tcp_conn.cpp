@@ -1,12 +1,16 @@
 // One accepted connection of the tcp target, driven by readiness events on
 // the loop thread: bytes land in the region from here, with no call from the
 // application.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "backends/tcp/tcp.h"
 #include "util/bytes.h"
@@ -35,6 +39,30 @@ ssize_t outcome(ssize_t r) {
 // the application orders its reads of the region through its own control plane.
 ssize_t readv_into_region(int fd, const iovec *iov, size_t cnt) {
     return outcome(::readv(fd, iov, static_cast<int>(cnt)));
+}
+
+// At most kChunk bytes in at most kChunkIovs iovecs from the front of iov:
+// one readv() lands no more than that (the late-write bound).
+constexpr size_t kChunk = 256 << 10;
+constexpr size_t kChunkIovs = 64;
+constexpr size_t kPiece = 64 << 10;
+// Payload that waited this long in the socket while the loop did not read it
+// (the process was frozen or starved) is probed before it lands.
+constexpr auto kStaleAfter = std::chrono::milliseconds(20);  // sealed: decrypted between two checks for a reset
+size_t take_chunk(const iovec *iov, size_t cnt, iovec *chunk) {
+    size_t n = 0, bytes = 0;
+    for (; n < cnt && n < kChunkIovs && bytes < kChunk; n++) {
+        chunk[n] = iov[n];
+        chunk[n].iov_len = std::min(iov[n].iov_len, kChunk - bytes);
+        bytes += chunk[n].iov_len;
+    }
+    return n;
+}
+
+size_t chunk_len(const iovec *chunk, size_t cnt) {
+    size_t bytes = 0;
+    for (size_t i = 0; i < cnt; i++) bytes += chunk[i].iov_len;
+    return bytes;
 }
 
 template <class M>
@@ -158,6 +186,8 @@ bool TcpConn::on_authenticated(const handshake::Auth &a, const handshake::Accept
     ctx_.loop->cancel_timer(deadline_);
     deadline_ = 0;
     net::set_nodelay(fd_.get());
+    const int on = 1;  // receive timestamps: how long payload waited (read_payload)
+    ::setsockopt(fd_.get(), SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on);
     if (acc.flags & handshake::kFlagTcpAead) {
         handshake::Keys k = handshake::derive_keys(ctx_.identity.secret, challenge_, a, acc);
         rx_ = std::make_unique<Aead>(k.to_target, false);
@@ -233,26 +263,114 @@ void TcpConn::start_payload(const uint8_t *seg_table) {
     }
 }
 
+// Before each chunk lands, the connection must not have been reset: the
+// initiator resets it before it reports the transfers on it failed, and a
+// target that was frozen (or slow) still holds received bytes in its socket
+// then. So at most the one chunk being copied when the reset arrived lands
+// after the failure is reported (docs/semantics.md). Bytes that waited in
+// the socket while this thread did not run may belong to transfers the
+// initiator has failed even though its reset was lost (RFC 5961 drops a reset
+// whose sequence number is not exact, and rate-limits the challenge that
+// would fix it): they land only after a probe (stale_landing).
 TcpConn::Next TcpConn::read_payload() {
-    iovec *iov = iov_.data() + iov_at_;
-    size_t left = iov_.size() - iov_at_;
-    ssize_t r = readv_into_region(fd_.get(), iov, left);
-    if (r <= 0) return r < 0 ? Next::close : Next::wait;
-    // Sealed: decrypted in place, in the chunks the socket gave; the tag at
-    // the end of the frame decides.
-    for (size_t i = 0, n = static_cast<size_t>(r); rx_ && n > 0; i++) {
-        const size_t take = std::min(n, iov[i].iov_len);
-        auto *p = static_cast<uint8_t *>(iov[i].iov_base);
-        rx_->update(p, p, take);
-        n -= take;
+    if (int err = net::pending_error(fd_.get())) {
+        KVX_LOG(debug, "tcp: dropping a frame's payload: the connection was %s",
+                err == ECONNRESET ? "reset by the initiator" : strerror(err));
+        return Next::close;
     }
-    left = net::advance_iov(iov, left, static_cast<size_t>(r));
+    iovec chunk[kChunkIovs];
+    const size_t cnt = take_chunk(iov_.data() + iov_at_, iov_.size() - iov_at_, chunk);
+    const Clock::time_point now = Clock::now();
+    if (now - last_landed_ > kStaleAfter && waited_since(now - kStaleAfter)) return stale_landing(chunk, cnt);
+    last_landed_ = now;
+    ssize_t r = readv_into_region(fd_.get(), chunk, cnt);
+    if (r <= 0) return r < 0 ? Next::close : Next::wait;
+    if (rx_ && !decrypt_chunk(chunk, static_cast<size_t>(r))) return Next::close;
+    return payload_landed(static_cast<size_t>(r), chunk_len(chunk, cnt));
+}
+
+// r of the want bytes of a chunk are in the region.
+TcpConn::Next TcpConn::payload_landed(size_t r, size_t want) {
+    iovec *iov = iov_.data() + iov_at_;
+    const size_t left = net::advance_iov(iov, iov_.size() - iov_at_, r);
     iov_at_ = static_cast<size_t>(iov - iov_.data());
-    if (left > 0) return Next::wait;  // a short read: the socket is drained
+    if (left > 0) return r < want ? Next::wait : Next::more;  // short: the socket is drained
     if (!rx_) return frame_done();
     have_ = 0;
     state_ = State::payload_tag;
     return Next::more;
+}
+
+// True when the oldest byte waiting in the socket arrived before `since`
+// (a kernel receive timestamp, SO_TIMESTAMPNS, read with MSG_PEEK).
+bool TcpConn::waited_since(Clock::time_point since) {
+    uint8_t one;
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(timespec))];
+    iovec iov{&one, 1};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    if (::recvmsg(fd_.get(), &m, MSG_PEEK | MSG_DONTWAIT) <= 0) return false;
+    for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
+        timespec ts;
+        memcpy(&ts, CMSG_DATA(c), sizeof ts);
+        timespec real;
+        clock_gettime(CLOCK_REALTIME, &real);
+        const auto age = std::chrono::seconds(real.tv_sec - ts.tv_sec) +
+                         std::chrono::nanoseconds(real.tv_nsec - ts.tv_nsec);
+        return Clock::now() - age < since;
+    }
+    return true;  // no timestamp: assume the worst
+}
+
+// Stale bytes: the chunk is read aside (which opens the receive window, so
+// the kernel acknowledges, and a dead initiator's kernel answers with a reset
+// that is exact), then lands only if no reset came within a few round trips.
+TcpConn::Next TcpConn::stale_landing(const iovec *chunk, size_t cnt) {
+    std::vector<uint8_t> &aside = server_.scratch();
+    aside.resize(chunk_len(chunk, cnt));
+    ssize_t r = outcome(::recv(fd_.get(), aside.data(), aside.size(), 0));
+    if (r <= 0) return r < 0 ? Next::close : Next::wait;
+    tcp_info ti{};
+    socklen_t len = sizeof ti;
+    const int rtt_us = ::getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 ? int(ti.tcpi_rtt) : 0;
+    pollfd p{fd_.get(), 0, 0};
+    (void)::poll(&p, 1, std::clamp(4 * rtt_us / 1000 + 1, 2, 200));  // POLLERR/POLLHUP end it early
+    if (int err = net::pending_error(fd_.get())) {
+        KVX_LOG(info, "tcp: dropped %zd bytes that waited in the socket: the initiator reset the connection (%s)", r,
+                strerror(err));
+        return Next::close;
+    }
+    last_landed_ = Clock::now();
+    for (size_t i = 0, at = 0; at < static_cast<size_t>(r); i++) {
+        const size_t take = std::min(static_cast<size_t>(r) - at, chunk[i].iov_len);
+        auto *dst = static_cast<uint8_t *>(chunk[i].iov_base);
+        if (rx_) rx_->update(aside.data() + at, dst, take);
+        else memcpy(dst, aside.data() + at, take);
+        at += take;
+    }
+    return payload_landed(static_cast<size_t>(r), chunk_len(chunk, cnt));
+}
+
+// Sealed: the chunk's ciphertext, decrypted in place in pieces of kPiece;
+// the tag at the end of the frame decides. A reset seen before a piece
+// leaves it (and the rest) as ciphertext: a frozen target that resumes
+// changes at most the piece it was in when it froze. false: reset.
+bool TcpConn::decrypt_chunk(const iovec *chunk, size_t n) {
+    for (size_t i = 0; n > 0; i++) {
+        auto *p = static_cast<uint8_t *>(chunk[i].iov_base);
+        for (size_t at = 0, len = std::min(n, chunk[i].iov_len); at < len;) {
+            if (net::pending_error(fd_.get()) != 0) return false;
+            const size_t take = std::min(len - at, kPiece);
+            rx_->update(p + at, p + at, take);
+            at += take;
+            n -= take;
+        }
+    }
+    return true;
 }
 
 // A payload that fails its tag fails its transfer: no ack, the connection closes.

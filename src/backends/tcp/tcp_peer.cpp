@@ -304,7 +304,9 @@ void TcpPeer::fail_on_loop(int status, CompletionBatch &victims) {
         s->writer.clear();
         loop_->detach(s->token);
         s->token = 0;
-        if (s->fd) ::shutdown(s->fd.get(), SHUT_RDWR);
+        // A reset, not a FIN: what the kernel still holds for this stream is
+        // dropped, and the target lands nothing more of it (docs/semantics.md).
+        net::abort_close(s->fd);
     }
 }
 

@@ -1,0 +1,232 @@
+/* Failed means it never lands (docs/semantics.md): once a transfer is
+ * reported failed, or its peer removed, no byte of it reaches the target's
+ * region any more, except at most the one chunk (256 KiB on tcp) the
+ * target's receive thread was copying when the connection was reset.
+ *
+ * Trials, canaries in every block (the target's region is read straight from
+ * its memory with process_vm_readv, also while it is frozen):
+ *   - freeze: 16 x 1 MiB transfers in flight, the target SIGSTOPped at a
+ *     random point of them, every id reported (those stuck fail by the stall
+ *     timeout), the region read, the peer removed, the target resumed; then
+ *     the blocks of failed transfers must not have changed. 200 trials with
+ *     tcp.protection=aead (the default) and 100 with none.
+ *   - remove: the same transfers, the peer removed at a random point while
+ *     they are in flight (no freeze): 200 trials.
+ * Counts the blocks (and bytes) of failed transfers that changed after the
+ * failure was reported, and asserts the bound; blocks outside the transfers
+ * never change. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define NB 32                   /* blocks per region; transfers use 0..N-1 */
+#define BL (1u << 20)
+#define N 16                    /* transfers per trial, one block each */
+#define TIMEOUT 150             /* transfer_timeout_ms: the stall that fails them */
+#define CHUNK (256u << 10)      /* the documented bound: one chunk per trial */
+
+static pid_t g_frozen; /* killed at exit: a failed assertion never leaves it stopped */
+static void kill_frozen(void) {
+    if (g_frozen > 0) kill(g_frozen, SIGKILL);
+}
+
+typedef struct totals {
+    int trials, with_failures, failed, late_blocks, trials_with_late;
+    uint64_t late_bytes, max_late_bytes;
+} totals;
+
+/* The target's blocks 0..N-1, read from its memory. */
+static void snapshot(const child_target *c, uint8_t *out) {
+    struct iovec local = {out, (size_t)N * BL};
+    struct iovec remote = {(void *)(uintptr_t)c->meta.base, (size_t)N * BL};
+    ssize_t r = process_vm_readv(c->pid, &local, 1, &remote, 1, 0);
+    if (r != (ssize_t)((size_t)N * BL)) fail_msg("process_vm_readv of the target's region: %s", strerror(errno));
+}
+
+static uint64_t diff_bytes(const uint8_t *a, const uint8_t *b, size_t n) {
+    uint64_t d = 0;
+    for (size_t i = 0; i < n; i++) d += a[i] != b[i];
+    return d;
+}
+
+/* Writes blocks 0..N-1 with this trial's content; returns their ids. */
+static void submit_all(kvx_transport *a, region *r, uint32_t seed, uint64_t *ids) {
+    for (uint64_t i = 0; i < N; i++) fill_block(r->base + i * BL, BL, i, seed);
+    for (uint64_t i = 0; i < N; i++) CHECK_OK(kvx_write_blocks(&ids[i], a, "t", &i, &i, 1));
+}
+
+/* After the report (snapshot before) and the target's resumption: which
+ * blocks of failed transfers changed, and that done ones hold their bytes. */
+static void account(totals *t, const child_target *c, const uint8_t *before, uint8_t *after, const uint8_t *status,
+                    uint32_t seed) {
+    usleep(30000); /* the resumed target's loop drains its sockets */
+    snapshot(c, after);
+    uint64_t late = 0;
+    int nf = 0, blocks = 0;
+    for (size_t i = 0; i < N; i++) {
+        const uint8_t *b = before + i * BL, *x = after + i * BL;
+        if (status[i] == 1) {
+            if (!block_matches(x, BL, i, seed)) fail_msg("block %zu reported done but does not hold its bytes", i);
+            continue;
+        }
+        nf++;
+        uint64_t d = diff_bytes(b, x, BL);
+        if (d) blocks++;
+        late += d;
+    }
+    t->trials++;
+    t->failed += nf;
+    t->with_failures += nf > 0;
+    t->late_blocks += blocks;
+    t->trials_with_late += late > 0;
+    t->late_bytes += late;
+    if (late > t->max_late_bytes) t->max_late_bytes = late;
+    /* the bound: one chunk, which touches at most two blocks */
+    if (late > CHUNK || blocks > 2)
+        fail_msg("trial %d: %llu bytes in %d blocks of failed transfers landed after the failure was reported",
+                 t->trials, (unsigned long long)late, blocks);
+}
+
+static void print_totals(const char *what, const totals *t) {
+    print_message("%s: %d trials, %d with failed transfers (%d failed in all); late after the report: %d blocks, "
+                  "%llu bytes in %d trials (largest %llu bytes; bound %u)\n",
+                  what, t->trials, t->with_failures, t->failed, t->late_blocks, (unsigned long long)t->late_bytes,
+                  t->trials_with_late, (unsigned long long)t->max_late_bytes, CHUNK);
+}
+
+static uint64_t now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* How long 16 x 1 MiB take on this link, warm (the fastest of 3): the
+ * window the freeze or the remove lands in, so most trials catch transfers
+ * in flight. */
+static uint64_t measure_us(kvx_transport *a, region *r) {
+    uint64_t best = UINT64_MAX;
+    for (int k = 0; k < 4; k++) {
+        uint64_t ids[N];
+        uint8_t st[N];
+        size_t nf = 0;
+        uint64_t t0 = now_us();
+        submit_all(a, r, 1, ids);
+        assert_int_equal(wait_ids(a, NULL, ids, N, 60000, &nf, st), N);
+        assert_int_equal(nf, 0);
+        uint64_t us = now_us() - t0;
+        if (k > 0 && us < best) best = us;
+    }
+    return best < 500 ? 500 : best;
+}
+
+static void freeze_trials(const char *protection, int trials) {
+    const char *opt[] = {protection, NULL};
+    child_target c;
+    child_start_opts(&c, NB, BL, NULL, opt, 0);
+    g_frozen = c.pid;
+    region r = region_new(NB, BL, 0);
+    char timeout[64];
+    snprintf(timeout, sizeof timeout, "transfer_timeout_ms=%d", TIMEOUT);
+    kvx_transport *a = transport_new(&r, NULL, test_options(timeout, protection, NULL));
+    add_peer(a, "t", &c.meta);
+    const uint64_t window_us = measure_us(a, &r);
+    uint8_t *before = malloc((size_t)N * BL), *after = malloc((size_t)N * BL);
+    totals t = {0};
+    srand(12345);
+    for (int k = 0; k < trials; k++) {
+        uint32_t seed = 100 + (uint32_t)k;
+        uint64_t ids[N];
+        uint8_t st[N];
+        size_t nf = 0;
+        submit_all(a, &r, seed, ids);
+        usleep((useconds_t)((uint64_t)rand() % window_us));
+        child_freeze(&c);
+        assert_int_equal(wait_ids(a, NULL, ids, N, 20 * TIMEOUT, &nf, st), N);
+        snapshot(&c, before);  /* everything reported: from here on nothing of the failed ones may land */
+        CHECK_OK(kvx_remove_remote_peer(a, "t"));
+        assert_int_equal(kill(c.pid, SIGCONT), 0);
+        account(&t, &c, before, after, st, seed);
+        add_peer(a, "t", &c.meta);
+    }
+    print_message("freeze window: %llu us\n", (unsigned long long)window_us);
+    char what[96];
+    snprintf(what, sizeof what, "freeze, fail, remove, resume (%s)", protection);
+    print_totals(what, &t);
+    /* the trials exercised what they claim: failures at random points */
+    assert_true(t.with_failures >= trials / 4);
+    uint64_t written[N];
+    for (uint64_t i = 0; i < N; i++) written[i] = i;
+    assert_true(child_untouched(&c, written, N)); /* canaries: nothing outside the transfers' blocks */
+    kvx_transport_destroy(a);
+    assert_int_equal(child_stop(&c), 0);
+    g_frozen = 0;
+    free(before);
+    free(after);
+    region_free(&r);
+}
+
+static void test_freeze_aead(void **state) {
+    (void)state;
+    freeze_trials("tcp.protection=aead", 200);
+}
+
+static void test_freeze_cleartext(void **state) {
+    (void)state;
+    freeze_trials("tcp.protection=none", 100);
+}
+
+static void test_remove_in_flight(void **state) {
+    (void)state;
+    enum { TRIALS = 200 };
+    child_target c;
+    child_start(&c, NB, BL, NULL);
+    region r = region_new(NB, BL, 0);
+    kvx_transport *a = transport_new(&r, NULL, NULL);
+    add_peer(a, "t", &c.meta);
+    const uint64_t window_us = measure_us(a, &r);
+    uint8_t *before = malloc((size_t)N * BL), *after = malloc((size_t)N * BL);
+    totals t = {0};
+    srand(54321);
+    for (int k = 0; k < TRIALS; k++) {
+        uint32_t seed = 1000 + (uint32_t)k;
+        uint64_t ids[N];
+        uint8_t st[N];
+        size_t nf = 0;
+        submit_all(a, &r, seed, ids);
+        usleep((useconds_t)((uint64_t)rand() % window_us));
+        CHECK_OK(kvx_remove_remote_peer(a, "t"));
+        /* remove reported every transfer still in flight, failed */
+        assert_int_equal(wait_ids(a, NULL, ids, N, 0 + 1000, &nf, st), N);
+        snapshot(&c, before);
+        account(&t, &c, before, after, st, seed);
+        add_peer(a, "t", &c.meta);
+    }
+    print_totals("remove while in flight", &t);
+    assert_true(t.with_failures >= TRIALS / 4);
+    uint64_t written[N];
+    for (uint64_t i = 0; i < N; i++) written[i] = i;
+    assert_true(child_untouched(&c, written, N));
+    kvx_transport_destroy(a);
+    assert_int_equal(child_stop(&c), 0);
+    free(before);
+    free(after);
+    region_free(&r);
+}
+
+int main(void) {
+    atexit(kill_frozen);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_freeze_aead),
+        cmocka_unit_test(test_freeze_cleartext),
+        cmocka_unit_test(test_remove_in_flight),
+    };
+    return cmocka_run_group_tests_name("adversarial_late_write", tests, NULL, NULL);
+}
