@@ -331,9 +331,12 @@ KVX_API int kvx_add_remote_peer(kvx_transport *t, const char *peer_id, const voi
 /**
  * Unregister a peer: its transfers still in flight fail (they surface in
  * kvx_poll()'s failed list), its connections are closed and its resources
- * released. The id may be registered again afterwards. Bytes of those failed
- * transfers that were already on the wire may still land in the peer's region
- * after this call returns (as with KVX_CANCEL_IMMEDIATE).
+ * released. The id may be registered again afterwards. Once this returns,
+ * nothing more of those transfers lands in the peer's region (the connections
+ * are reset before they are reported failed), within the per-backend bound of
+ * docs/semantics.md: tcp at most the one chunk (256 KiB) the target is copying
+ * as the reset reaches it; shm nothing; verbs only what the NIC had already
+ * transmitted when its queue pairs went to the error state.
  * A registration of peer_id still in progress (kvx_add_remote_peer_async())
  * is cancelled too: it reports FAILED with KVX_ECANCELED and never publishes.
  * The peer's statistics (kvx_get_stats()) are forgotten.
@@ -455,7 +458,12 @@ KVX_API int kvx_write_blocks(uint64_t *out_id, kvx_transport *t, const char *pee
  * own threads. A failed transfer's requested blocks are undefined in the
  * peer's region (any mix of old bytes, new bytes and, with tcp.protection=aead,
  * bytes of a payload that failed its authentication tag); blocks outside the
- * transfer are never touched. Rewrite them, or do not read them.
+ * transfer are never touched. Rewrite them, or do not read them. Once an id
+ * is reported failed they no longer change: the backend stopped the transfer
+ * before reporting it (tcp resets its connections, verbs moves its queue pairs
+ * to the error state, shm's copy threads let go), within the per-backend bound
+ * of docs/semantics.md (tcp: at most one 256 KiB chunk the target was copying
+ * as the reset reached it; verbs: what the NIC had already transmitted).
  */
 KVX_API int kvx_poll(size_t *out_n_done, size_t *out_n_failed, kvx_transport *t,
                      const char *peer_id, uint64_t *done, size_t done_cap, uint64_t *failed,
@@ -464,12 +472,14 @@ KVX_API int kvx_poll(size_t *out_n_done, size_t *out_n_failed, kvx_transport *t,
 typedef enum kvx_cancel_mode {
     /** Forget the ids, including ids that finished but were not yet polled:
      *  they are never reported. Bytes of a transfer already on the wire may
-     *  still land in the peer's region afterwards. */
+     *  still land in the peer's region afterwards (vLLM's contract allows it;
+     *  use KVX_CANCEL_WAIT, or remove the peer, for a bound). */
     KVX_CANCEL_IMMEDIATE = 0,
     /** Release what can be released: ids not started yet and ids finished
      *  but not yet polled are forgotten (never reported); ids on the wire are
      *  returned in inflight and surface in kvx_poll() exactly once as done or
-     *  failed (vLLM's DataTransport "wait" mode). */
+     *  failed (vLLM's DataTransport "wait" mode); once failed, they land no
+     *  more (see kvx_poll()). */
     KVX_CANCEL_WAIT = 1
 } kvx_cancel_mode;
 

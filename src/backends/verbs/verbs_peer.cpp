@@ -491,7 +491,9 @@ void VerbsPeer::shutdown() {
             std::unique_lock<std::mutex> lk(mu_);
             stopping_ = true;
             set_broken(KVX_ECONNRESET);
-            for (Qp &q : qps_) fail_inflight(q, KVX_ECONNRESET, out);
+            // QPs to ERR before anything is reported: the NIC stops (and
+            // retransmits nothing), so only what already left it may land.
+            for (Qp &q : qps_) kill_qp(q, KVX_ECONNRESET, out);
             fail_all_waiting(KVX_ECONNRESET, out);
             deliver(lk, out);
             cv_.wait(lk, [&] { return delivering_ == 0; });  // e.g. an abort() delivering right now
