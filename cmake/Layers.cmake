@@ -45,7 +45,7 @@ kvx_layer(backends
   SOURCES src/backends/registry.cpp
   SEES util wire handshake backend)
 kvx_layer(core
-  SOURCES src/core/options.cpp src/core/fingerprint.cpp src/core/transport.cpp
+  SOURCES src/core/options.cpp src/core/fingerprint.cpp src/core/id_table.cpp src/core/transport.cpp
           src/core/transport_peers.cpp src/core/registrations.cpp src/core/telemetry.cpp
   SEES util wire handshake backend core
   LIBS OpenSSL::Crypto nlohmann_json::nlohmann_json)

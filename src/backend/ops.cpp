@@ -4,32 +4,52 @@
 
 namespace kvx {
 
+void Runs::push_back(const Run &r) {
+    if (cap_ == 0 && n_ == 0) {
+        one_ = r;
+        n_ = 1;
+        return;
+    }
+    if (cap_ == 0 || n_ == cap_) {
+        const uint32_t cap = cap_ ? cap_ * 2 : 4;
+        Run *p = new Run[cap];
+        std::copy(begin(), end(), p);
+        if (cap_) delete[] heap_;
+        heap_ = p;
+        cap_ = cap;
+    }
+    heap_[n_++] = r;
+}
+
 std::vector<Part> split_op(Op &&op, uint64_t max_parts, uint64_t min_part, uint64_t block_len) {
     OpRef st = std::move(op.state);
     std::vector<Part> parts;
-    uint64_t nparts = std::min<uint64_t>(max_parts, std::max<uint64_t>(1, op.bytes / std::max<uint64_t>(1, min_part)));
+    const uint64_t nparts = std::min<uint64_t>(std::min<uint64_t>(max_parts, OpState::kMaxParts),
+                                               std::max<uint64_t>(1, op.bytes / std::max<uint64_t>(1, min_part)));
     if (nparts <= 1) {
-        parts.push_back(Part{st, std::move(op.runs), op.bytes});
+        parts.push_back(Part{st, std::move(op.runs)});
     } else {
         const uint64_t target = (op.bytes / nparts + block_len - 1) / block_len * block_len;
-        Part cur{st, {}, 0};
+        Part cur{st, {}};
+        uint64_t cur_bytes = 0;
         for (Run r : op.runs) {
             while (r.len > 0) {
-                uint64_t take = std::min(r.len, target - cur.bytes);
+                uint64_t take = std::min(r.len, target - cur_bytes);
                 cur.runs.push_back(Run{r.local_off, r.remote_off, take});
                 r.local_off += take;
                 r.remote_off += take;
                 r.len -= take;
-                cur.bytes += take;
-                if (cur.bytes == target) {
+                cur_bytes += take;
+                if (cur_bytes == target) {
                     parts.push_back(std::move(cur));
-                    cur = Part{st, {}, 0};
+                    cur = Part{st, {}};
+                    cur_bytes = 0;
                 }
             }
         }
         if (!cur.runs.empty()) parts.push_back(std::move(cur));
     }
-    st->parts_left.store(static_cast<uint32_t>(parts.size()));
+    st->parts_left.store(static_cast<uint16_t>(parts.size()));
     return parts;
 }
 

@@ -16,8 +16,12 @@ namespace kvx {
 // The share of a transfer one stream or queue pair carries.
 struct Part {
     OpRef op;
-    std::vector<Run> runs;
-    uint64_t bytes = 0;
+    Runs runs;
+    uint64_t bytes() const {
+        uint64_t n = 0;
+        for (const Run &r : runs) n += r.len;
+        return n;
+    }
 };
 
 // Splits op into at most max_parts parts of whole blocks and about the same

@@ -134,7 +134,7 @@ void Transport::close() {
     for (auto &b : backends_) b->shutdown();
     loop_->stop();
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto &[id, tr] : inflight_) count_end_locked(tr, Ending::failed);
+    inflight_.for_each([&](const OpState &op) { count_end_locked(op, Ending::failed); });
     inflight_.clear();
     completions_.clear();
 }
@@ -297,8 +297,10 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
     }
     op.bytes = n * bl;
 
-    op.state = std::make_shared<OpState>();
-    const int64_t t0 = kTelemetry ? Peer::now_ns() : 0;
+    op.state = OpRef::make();
+    op.state->owner = peer.get();
+    op.state->bytes = op.bytes;
+    op.state->t0_ns = kTelemetry ? Peer::now_ns() : 0;
     uint64_t id;
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -309,7 +311,7 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
             telemetry_.ended(peer->stats.get(), 0, Ending::done, -1, false);
             return id;
         }
-        inflight_.emplace(id, Tracked{peer.get(), op.state, op.bytes, t0});
+        inflight_.insert(op.state);
         telemetry_.submitted(peer->stats.get(), op.bytes);
         // Idle until now: the stall clock starts with this work.
         if (peer->outstanding.fetch_add(1) == 0) peer->progress();
@@ -321,15 +323,13 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
 void Transport::complete(Peer &peer, uint64_t id, int status) {
     if (status == 0) peer.progress();
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = inflight_.find(id);
-    if (it == inflight_.end()) return;  // cancelled (immediate)
+    if (!inflight_.find(id)) return;  // cancelled (immediate)
     finish_locked(id, peer, status);
 }
 
 void Transport::finish_locked(uint64_t id, Peer &peer, int status) {
-    auto tracked = inflight_.find(id);
-    count_end_locked(tracked->second, status == 0 ? Ending::done : Ending::failed);
-    inflight_.erase(tracked);
+    count_end_locked(*inflight_.find(id), status == 0 ? Ending::done : Ending::failed);
+    inflight_.erase(id);
     peer.outstanding.fetch_sub(1);
     Completions &c = completions_[peer.id];
     (status == 0 ? c.done : c.failed).push_back(id);
@@ -386,18 +386,18 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
         seen.reserve(n);
         for (size_t i = 0; i < n; i++) {
             if (!seen.insert(ids[i]).second) continue;  // an id given twice counts once
-            auto it = inflight_.find(ids[i]);
-            if (it == inflight_.end()) {
+            OpState *op = inflight_.find(ids[i]);
+            if (op == nullptr) {
                 finished.insert(ids[i]);  // or unknown, or reported: then nothing matches
                 continue;
             }
             // Not started: the backend drops it unseen. Started: it is on the
             // wire and surfaces in poll (wait), or is forgotten (immediate).
-            bool dropped = it->second.op->claim_unstarted();
+            bool dropped = op->claim_unstarted();
             if (mode == KVX_CANCEL_IMMEDIATE || dropped) {
-                it->second.peer->outstanding.fetch_sub(1);
-                count_end_locked(it->second, Ending::cancelled);
-                inflight_.erase(it);
+                static_cast<Peer *>(op->owner)->outstanding.fetch_sub(1);
+                count_end_locked(*op, Ending::cancelled);
+                inflight_.erase(ids[i]);
             } else {
                 inflight[still++] = ids[i];
             }

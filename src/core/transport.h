@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/id_table.h"
 #include "core/options.h"
 #include "core/registrations.h"
 #include "core/telemetry.h"
@@ -76,12 +77,6 @@ private:
     };
     // An id in flight. The peer outlives it: removing a peer reports all its
     // transfers (erasing their entries) before the peer goes.
-    struct Tracked {
-        Peer *peer;
-        OpRef op;
-        uint64_t bytes = 0;
-        int64_t t0_ns = 0;  // submitted (telemetry's latency)
-    };
     struct Completions {
         std::deque<uint64_t> done, failed;
     };
@@ -105,7 +100,7 @@ private:
                                       std::shared_ptr<Peer> *replaced);
     void connect_and_publish(const Registrations::Ref &r, const wire::AgentMetadata &m);
     // Telemetry of a transfer that ends here (mu_ held).
-    void count_end_locked(const Tracked &tr, Ending how);
+    void count_end_locked(const OpState &op, Ending how);  // op.owner is its Peer
     void start_backends(const BackendContext &ctx);
     Backend &pick_backend(const std::string &id, const wire::AgentMetadata &m, const wire::Section **section);
 
@@ -125,7 +120,7 @@ private:
     Registrations registrations_{mu_};
     uint64_t next_reg_ = 1;
     Telemetry telemetry_;
-    std::unordered_map<uint64_t, Tracked> inflight_;
+    IdTable inflight_;  // by id; each OpState's owner is its Peer
     std::map<std::string, Completions> completions_;
     std::thread watchdog_;
 };

@@ -121,9 +121,10 @@ void Transport::stats(kvx_stats *out, const char *peer_id) const {
     Telemetry::fill(out, *c, peers_.count(peer_id), registrations_.pending_locked(peer_id));
 }
 
-void Transport::count_end_locked(const Tracked &tr, Ending how) {
+void Transport::count_end_locked(const OpState &op, Ending how) {
     if constexpr (kTelemetry)
-        telemetry_.ended(tr.peer->stats.get(), tr.bytes, how, how == Ending::done ? Peer::now_ns() - tr.t0_ns : -1);
+        telemetry_.ended(static_cast<Peer *>(op.owner)->stats.get(), op.bytes, how,
+                         how == Ending::done ? Peer::now_ns() - op.t0_ns : -1);
 }
 
 }  // namespace kvx

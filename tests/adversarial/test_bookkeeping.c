@@ -1,10 +1,9 @@
 /* Bookkeeping that stays flat with what is in flight. A frozen target
  * (SIGSTOP) holds 1,000,000 single-block transfers in flight; then:
- *   - bookkeeping: flat, at most 256 bytes of memory per in-flight transfer
+ *   - bookkeeping: flat, at most 128 bytes of memory per in-flight transfer
  *     (the process's RSS growth over the 1M submissions, everything included:
- *     the core's id table, the shared state, the backend's queued part and
- *     its runs). The issue's bar is 128; today's figure is printed, and the
- *     gap is in the issue's note;
+ *     the core's id table, 16-32 bytes; the shared state, 48; the backend's
+ *     queued part with its run inline, 40);
  *   - an empty kvx_poll: p99 <= 50 us, max <= 1 ms over 20,000 calls;
  *   - kvx_cancel of 100,000 ids (immediate, then wait): <= 50 ms each.
  * Release builds only: the sanitizers' overhead would make the time bars
@@ -119,7 +118,7 @@ static void test_flat_bookkeeping(void **state) {
     free(ids);
     free(lat);
     free(left);
-    assert_true(per_id <= 256.0);
+    assert_true(per_id <= 128.0);
     assert_true(p99 <= 50000);
     assert_true(mx <= 1000000);
     assert_true(imm <= 50000000);

@@ -92,7 +92,7 @@ struct Rig {
 kvx::Op random_op(uint64_t id, std::mt19937 &rng) {
     const uint64_t n = 1 + rng() % kNB, at = rng() % (kNB - n + 1);
     kvx::Op op;
-    op.state = std::make_shared<kvx::OpState>();
+    op.state = kvx::OpRef::make();
     op.state->id = id;
     op.runs.push_back(kvx::Run{at * kBL, (kNB - n - at) * kBL, n * kBL});
     op.bytes = n * kBL;

@@ -223,7 +223,7 @@ bool TcpPeer::take_batch(Stream &s) {
         queue_.pop_front();
         if (!p.op->try_start()) continue;  // cancelled while queued
         const uint64_t seq = next_seq_++;
-        bytes += p.bytes;
+        bytes += p.bytes();
         s.awaiting.push_back(Awaiting{p.op, seq});
         s.writer.add(std::move(p), seq);
         n++;

@@ -189,7 +189,7 @@ private:
     void adopt(CmId id, size_t index);
     // data path (mu_ held)
     std::vector<size_t> least_loaded() const;
-    uint64_t wrs_for(const std::vector<Run> &runs) const;
+    uint64_t wrs_for(const Runs &runs) const;
     void post_ready(Qp &q, CompletionBatch &out);
     Cursor build_chain(Qp &q, const QueuedPart &p, uint32_t n);
     void complete_marks(Qp &q, uint64_t seq, CompletionBatch &out);

@@ -210,7 +210,7 @@ bool VerbsPeer::start() {
 
 // ------------------------------------------------------------------ data path
 
-uint64_t VerbsPeer::wrs_for(const std::vector<Run> &runs) const {
+uint64_t VerbsPeer::wrs_for(const Runs &runs) const {
     uint64_t n = 0;
     for (const Run &r : runs) n += (r.len + dev_->max_msg - 1) / dev_->max_msg;
     return n;
@@ -278,7 +278,7 @@ VerbsPeer::Cursor VerbsPeer::build_chain(Qp &q, const QueuedPart &p, uint32_t n)
         if (part_end || c.since_signal >= cfg_.signal_every) {
             w.send_flags = IBV_SEND_SIGNALED;
             w.wr_id = c.seq;
-            q.marks.push_back(Mark{c.seq, c.since_signal, part_end ? p.part.op : nullptr});
+            q.marks.push_back(Mark{c.seq, c.since_signal, part_end ? p.part.op : OpRef()});
             c.seq++;
             c.since_signal = 0;
         }
