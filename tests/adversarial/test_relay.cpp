@@ -30,7 +30,7 @@ namespace {
 
 constexpr uint64_t kNB = 16, kBL = 64 << 10, kP = 4 * kBL;  // every frame: 4 blocks, one segment
 constexpr uint32_t kTarget = 0xCA, kSrc = 7;
-constexpr size_t kHandshakeUp = 16 + 56, kHandshakeDown = 28 + 28;  // HELLO+AUTH, CHALLENGE+ACCEPT
+constexpr size_t kHandshakeUp = 16 + 56;  // HELLO+AUTH (the answers down are CHALLENGE+ACCEPT, 28 + 28)
 
 enum Mode { flip_payload, flip_header, inject, replay, reorder, drop_forge, kModes };
 const char *kNames[] = {"flip payload", "flip header", "inject", "replay", "reorder", "drop+forge ack"};
