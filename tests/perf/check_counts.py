@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 SKIP = 77
+BASELINE_COMPILER = "GNU-12"
 
 
 def parse_args():
@@ -23,6 +24,7 @@ def parse_args():
     p.add_argument("--baseline", required=True)
     p.add_argument("--build-type", default="RelWithDebInfo")
     p.add_argument("--sanitize", default="")
+    p.add_argument("--compiler", default="GNU-12", help="CMAKE_CXX_COMPILER_ID-VERSION of the build")
     p.add_argument("--workdir", default="callgrind")
     p.add_argument("--tolerance", type=float, default=0.20)
     p.add_argument("--update", action="store_true", help="write the measured figures as the new baseline")
@@ -34,6 +36,8 @@ def skip_reason(a):
         return f"built with -fsanitize={a.sanitize}: instruction counts are not comparable"
     if a.build_type != "RelWithDebInfo":
         return f"CMAKE_BUILD_TYPE={a.build_type}: the baseline is for RelWithDebInfo"
+    if not a.compiler.startswith(BASELINE_COMPILER):
+        return f"compiler {a.compiler}: the baseline is for {BASELINE_COMPILER}.x (Debian 12's g++)"
     if not shutil.which("valgrind"):
         return "valgrind is not installed (scripts/deps.sh installs it)"
     return None
