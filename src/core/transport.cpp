@@ -464,9 +464,10 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
 
 void Transport::drop_unpolled_locked(const std::unordered_set<uint64_t> &ids) {
     auto gone = [&](uint64_t id) { return ids.count(id) != 0; };
-    for (auto &[id, c] : completions_) {  // emptied queues go at the next poll
-        std::erase_if(c.done, gone);
-        std::erase_if(c.failed, gone);
+    // Every queue holding ids is listed; those emptied here go at the next poll.
+    for (CompletionsMap::iterator it : listed_) {
+        std::erase_if(it->second.done, gone);
+        std::erase_if(it->second.failed, gone);
     }
 }
 
