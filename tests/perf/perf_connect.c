@@ -56,8 +56,9 @@ typedef struct target {
 
 static void report(target *g, int rounds, const char *streams) {
     qsort(g->us, (size_t)rounds, sizeof *g->us, cmp_double);
-    printf("tcp streams %s  target %6llu blocks  add_remote_peer p50 %7.1f us  p90 %7.1f us  max %7.1f us  (%d rounds)\n",
-           streams, (unsigned long long)g->blocks, g->us[rounds / 2], g->us[rounds * 9 / 10], g->us[rounds - 1], rounds);
+    printf("tcp streams %s  target %6llu blocks  add_remote_peer p50 %7.1f us  p90 %7.1f us  max %7.1f us"
+           "  (%d rounds)\n", streams, (unsigned long long)g->blocks, g->us[rounds / 2], g->us[rounds * 9 / 10],
+           g->us[rounds - 1], rounds);
 }
 
 /* Rounds alternate between the targets, so that both see the same machine. */
