@@ -1,7 +1,7 @@
 """Python per-call overhead of write_blocks with 1,000 indexes given as a
 list, a numpy int64 array and a numpy int32 array, above the C call itself
-(the SWIG entry point with ready uint64 buffers). Prints the medians (run
-pytest -s to see them); asserts only what is deterministic: arrays take the
+(the SWIG entry point with ready uint64 buffers). Prints the medians (also
+under pytest's output capture); asserts only what is deterministic: arrays take the
 buffer path (no conversion to Python ints, no numpy temporary)."""
 import array
 import statistics
@@ -57,7 +57,7 @@ def medians_us(calls, t):
             for name, v in times.items()}
 
 
-def test_write_blocks_overhead(bench_pair):
+def test_write_blocks_overhead(bench_pair, capsys):
     t = bench_pair.src
     local = list(range(N))
     remote = list(range(N, 2 * N))
@@ -74,9 +74,11 @@ def test_write_blocks_overhead(bench_pair):
                         ("numpy uint64", np.uint64)):
         lo, re = (local, remote) if dtype is None else (np.array(local, dtype=dtype), np.array(remote, dtype=dtype))
         calls[name] = (lambda lo, re: lambda: t.write_blocks("dst", lo, re))(lo, re)
-    print("\nwrite_blocks, %d indexes, median of %d interleaved rounds (tcp loopback):" % (N, CALLS))
-    for name, (us, extra) in medians_us(calls, t).items():
-        print("  %-36s %7.1f us  %+6.1f us above the C call" % (name, us, extra))
+    figures = medians_us(calls, t)
+    with capsys.disabled():
+        print("\nwrite_blocks, %d indexes, median of %d interleaved rounds (tcp loopback):" % (N, CALLS))
+        for name, (us, extra) in figures.items():
+            print("  %-36s %7.1f us  %+6.1f us above the C call" % (name, us, extra))
 
 
 @pytest.mark.parametrize("make", [
