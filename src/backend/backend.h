@@ -133,7 +133,19 @@ public:
         std::swap(n_, o.n_);
         std::swap(cap_, o.cap_);
     }
-    void push_back(const Run &r);
+    void push_back(const Run &r) {
+        if (cap_ > n_) {
+            heap_[n_++] = r;
+        } else if (cap_ == 0 && n_ == 0) {
+            one_ = r;
+            n_ = 1;
+        } else {
+            reserve(cap_ ? size_t{cap_} * 2 : 4);
+            heap_[n_++] = r;
+        }
+    }
+    // Room for n runs (more than one: on the heap).
+    void reserve(size_t n);
     size_t size() const { return n_; }
     bool empty() const { return n_ == 0; }
     Run *begin() { return cap_ ? heap_ : &one_; }

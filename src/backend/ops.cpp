@@ -4,22 +4,15 @@
 
 namespace kvx {
 
-void Runs::push_back(const Run &r) {
-    if (cap_ == 0 && n_ == 0) {
-        one_ = r;
-        n_ = 1;
-        return;
-    }
-    if (cap_ == 0 || n_ == cap_) {
-        const uint32_t cap = cap_ ? cap_ * 2 : 4;
-        Run *p = new Run[cap];
-        std::copy(begin(), end(), p);
-        if (cap_) delete[] heap_;
-        heap_ = p;
-        cap_ = cap;
-    }
-    heap_[n_++] = r;
+void Runs::reserve(size_t n) {
+    if (n <= 1 || n <= cap_) return;
+    Run *p = new Run[n];
+    std::copy(begin(), end(), p);
+    if (cap_) delete[] heap_;
+    heap_ = p;
+    cap_ = static_cast<uint32_t>(n);
 }
+
 
 std::vector<Part> split_op(Op &&op, uint64_t max_parts, uint64_t min_part, uint64_t block_len) {
     OpRef st = std::move(op.state);

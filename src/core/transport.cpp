@@ -42,6 +42,35 @@ std::vector<const BackendDesc *> choose_backends(const std::string &name, const 
     return usable;
 }
 
+// Fails when a remote index appears twice. Small batches compare pairwise and
+// large ones mark a bitmap of the peer's blocks (sorting only when that map
+// would dwarf the batch): no allocation for the common case, O(n) for large.
+void check_distinct(const std::string &peer_id, const uint64_t *remote, size_t n, uint64_t num_blocks) {
+    auto twice = [&](uint64_t v) {
+        fail(KVX_EINVAL, "peer '%s': remote index %llu appears more than once", peer_id.c_str(),
+             (unsigned long long)v);
+    };
+    if (n <= 32) {
+        for (size_t i = 1; i < n; i++)
+            for (size_t j = 0; j < i; j++)
+                if (remote[i] == remote[j]) twice(remote[i]);
+        return;
+    }
+    if (num_blocks / 64 <= 4 * n) {
+        std::vector<uint64_t> seen((num_blocks + 63) / 64);  // indexes were checked < num_blocks
+        for (size_t i = 0; i < n; i++) {
+            const uint64_t bit = uint64_t{1} << (remote[i] % 64);
+            if (seen[remote[i] / 64] & bit) twice(remote[i]);
+            seen[remote[i] / 64] |= bit;
+        }
+        return;
+    }
+    std::vector<uint64_t> sorted(remote, remote + n);
+    std::sort(sorted.begin(), sorted.end());
+    auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+    if (dup != sorted.end()) twice(*dup);
+}
+
 }  // namespace
 
 Transport::Transport(void *base, uint64_t num_blocks, uint64_t block_len, const char *config_json,
@@ -136,6 +165,7 @@ void Transport::close() {
     std::lock_guard<std::mutex> lk(mu_);
     inflight_.for_each([&](const OpState &op) { count_end_locked(op, Ending::failed); });
     inflight_.clear();
+    listed_.clear();
     completions_.clear();
 }
 
@@ -235,6 +265,7 @@ void Transport::remove_peer(const std::string &id) {
         // A registration of id in progress never publishes now.
         const bool cancelled = registrations_.cancel_locked(id, KVX_ECANCELED, "the peer was removed");
         telemetry_.forget(id);
+        if (auto q = completions_.find(id); q != completions_.end()) q->second.registered = false;
         if (it == peers_.end()) {
             if (cancelled) return;
             fail(KVX_ENOENT, "peer '%s' is not registered", id.c_str());
@@ -245,6 +276,10 @@ void Transport::remove_peer(const std::string &id) {
     // Its pending ops come back failed through complete(): after this
     // returns none of its transfers is in flight any more.
     peer->link->shutdown();
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (auto q = completions_.find(id); q != completions_.end()) forget_drained_locked(q);
+    }
     if (uint64_t left = peer->outstanding.load())
         KVX_LOG(error, "peer '%s': backend %s left %llu transfers unreported at remove", id.c_str(),
                 backend_name(), (unsigned long long)left);
@@ -274,6 +309,7 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
 
     const uint64_t bl = region_.block_len;
     Op op;
+    op.runs.reserve(n);
     for (size_t i = 0; i < n; i++) {
         if (local[i] >= region_.num_blocks)
             fail(KVX_ERANGE, "peer '%s': local index %llu (position %zu) >= %llu blocks", peer_id.c_str(),
@@ -287,14 +323,7 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
             op.runs.push_back(Run{local[i] * bl, remote[i] * bl, bl});
         }
     }
-    if (n > 1) {
-        std::vector<uint64_t> sorted(remote, remote + n);
-        std::sort(sorted.begin(), sorted.end());
-        auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-        if (dup != sorted.end())
-            fail(KVX_EINVAL, "peer '%s': remote index %llu appears more than once", peer_id.c_str(),
-                 (unsigned long long)*dup);
-    }
+    if (n > 1) check_distinct(peer_id, remote, n, peer->num_blocks);
     op.bytes = n * bl;
 
     op.state = OpRef::make();
@@ -307,7 +336,7 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
         check_open_locked();
         id = op.state->id = next_id_++;
         if (n == 0) {
-            completions_[peer_id].done.push_back(id);
+            queue_locked(peer_id, id, true);
             telemetry_.ended(peer->stats.get(), 0, Ending::done, -1, false);
             return id;
         }
@@ -331,11 +360,32 @@ void Transport::finish_locked(uint64_t id, Peer &peer, int status) {
     count_end_locked(*inflight_.find(id), status == 0 ? Ending::done : Ending::failed);
     inflight_.erase(id);
     peer.outstanding.fetch_sub(1);
-    Completions &c = completions_[peer.id];
-    (status == 0 ? c.done : c.failed).push_back(id);
+    queue_locked(peer.id, id, status == 0);
     if (status != 0) KVX_LOG(debug, "transfer %llu to peer '%s' failed: %s", (unsigned long long)id, peer.id.c_str(),
                              error_name(status));
 }
+
+void Transport::queue_locked(const std::string &peer_id, uint64_t id, bool done) {
+    auto it = completions_.try_emplace(peer_id).first;
+    (done ? it->second.done : it->second.failed).push_back(id);
+    if (!it->second.listed) {
+        it->second.listed = true;
+        listed_.push_back(it);
+    }
+}
+
+void Transport::forget_drained_locked(CompletionsMap::iterator it) {
+    if (it->second.empty() && !it->second.registered && !it->second.listed) completions_.erase(it);
+}
+
+namespace {
+
+// Moves ids from the front of q to out[*n..cap).
+void drain(std::deque<uint64_t> &q, uint64_t *out, size_t cap, size_t *n) {
+    for (; *n < cap && !q.empty(); q.pop_front()) out[(*n)++] = q.front();
+}
+
+}  // namespace
 
 void Transport::poll(const char *peer_id, uint64_t *done, size_t done_cap, size_t *n_done, uint64_t *failed,
                      size_t failed_cap, size_t *n_failed) {
@@ -344,31 +394,36 @@ void Transport::poll(const char *peer_id, uint64_t *done, size_t done_cap, size_
     size_t nd = 0, nf = 0;
     std::lock_guard<std::mutex> lk(mu_);
     check_open_locked();
-    auto drain = [&](Completions &c) {
-        while (nd < done_cap && !c.done.empty()) {
-            done[nd++] = c.done.front();
-            c.done.pop_front();
-        }
-        while (nf < failed_cap && !c.failed.empty()) {
-            failed[nf++] = c.failed.front();
-            c.failed.pop_front();
-        }
-    };
     if (peer_id) {
         auto it = completions_.find(peer_id);
         if (it != completions_.end()) {
-            drain(it->second);
-            if (it->second.done.empty() && it->second.failed.empty()) completions_.erase(it);
+            drain(it->second.done, done, done_cap, &nd);
+            drain(it->second.failed, failed, failed_cap, &nf);
+            forget_drained_locked(it);
         }
     } else {
-        for (auto it = completions_.begin(); it != completions_.end();) {
-            drain(it->second);
-            if (it->second.done.empty() && it->second.failed.empty()) it = completions_.erase(it);
-            else ++it;
-        }
+        poll_all_locked(done, done_cap, &nd, failed, failed_cap, &nf);
     }
     *n_done = nd;
     *n_failed = nf;
+}
+
+// poll(NULL): the listed queues in the order they got ids; those drained
+// leave the list (and the map, if their peer is gone).
+void Transport::poll_all_locked(uint64_t *done, size_t done_cap, size_t *nd, uint64_t *failed, size_t failed_cap,
+                                size_t *nf) {
+    size_t keep = 0;
+    for (CompletionsMap::iterator it : listed_) {
+        drain(it->second.done, done, done_cap, nd);
+        drain(it->second.failed, failed, failed_cap, nf);
+        if (!it->second.empty()) {
+            listed_[keep++] = it;
+            continue;
+        }
+        it->second.listed = false;
+        forget_drained_locked(it);
+    }
+    listed_.resize(keep);
 }
 
 size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *inflight) {
@@ -409,11 +464,10 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
 
 void Transport::drop_unpolled_locked(const std::unordered_set<uint64_t> &ids) {
     auto gone = [&](uint64_t id) { return ids.count(id) != 0; };
-    for (auto it = completions_.begin(); it != completions_.end();) {
+    // Every queue holding ids is listed; those emptied here go at the next poll.
+    for (CompletionsMap::iterator it : listed_) {
         std::erase_if(it->second.done, gone);
         std::erase_if(it->second.failed, gone);
-        if (it->second.done.empty() && it->second.failed.empty()) it = completions_.erase(it);
-        else ++it;
     }
 }
 

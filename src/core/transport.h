@@ -77,15 +77,28 @@ private:
     };
     // An id in flight. The peer outlives it: removing a peer reports all its
     // transfers (erasing their entries) before the peer goes.
+    // A peer id's finished transfers, until polled. The queue of a registered
+    // peer stays (empty) between polls, so the data path neither allocates
+    // nor frees one per transfer; it goes once its peer is removed and it is
+    // drained.
     struct Completions {
         std::deque<uint64_t> done, failed;
+        bool registered = false;  // a peer is published under this id
+        bool listed = false;      // in listed_ (it got ids since poll(NULL) last drained it)
+        bool empty() const { return done.empty() && failed.empty(); }
     };
+    using CompletionsMap = std::map<std::string, Completions>;
 
     void complete(Peer &peer, uint64_t id, int status);
     void finish_locked(uint64_t id, Peer &peer, int status);
     // Removes ids from the completion queues (cancel of finished, unpolled ids):
     // one pass over the queues, so cancel stays off poll's path.
     void drop_unpolled_locked(const std::unordered_set<uint64_t> &ids);
+    void queue_locked(const std::string &peer_id, uint64_t id, bool done);
+    // Erases the queue of a removed peer once it is drained.
+    void forget_drained_locked(CompletionsMap::iterator it);
+    void poll_all_locked(uint64_t *done, size_t done_cap, size_t *nd, uint64_t *failed, size_t failed_cap,
+                         size_t *nf);
     void check_open_locked() const;
     void watchdog();
     // Peers stalled now (work outstanding, no progress for the timeout); sets
@@ -121,7 +134,10 @@ private:
     uint64_t next_reg_ = 1;
     Telemetry telemetry_;
     IdTable inflight_;  // by id; each OpState's owner is its Peer
-    std::map<std::string, Completions> completions_;
+    CompletionsMap completions_;
+    // The queues that got ids, in that order: poll(NULL) visits these, not
+    // every peer's. A listed queue is never erased.
+    std::vector<CompletionsMap::iterator> listed_;
     std::thread watchdog_;
 };
 

@@ -43,6 +43,7 @@ Registrations::Ref Transport::reserve_locked(const std::string &id, uint64_t reg
         if (!replace) fail(KVX_EEXIST, "peer '%s' is already registered", id.c_str());
         *replaced = std::move(it->second);
         peers_.erase(it);
+        completions_[id].registered = false;  // until the new registration publishes
     }
     return registrations_.reserve_locked(id, reg, replace);
 }
@@ -70,6 +71,7 @@ void Transport::connect_and_publish(const Registrations::Ref &r, const wire::Age
             peer->stats = telemetry_.slot(r->id);
             telemetry_.connected(peer->stats.get(), Peer::now_ns() - t0);
             peers_[r->id] = peer;
+            completions_[r->id].registered = true;
             registrations_.finish_locked(r, 0, "");
             return;
         }

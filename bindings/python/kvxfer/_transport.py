@@ -79,6 +79,9 @@ def _bad_index(seq, what):
     return TypeError("%s must be a sequence of ints" % what)
 
 
+_SEQUENCES = (list, tuple, range)
+
+
 def _as_u64(seq, what, drop_invalid=False):
     """An object exporting a C-contiguous uint64 buffer with seq's values.
 
@@ -621,11 +624,20 @@ class Transport:
         range on either side or negative, a remote index repeated in one
         call, lists of different lengths, the transport closed. Raises only
         TypeError (an argument of the wrong type). Index lists: sequences of
-        ints or 1-D numpy integer arrays (uint64 / non-negative int64
-        C-contiguous arrays are passed without a copy)."""
+        ints, or 1-D integer arrays: C-contiguous buffers of 4- or 8-byte
+        integers (numpy int32/int64/uint32/uint64, array.array, memoryview)
+        go to C without a Python int per index, 8-byte ones without a copy."""
         try:
             h = self._handle()
             peer_id = _peer_arg(peer_id)
+            if type(local_idxs) not in _SEQUENCES:
+                # integer arrays (4 or 8 bytes) go to C as they are
+                rc, tid = _native.kvxpy_write_blocks_buf(h, peer_id, local_idxs, remote_idxs)
+                if rc != _native.KVXPY_FALLBACK:
+                    if rc == 0:
+                        return tid
+                    self._error(rc)
+                    return None
             loc = _as_u64(local_idxs, "local_idxs")
             rem = _as_u64(remote_idxs, "remote_idxs")
             if len(loc) != len(rem):

@@ -81,6 +81,44 @@ static int kvxpy_u64_buffer(PyObject *o, Py_buffer *b, int writable, const char 
     return 0;
 }
 
+/* An index array as uint64: a 1-D C-contiguous buffer of 4- or 8-byte
+ * integers (numpy int32/int64/uint64/uint32, array.array, memoryview). 8-byte
+ * items are used in place; 4-byte ones are widened into *tmp (PyMem, the
+ * caller frees it). 1 (and no Python error) when o is no such buffer or holds
+ * a negative value; 0 with *b to release; -1 on a Python error. */
+static int kvxpy_idx_buffer(PyObject *o, Py_buffer *b, const uint64_t **out, size_t *n, uint64_t **tmp) {
+    const char *f;
+    int is_signed;
+    size_t i;
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyErr_Clear();
+        return 1;
+    }
+    f = b->format ? b->format : "B";
+    while (*f == '@' || *f == '=' || *f == '<') f++;
+    is_signed = f[0] == 'q' || f[0] == 'l' || f[0] == 'i';
+    if (b->ndim != 1 || f[1] != '\0' || !strchr("qlQLiI", f[0]) || (b->itemsize != 8 && b->itemsize != 4)) {
+        PyBuffer_Release(b);
+        return 1;
+    }
+    *n = (size_t)(b->len / b->itemsize);
+    if (b->itemsize == 8) {
+        const int64_t *v = (const int64_t *)b->buf;
+        for (i = 0; is_signed && i < *n; i++)
+            if (v[i] < 0) { PyBuffer_Release(b); return 1; }
+        *out = (const uint64_t *)b->buf;
+        return 0;
+    }
+    if (!(*tmp = (uint64_t *)PyMem_Malloc(*n ? *n * 8 : 1))) { PyBuffer_Release(b); PyErr_NoMemory(); return -1; }
+    for (i = 0; i < *n; i++) {
+        int64_t x = is_signed ? (int64_t)((const int32_t *)b->buf)[i] : (int64_t)((const uint32_t *)b->buf)[i];
+        if (x < 0) { PyBuffer_Release(b); return 1; }  /* *tmp: freed by the caller */
+        (*tmp)[i] = (uint64_t)x;
+    }
+    *out = *tmp;
+    return 0;
+}
+
 static void kvxpy_capsule_free(PyObject *capsule) {
     kvxpy_handle *h = (kvxpy_handle *)PyCapsule_GetPointer(capsule, KVXPY_CAPSULE);
     if (!h) { PyErr_Clear(); return; }
@@ -243,6 +281,11 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
  * caller: no hand-off to another thread in the middle of a call that
  * vLLM's scheduler makes on its hot path. */
 %nothread kvx_add_remote_peer_async;
+%nothread kvxpy_write_blocks_buf;
+
+/* kvxpy_write_blocks_buf's answer "not for me": the wrapper's general path
+ * converts the arguments (or explains what is wrong with them). */
+%constant int KVXPY_FALLBACK = 1;
 
 %inline %{
 /* Acquire the region's buffer (writable, C-contiguous, held until close) and
@@ -326,6 +369,35 @@ int kvxpy_write_blocks(uint64_t *out_id, kvx_transport *t, const char *peer_id, 
                        size_t n_local, const uint64_t *remote_idxs, size_t n_remote) {
     if (n_local != n_remote) return KVX_EINVAL;
     return kvx_write_blocks(out_id, t, peer_id, local_idxs, remote_idxs, n_local);
+}
+
+/* kvx_write_blocks straight from two index arrays of 4- or 8-byte integers
+ * (see kvxpy_idx_buffer): no Python int per index, 8-byte arrays without a
+ * copy, the GIL released only around the C call. (rc, id), or
+ * (KVXPY_FALLBACK, 0) when an argument is no such array, holds a negative
+ * value, or the lengths differ. */
+PyObject *kvxpy_write_blocks_buf(PyObject *handle, const char *peer_id, PyObject *local, PyObject *remote) {
+    kvxpy_handle *h = kvxpy_from_capsule(handle, 0);
+    Py_buffer lb, rb;
+    const uint64_t *lp = NULL, *rp = NULL;
+    uint64_t *ltmp = NULL, *rtmp = NULL, id = 0;
+    size_t ln = 0, rn = 0;
+    int lrc, rrc = 1, rc = 1;
+    if (!h) return NULL;
+    lrc = kvxpy_idx_buffer(local, &lb, &lp, &ln, &ltmp);
+    if (lrc == 0) rrc = kvxpy_idx_buffer(remote, &rb, &rp, &rn, &rtmp);
+    if (lrc == 0 && rrc == 0 && ln == rn) {
+        kvx_transport *t = h->t;
+        Py_BEGIN_ALLOW_THREADS
+        rc = kvx_write_blocks(&id, t, peer_id, lp, rp, ln);
+        Py_END_ALLOW_THREADS
+    }
+    if (rrc == 0) PyBuffer_Release(&rb);
+    if (lrc == 0) PyBuffer_Release(&lb);
+    PyMem_Free(ltmp);
+    PyMem_Free(rtmp);
+    if (lrc < 0 || rrc < 0) return NULL;
+    return Py_BuildValue("(iK)", rc, (unsigned long long)id);
 }
 
 /* kvx_cancel with the inflight array's capacity: too small an array (or None)

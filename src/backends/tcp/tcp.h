@@ -188,7 +188,7 @@ private:
     size_t iov_at_ = 0;
     // Sealed mode: the frames of iov_ become records in stage_, a chunk at a time.
     std::unique_ptr<Aead> tx_;
-    std::vector<uint8_t> stage_;
+    std::unique_ptr<uint8_t[]> stage_;  // uninitialised: pages are touched on the first sealed send
     size_t stage_len_ = 0, stage_at_ = 0, next_head_ = 0;
     bool in_payload_ = false;  // a payload record is open
 };

@@ -29,7 +29,7 @@ void FrameWriter::add(Part p, uint64_t seq) {
 
 void FrameWriter::protect(const std::array<uint8_t, handshake::kKeyLen> &key) {
     tx_ = std::make_unique<Aead>(key, true);
-    stage_.resize(kStageBytes + kMaxHeadRecord + kTagLen);
+    stage_ = std::make_unique_for_overwrite<uint8_t[]>(kStageBytes + kMaxHeadRecord + kTagLen);
 }
 
 void FrameWriter::clear() {
@@ -138,7 +138,7 @@ void FrameWriter::seal_head() {
     const iovec &h = iov_[iov_at_];
     uint8_t aad[5] = {kRecordHead};
     put_le(aad + 1, h.iov_len, 4);
-    uint8_t *out = stage_.data() + stage_len_;
+    uint8_t *out = stage_.get() + stage_len_;
     memcpy(out, aad + 1, 4);
     tx_->seal(aad, sizeof aad, static_cast<const uint8_t *>(h.iov_base), h.iov_len, out + 4);
     stage_len_ += 4 + h.iov_len + kTagLen;
@@ -155,7 +155,7 @@ bool FrameWriter::seal_more() {
     while (stage_len_ < kStageBytes) {
         const bool at_head = next_head_ < heads_.size() && heads_[next_head_].first == iov_at_;
         if (in_payload_ && (at_head || iov_at_ == iov_.size())) {
-            tx_->finish_seal(stage_.data() + stage_len_);
+            tx_->finish_seal(stage_.get() + stage_len_);
             stage_len_ += kTagLen;
             in_payload_ = false;
         } else if (at_head) {
@@ -163,7 +163,7 @@ bool FrameWriter::seal_more() {
         } else if (iov_at_ < iov_.size()) {
             iovec &v = iov_[iov_at_];
             const size_t take = std::min(v.iov_len, kStageBytes - stage_len_);
-            tx_->update(static_cast<const uint8_t *>(v.iov_base), stage_.data() + stage_len_, take);
+            tx_->update(static_cast<const uint8_t *>(v.iov_base), stage_.get() + stage_len_, take);
             stage_len_ += take;
             v.iov_base = static_cast<uint8_t *>(v.iov_base) + take;
             if ((v.iov_len -= take) == 0) iov_at_++;
@@ -183,7 +183,7 @@ int FrameWriter::write_sealed(int fd) {
             clear();
             return 1;
         }
-        ssize_t r = ::send(fd, stage_.data() + stage_at_, stage_len_ - stage_at_, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t r = ::send(fd, stage_.get() + stage_at_, stage_len_ - stage_at_, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r < 0) {
             if (errno == EINTR) continue;
             return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;

@@ -1,0 +1,162 @@
+// The completion queues on the instant backend (deterministic: a transfer is
+// done inside write_blocks, or held until its peer goes): every id is reported
+// exactly once through poll(peer) and poll(NULL) mixed, also after its peer
+// was removed or re-added, and a cancelled unpolled id never.
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include <cmocka.h>
+}
+
+#include "instant_backend.h"
+#include "kvxfer.h"
+
+namespace {
+
+constexpr uint64_t kBlockLen = 64;
+
+struct Fixture {
+    uint64_t kBlocks;
+    std::vector<uint8_t> region;
+    kvx_transport *t = nullptr;
+    std::vector<uint8_t> meta = std::vector<uint8_t>(4096);
+    explicit Fixture(uint64_t blocks = 64) : kBlocks(blocks), region(blocks * kBlockLen) {
+        kvx_options *o = nullptr;
+        assert_int_equal(kvx_options_create(&o), 0);
+        assert_int_equal(kvx_options_set(o, "backend", "instant"), 0);
+        assert_int_equal(kvx_transport_create(&t, region.data(), kBlocks, kBlockLen, nullptr, o), 0);
+        kvx_options_destroy(o);
+        size_t len = 0;
+        assert_int_equal(kvx_get_agent_metadata(&len, t, meta.data(), meta.size()), 0);
+        meta.resize(len);
+    }
+    ~Fixture() {
+        kvx::instant::hold(false);
+        kvx_transport_destroy(t);
+    }
+    void add(const char *id) {
+        assert_int_equal(kvx_add_remote_peer(t, id, meta.data(), meta.size(), (uintptr_t)region.data(), kBlocks,
+                                             kBlockLen), 0);
+    }
+    uint64_t write(const char *peer, uint64_t block) {
+        uint64_t id = 0;
+        assert_int_equal(kvx_write_blocks(&id, t, peer, &block, &block, 1), 0);
+        return id;
+    }
+    // One poll with room for cap ids of each kind: (done, failed).
+    std::pair<std::vector<uint64_t>, std::vector<uint64_t>> poll(const char *peer, size_t cap = 16) {
+        std::vector<uint64_t> d(cap), f(cap);
+        size_t nd = 0, nf = 0;
+        assert_int_equal(kvx_poll(&nd, &nf, t, peer, d.data(), cap, f.data(), cap), 0);
+        d.resize(nd);
+        f.resize(nf);
+        return {d, f};
+    }
+};
+
+void test_poll_by_peer_and_all(void **) {
+    Fixture x;
+    x.add("a");
+    x.add("b");
+    const uint64_t a1 = x.write("a", 1), b1 = x.write("b", 1), a2 = x.write("a", 2);
+    assert_true(x.poll("b").first == std::vector<uint64_t>{b1});
+    assert_true(x.poll("b").first.empty());
+    assert_true(x.poll(nullptr, 1).first == std::vector<uint64_t>{a1});  // a stays listed: one left
+    assert_true(x.poll(nullptr).first == std::vector<uint64_t>{a2});
+    assert_true(x.poll(nullptr).first.empty());
+    assert_true(x.poll("a").first.empty());
+    const uint64_t b2 = x.write("b", 3);
+    assert_true(x.poll(nullptr).first == std::vector<uint64_t>{b2});
+}
+
+void test_removed_peer_reports_once(void **) {
+    Fixture x;
+    x.add("a");
+    kvx::instant::hold(true);
+    const uint64_t held = x.write("a", 1);
+    kvx::instant::hold(false);
+    const uint64_t done = x.write("a", 2);
+    assert_int_equal(kvx_remove_remote_peer(x.t, "a"), 0);
+    auto [d, f] = x.poll("a");
+    assert_true(d == std::vector<uint64_t>{done});
+    assert_true(f == std::vector<uint64_t>{held});
+    assert_true(x.poll(nullptr).first.empty() && x.poll(nullptr).second.empty());
+    x.add("a");  // the same id again: a fresh queue, nothing stale
+    const uint64_t again = x.write("a", 3);
+    assert_true(x.poll(nullptr).first == std::vector<uint64_t>{again});
+    assert_true(x.poll("a").first.empty());
+}
+
+void test_removed_peer_drained_by_poll_all(void **) {
+    Fixture x;
+    x.add("a");
+    kvx::instant::hold(true);
+    const uint64_t held = x.write("a", 1);
+    kvx::instant::hold(false);
+    assert_int_equal(kvx_remove_remote_peer(x.t, "a"), 0);
+    assert_true(x.poll(nullptr).second == std::vector<uint64_t>{held});
+    assert_true(x.poll("a").second.empty());
+}
+
+void test_cancel_unpolled(void **) {
+    Fixture x;
+    x.add("a");
+    const uint64_t id = x.write("a", 1), kept = x.write("a", 2);
+    size_t still = 9;
+    assert_int_equal(kvx_cancel(&still, x.t, &id, 1, KVX_CANCEL_IMMEDIATE, nullptr), 0);
+    assert_int_equal(still, 0);
+    assert_true(x.poll(nullptr).first == std::vector<uint64_t>{kept});
+}
+
+void test_many_peers_small_polls(void **) {
+    Fixture x;
+    std::set<uint64_t> want, got;
+    for (int p = 0; p < 20; p++) x.add(("p" + std::to_string(p)).c_str());
+    for (int k = 0; k < 5; k++)
+        for (int p = 0; p < 20; p++) want.insert(x.write(("p" + std::to_string(p)).c_str(), (uint64_t)k));
+    for (int i = 0; i < 200 && got.size() < want.size(); i++) {
+        auto [d, f] = i % 3 ? x.poll(nullptr, 3) : x.poll(("p" + std::to_string(i % 20)).c_str(), 2);
+        assert_true(f.empty());
+        for (uint64_t id : d) assert_true(got.insert(id).second);  // never twice
+    }
+    assert_true(got == want);
+}
+
+// A repeated remote index is refused whichever way it is found: pairwise
+// (small batch), bitmap (large batch), sort (large batch, huge region).
+void test_duplicate_remote_index(void **) {
+    for (uint64_t blocks : {uint64_t{64}, uint64_t{1} << 16})
+        for (size_t n : {size_t{2}, size_t{32}, size_t{33}, size_t{64}}) {
+            Fixture x(blocks);
+            x.add("a");
+            std::vector<uint64_t> local(n), remote(n);
+            for (size_t i = 0; i < n; i++) local[i] = remote[i] = i;
+            uint64_t id = 0;
+            assert_int_equal(kvx_write_blocks(&id, x.t, "a", local.data(), remote.data(), n), 0);
+            remote[n - 1] = remote[n / 2 - 1];
+            assert_int_equal(kvx_write_blocks(&id, x.t, "a", local.data(), remote.data(), n), KVX_EINVAL);
+            assert_non_null(strstr(kvx_last_error_message(), "appears more than once"));
+        }
+}
+
+}  // namespace
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_poll_by_peer_and_all),
+        cmocka_unit_test(test_removed_peer_reports_once),
+        cmocka_unit_test(test_removed_peer_drained_by_poll_all),
+        cmocka_unit_test(test_cancel_unpolled),
+        cmocka_unit_test(test_many_peers_small_polls),
+        cmocka_unit_test(test_duplicate_remote_index),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
