@@ -170,7 +170,7 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        boot id, its socket reachable), else verbs, else
  *                        tcp. kvx_peer_backend() says which one a peer got,
  *                        and KVX_LOG=info logs why.
- *   peer_backend_fallback  1 (default): a peer whose preferred path applies
+ *   peer_backend_fallback  0..1. 1 (default): a peer whose preferred path applies
  *                        but fails to connect gets the next path (logged as
  *                        a warning); 0: that failure fails the add instead.
  *   connect_timeout_ms   connect + authenticate budget of add_remote_peer,
@@ -229,7 +229,7 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *   KVX_ENOTSUP and the reason; with "auto" it selects tcp (logged).
  *   shm.threads          copy threads of the shm backend, 1..16, default 2;
  *                        transfers of 1 MiB or more are split over them.
- *   shm.allow_other_users  0 (default): the shm backend serves only
+ *   shm.allow_other_users  0..1. 0 (default): the shm backend serves only
  *                        processes of the same user (SO_PEERCRED); 1: any
  *                        user that authenticates (docs/security.md).
  *   shm.private          how a peer writes into a region that is not in a

@@ -119,6 +119,7 @@ struct Link {
     uint64_t remote_base = 0;    // kernel: the peer's base address there
     uint64_t remote_size = 0;
     Mode mode = Mode::none;
+    bool sealed = false;         // mapped: the file cannot shrink (F_SEAL_SHRINK): no SIGBUS to fear
     CompletionSink *sink = nullptr;
     std::string peer_id;
 

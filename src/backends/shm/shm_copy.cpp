@@ -105,19 +105,26 @@ int copy_kernel(Link &l, const Part &p) {
 
 }  // namespace
 
+// Installs the guard, or installs it again when the application replaced it
+// since (its handler is then the one we chain to). Cheap when in place.
 void install_sigbus_guard() {
-    static std::once_flag once;
-    std::call_once(once, [] {
-        struct sigaction sa {};
-        sa.sa_sigaction = on_sigbus;
-        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGBUS, &sa, &g_prev_sigbus);
-    });
+    struct sigaction cur {};
+    sigaction(SIGBUS, nullptr, &cur);
+    if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus) return;
+    static std::mutex mu;
+    std::lock_guard<std::mutex> lk(mu);
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    struct sigaction prev {};
+    sigaction(SIGBUS, &sa, &prev);
+    if (!((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction == on_sigbus)) g_prev_sigbus = prev;
 }
 
 int copy_part(Link &l, const Part &p) {
     if (l.mode == Mode::kernel) return copy_kernel(l, p);
+    if (!l.sealed) install_sigbus_guard();  // a file that may shrink under us
     const int rc = copy_mapped(l, p);
     if (rc < 0) {
         KVX_LOG(warn, "shm: peer '%s': its mapping faulted (SIGBUS: the file was truncated?)", l.peer_id.c_str());

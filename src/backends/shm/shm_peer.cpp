@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -94,7 +95,9 @@ void map_region(Link &l, int fd, const CtlMsg &g, const std::string &where) {
     l.map_base = p;
     l.map_len = g.size + delta;
     l.dst = static_cast<uint8_t *>(p) + delta;
-    install_sigbus_guard();
+    const int seals = fcntl(fd, F_GET_SEALS);
+    l.sealed = seals >= 0 && (seals & F_SEAL_SHRINK);
+    if (!l.sealed) install_sigbus_guard();
 }
 
 // process_vm_writev reaches the target: a one-byte read of its region proves
