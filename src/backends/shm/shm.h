@@ -143,13 +143,17 @@ struct Job {
     Part part;
 };
 
-// The copy threads of one transport's shm backend.
+// The copy threads of one transport's shm backend: shm.threads copy one
+// transfer, the thread that submits it (it copies the first part itself, so
+// a small transfer costs no hand-off) and shm.threads - 1 pool threads.
 class CopyPool {
 public:
     explicit CopyPool(unsigned threads);
     ~CopyPool();
-    unsigned threads() const { return static_cast<unsigned>(threads_.size()); }
+    unsigned copiers() const { return copiers_; }
     void push(std::vector<Job> jobs);
+    // Copies and reports a part in the calling thread.
+    void copy_now(Job j);
 
 private:
     void run();
@@ -157,6 +161,7 @@ private:
     std::condition_variable cv_;
     std::deque<Job> queue_;
     bool stop_ = false;
+    unsigned copiers_;
     std::vector<std::thread> threads_;
 };
 

@@ -158,8 +158,8 @@ void Link::fail_all(int st) {
     cv.notify_all();
 }
 
-CopyPool::CopyPool(unsigned threads) {
-    for (unsigned i = 0; i < threads; i++) threads_.emplace_back([this] { run(); });
+CopyPool::CopyPool(unsigned threads) : copiers_(threads) {
+    for (unsigned i = 1; i < threads; i++) threads_.emplace_back([this] { run(); });
 }
 
 CopyPool::~CopyPool() {
@@ -180,9 +180,11 @@ void CopyPool::push(std::vector<Job> jobs) {
     else cv_.notify_all();
 }
 
+namespace {
+
 // Starts a job's part if its link and transfer still want it; true when the
 // caller then copies it (counted in link.active).
-static bool begin(Job &j) {
+bool begin(Job &j) {
     Link &l = *j.link;
     std::lock_guard<std::mutex> lk(l.mu);
     if (l.stop) return false;
@@ -195,7 +197,7 @@ static bool begin(Job &j) {
 }
 
 // Reports a copied part (or stops the link at its first failure).
-static void end(Job &j, int rc) {
+void end(Job &j, int rc) {
     Link &l = *j.link;
     std::atomic_thread_fence(std::memory_order_release);  // the bytes before the report
     CompletionBatch b;
@@ -220,6 +222,12 @@ static void end(Job &j, int rc) {
         l.cv.notify_all();
     }
     if (first_failure) l.fail_all(rc);  // once every copy of the link let go
+}
+
+}  // namespace
+
+void CopyPool::copy_now(Job j) {
+    if (begin(j)) end(j, copy_part(*j.link, j.part));
 }
 
 void CopyPool::run() {

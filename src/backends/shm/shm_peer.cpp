@@ -182,7 +182,7 @@ void ShmPeer::submit(Op op) {
             status = link_->status ? link_->status : KVX_EPEERBROKEN;
         } else {
             link_->ops.emplace(op.state->id, op.state);
-            for (Part &p : split_op(std::move(op), pool_.threads(), kSplitMin, bl)) jobs.push_back(Job{link_, std::move(p)});
+            for (Part &p : split_op(std::move(op), pool_.copiers(), kSplitMin, bl)) jobs.push_back(Job{link_, std::move(p)});
         }
     }
     if (status != 0) {
@@ -191,7 +191,11 @@ void ShmPeer::submit(Op op) {
         b.deliver(*link_->sink);
         return;
     }
-    pool_.push(std::move(jobs));
+    // The first part here, the others on the pool threads, all at once.
+    Job first = std::move(jobs.front());
+    jobs.erase(jobs.begin());
+    if (!jobs.empty()) pool_.push(std::move(jobs));
+    pool_.copy_now(std::move(first));
 }
 
 bool ShmPeer::broken() const {
