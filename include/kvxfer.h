@@ -227,8 +227,12 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *   device that cannot be used (none, no ACTIVE port, RLIMIT_MEMLOCK too low
  *   for the region, verbs.* naming something absent) fails creation with
  *   KVX_ENOTSUP and the reason; with "auto" it selects tcp (logged).
- *   shm.threads          copy threads of the shm backend, 1..16, default 2;
- *                        transfers of 1 MiB or more are split over them.
+ *   shm.threads          threads that copy one shm transfer, 1..16,
+ *                        default 2: the thread calling kvx_write_blocks()
+ *                        copies the first part itself (so a small transfer
+ *                        is done, or failed, when the call returns) and
+ *                        shm.threads - 1 threads of the transport the others;
+ *                        transfers of 2 MiB or more are split among them.
  *   shm.allow_other_users  0..1. 0 (default): the shm backend serves only
  *                        processes of the same user (SO_PEERCRED); 1: any
  *                        user that authenticates (docs/security.md).
@@ -463,7 +467,9 @@ KVX_API int kvx_registration_status(int *out_state, int *out_error, kvx_transpor
  * Submit a WRITE: local block local_idxs[i] goes to the peer's block
  * remote_idxs[i], for i < n. Never blocks on the network: the transfer is
  * queued and the returned id surfaces exactly once in kvx_poll(), done (the
- * bytes are in the peer's region) or failed. Runs of consecutive indexes
+ * bytes are in the peer's region) or failed. For a peer on the shm backend
+ * the calling thread copies (a share of) the blocks itself before returning
+ * (see shm.threads): a memory copy, never a wait for the peer. Runs of consecutive indexes
  * (local i..i+k to remote j..j+k) travel as one operation. n == 0 is a valid
  * transfer, done at the next poll.
  * The index arrays are read during the call only.
