@@ -79,7 +79,9 @@ int copy_kernel(Link &l, const Part &p) {
     }
     for (size_t at = 0; at < lv.size();) {
         if (l.halt.load(std::memory_order_relaxed)) return KVX_ECANCELED;
-        const size_t cnt = std::min<size_t>(lv.size() - at, IOV_MAX);
+        size_t cnt = 0;  // at most IOV_MAX iovecs and about kChunk bytes per call: a halt is seen soon
+        for (uint64_t bytes = 0; at + cnt < lv.size() && cnt < IOV_MAX && bytes < kChunk; cnt++)
+            bytes += lv[at + cnt].iov_len;
         ssize_t w = process_vm_writev(l.pid, &lv[at], cnt, &rv[at], cnt, 0);
         if (w < 0) {
             if (errno == EINTR) continue;
