@@ -16,7 +16,8 @@
 #
 # Usage: bench/compare-shm.sh [extra kvxfer-bench options]
 # Environment: KVXFER_BENCH, KVXFER_MEMCPY_REF (default: this checkout's
-# build/), DURATION seconds per measurement (default 2), REPEAT (default 3).
+# build/), DURATION seconds per measurement (default 2), REPEAT (default 3),
+# WARMUP seconds before each kvxfer measurement (default 3).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,6 +25,11 @@ bench=${KVXFER_BENCH:-$root/build/kvxfer-bench}
 ref=${KVXFER_MEMCPY_REF:-$root/build/kvxfer-memcpy-ref}
 duration=${DURATION:-2}
 repeat=${REPEAT:-3}
+# Unmeasured seconds per size before kvxfer is measured: long enough for one
+# pass over the working set, since the memcpy reference touches its buffers
+# before it measures too (first writes into fresh memory are far slower on
+# some VMs: 0.1 GB/s measured on the development box).
+warmup=${WARMUP:-3}
 me=compare-shm.sh
 
 die() { echo "$me: $*" >&2; exit 1; }
@@ -48,7 +54,7 @@ for l in sys.stdin:
 kv() { # kind, then kvxfer-bench options
     local kind=$1
     shift
-    local common=(--json --no-progress --duration "$duration")
+    local common=(--json --no-progress --duration "$duration" --warmup "$warmup")
     "$bench" "${common[@]}" --block-size 4M,1M,64K --batch 1 --pattern seq "$@" >"$tmp/out" ||
         die "kvxfer-bench $* failed: $(cat "$tmp/out")"
     "$bench" "${common[@]}" --block-size 4K --batch 16 --pattern random "$@" >>"$tmp/out" ||
@@ -60,7 +66,7 @@ for round in $(seq "$repeat"); do
     echo "$me: round $round of $repeat" >&2
     { "$ref" 4M,1M,64K 256M seq 1 "$duration" && "$ref" 4K 256M random 16 "$duration"; } | tag memcpy
     kv "shm mapped" --backend shm --target-region shared --option shm.threads=1 "$@"
-    "$bench" --json --no-progress --duration "$duration" --block-size 4M --batch 1 --pattern seq \
+    "$bench" --json --no-progress --duration "$duration" --warmup "$warmup" --block-size 4M --batch 1 --pattern seq \
         --backend shm --target-region shared --option shm.threads=2 "$@" | tag "shm mapped 2"
     kv "shm private" --backend shm --option shm.threads=1 "$@"
     kv "tcp" --backend tcp "$@"
