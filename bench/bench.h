@@ -46,6 +46,7 @@ struct bench_opts {
     bool config_given;
     uint64_t seed;
     bool seed_given;
+    bool shared_region;           /* --target-region shared: the target's region from kvx_region_alloc() */
     /* roles */
     const char *serve;            /* --serve [HOST:]PORT */
     const char *connect;          /* --connect HOST:PORT */

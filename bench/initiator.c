@@ -482,7 +482,8 @@ struct libview {
 };
 
 struct result {
-    const char *backend;
+    const char *backend;                  /* the path the library picked for the target */
+    const char *path;                     /* and how (shm: mapped / process_vm_writev), or "" */
     uint64_t block_size, batch, blocks, inflight, bytes, transfers, failed;
     double seconds, gbps, xps, p50, p99, p999, max_us;
     double floor_p50, floor_p99;          /* us: what the library's may be at least */
@@ -646,14 +647,24 @@ static void create_transport(struct size_run *sr, struct result *res)
     res->backend = kvx_transport_backend(sr->t);
 }
 
-static void register_target(const struct size_run *sr, struct target_region *tr, const char *backend)
+/* Adds the target; res->backend becomes the path the library picked for it
+ * (a transport serves on several backends and picks one per peer). */
+static void register_target(const struct size_run *sr, struct target_region *tr, struct result *res)
 {
-    if (tr->backend && strcmp(tr->backend, backend) != 0)
-        warnx_("%s: target uses backend '%s', this side '%s'", sr->sz, tr->backend, backend);
     int rc = kvx_add_remote_peer(sr->t, PEER_ID, tr->meta, tr->meta_len, tr->base, tr->nblocks,
                                  tr->block_len);
     if (rc)
         die_kvx("kvx_add_remote_peer(target)", rc);
+    const char *path = "";
+    rc = kvx_peer_backend(&res->backend, &path, sr->t, PEER_ID);
+    if (rc)
+        die_kvx("kvx_peer_backend(target)", rc);
+    if (*path && !sr->o->json)
+        fprintf(stderr, "%s: backend %s, path %s\n", sr->sz, res->backend, path);
+    res->path = path;
+    if (tr->backend && sr->o->backend_given && strcmp(sr->o->backend, "auto") != 0 &&
+        strcmp(tr->backend, res->backend) != 0)
+        warnx_("%s: target serves on '%s' first, this peer uses '%s'", sr->sz, tr->backend, res->backend);
     free(tr->backend);
     free(tr->payload);
 }
@@ -833,7 +844,7 @@ static void run_size(const struct bench_opts *o, uint32_t run, uint64_t bs, uint
     request_region(&sr, &tr);
     map_local_region(&sr);
     create_transport(&sr, res);
-    register_target(&sr, &tr, res->backend);
+    register_target(&sr, &tr, res);
     register_with_target(&sr);
     measure(&sr, &e, res);
     finish_run(&sr, &e, res);
@@ -875,13 +886,13 @@ static void print_json(const struct bench_opts *o, const struct result *r)
             be[j++] = (char)c;
     }
     be[j] = '\0';
-    printf("{\"backend\":\"%s\",\"block_size\":%llu,\"batch\":%llu,\"pattern\":\"%s\","
+    printf("{\"backend\":\"%s\",\"path\":\"%s\",\"block_size\":%llu,\"batch\":%llu,\"pattern\":\"%s\","
            "\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f,\"xfers_per_s\":%.1f,"
            "\"p50_us\":%.2f,\"p99_us\":%.2f,\"verified\":\"%s\","
            "\"blocks\":%llu,\"inflight\":%llu,\"transfers\":%llu,\"failed\":%llu,"
            "\"p999_us\":%.2f,\"max_us\":%.2f,\"lib_transfers\":%llu,\"lib_bytes\":%llu,"
            "\"lib_failed\":%llu,\"lib_p50_us\":%.2f,\"lib_p99_us\":%.2f,\"lib_agrees\":\"%s\"}\n",
-           be, (unsigned long long)r->block_size, (unsigned long long)r->batch,
+           be, r->path ? r->path : "", (unsigned long long)r->block_size, (unsigned long long)r->batch,
            pattern_name(o->pattern), (unsigned long long)r->bytes, r->seconds, r->gbps, r->xps,
            r->p50, r->p99, r->verified, (unsigned long long)r->blocks,
            (unsigned long long)r->inflight, (unsigned long long)r->transfers,

@@ -59,6 +59,10 @@ static const char usage_text[] =
     "  --verify / --no-verify     check the data (default on), see below\n"
     "  --option KEY=VALUE         kvx_options_set() KEY VALUE, repeatable, e.g.\n"
     "                             --option tcp.streams=2 (local mode: both sides)\n"
+    "  --target-region private|shared  the target's region: private (default;\n"
+    "                             anonymous memory) or shared (kvx_region_alloc: a\n"
+    "                             sealed memfd, so shm peers map it; vLLM's /dev/shm\n"
+    "                             files take the same path)\n"
     "  --config JSON              model config JSON for the config fingerprint,\n"
     "                             used by both sides\n"
     "  --seed N                   seed of data pattern and random indexes\n"
@@ -180,6 +184,13 @@ static void opt_backend(struct cli *c, const char *v)
         usage_error("--backend: '%s' is not auto, tcp, verbs or shm", v);
     c->o->backend = v;
     c->o->backend_given = true;
+}
+
+static void opt_target_region(struct cli *c, const char *v)
+{
+    if (strcmp(v, "private") && strcmp(v, "shared"))
+        usage_error("--target-region: '%s' is not private or shared", v);
+    c->o->shared_region = strcmp(v, "shared") == 0;
 }
 
 static void opt_block_size(struct cli *c, const char *arg)
@@ -314,6 +325,7 @@ static const struct cli_option cli_options[] = {
     {"--json", false, opt_json},
     {"--no-progress", false, opt_no_progress},
     {"--option", true, opt_option},
+    {"--target-region", true, opt_target_region},
     {"--config", true, opt_config},
     {"--seed", true, opt_seed},
     {"--serve", true, opt_serve},
@@ -454,6 +466,10 @@ static void target_args(const struct bench_opts *o, const char *fdarg, const cha
     if (o->config_given) {
         args[n++] = "--config";
         args[n++] = o->config;
+    }
+    if (o->shared_region) {
+        args[n++] = "--target-region";
+        args[n++] = "shared";
     }
     for (size_t i = 0; i < o->n_options; i++) {
         args[n++] = "--option";

@@ -73,7 +73,10 @@ static void end_run(struct session *s)
         }
         kvx_transport_destroy(s->t);
     }
-    region_free(s->region, s->region_bytes);
+    if (s->o->shared_region)
+        kvx_region_free(s->region);
+    else
+        region_free(s->region, s->region_bytes);
     s->t = NULL;
     s->region = NULL;
     s->region_bytes = s->num_blocks = s->block_len = 0;
@@ -144,7 +147,17 @@ static int refuse_run(const struct session *s, const struct rbuf *r, const struc
 static int map_region(struct session *s, const struct run_request *q, char *err, size_t cap)
 {
     uint64_t bytes = q->block_len * q->num_blocks;
-    s->region = region_alloc(bytes);
+    if (s->o->shared_region) {
+        void *p = NULL;
+        int rc = kvx_region_alloc(&p, bytes, 0);
+        if (rc) {
+            fmt_kvx_error(err, cap, "kvx_region_alloc", rc);
+            return rc;
+        }
+        s->region = p;
+    } else {
+        s->region = region_alloc(bytes);
+    }
     if (!s->region) {
         snprintf(err, cap, "cannot map a region of %llu bytes: %s", (unsigned long long)bytes,
                  strerror(errno));

@@ -28,6 +28,7 @@ endfunction()
 
 kvx_layer(util
   SOURCES src/util/error.cpp src/util/log.cpp src/util/net.cpp src/util/options.cpp src/util/event_loop.cpp
+          src/util/shared_region.cpp
   SEES util
   LIBS Threads::Threads)
 kvx_layer(wire
@@ -54,6 +55,7 @@ kvx_layer(capi
   SEES util wire handshake backend core)
 
 # One line per backend (and its folder's CMakeLists.txt, which calls kvx_layer).
+add_subdirectory(src/backends/shm)
 add_subdirectory(src/backends/tcp)
 if(KVX_VERBS)
   add_subdirectory(src/backends/verbs)

@@ -159,9 +159,20 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
 /**
  * Set option key to value (both copied). Setting a key again replaces it.
  * Known keys, validated here (syntax) and again at kvx_transport_create():
- *   backend              "auto" (default) | "tcp" | "verbs" | "shm".
- *                        auto picks verbs when an RDMA device is usable,
- *                        else tcp.
+ *   backend              "auto" (default): serve on every backend usable
+ *                        here, in order of preference shm, verbs (when an
+ *                        RDMA device is usable), tcp; or a comma-separated
+ *                        list of names to serve on exactly those ("shm,tcp"),
+ *                        each of which must be usable (else KVX_ENOTSUP).
+ *                        The metadata carries a section per backend served;
+ *                        each peer gets the first path both sides offer that
+ *                        applies: shm when the peer is on this host (same
+ *                        boot id, its socket reachable), else verbs, else
+ *                        tcp. kvx_peer_backend() says which one a peer got,
+ *                        and KVX_LOG=info logs why.
+ *   peer_backend_fallback  0..1. 1 (default): a peer whose preferred path applies
+ *                        but fails to connect gets the next path (logged as
+ *                        a warning); 0: that failure fails the add instead.
  *   connect_timeout_ms   connect + authenticate budget of add_remote_peer,
  *                        1..3600000, default 5000.
  *   transfer_timeout_ms  a transfer not done after this long fails and its
@@ -216,6 +227,19 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *   device that cannot be used (none, no ACTIVE port, RLIMIT_MEMLOCK too low
  *   for the region, verbs.* naming something absent) fails creation with
  *   KVX_ENOTSUP and the reason; with "auto" it selects tcp (logged).
+ *   shm.threads          threads that copy one shm transfer, 1..16,
+ *                        default 2: the thread calling kvx_write_blocks()
+ *                        copies the first part itself (so a small transfer
+ *                        is done, or failed, when the call returns) and
+ *                        shm.threads - 1 threads of the transport the others;
+ *                        transfers of 2 MiB or more are split among them.
+ *   shm.allow_other_users  0..1. 0 (default): the shm backend serves only
+ *                        processes of the same user (SO_PEERCRED); 1: any
+ *                        user that authenticates (docs/security.md).
+ *   shm.private          how a peer writes into a region that is not in a
+ *                        shareable mapping: "auto" (default: the kernel's
+ *                        process_vm_writev) or "off" (no shm for such a
+ *                        region: the peer falls back to the next path).
  * @return 0, KVX_EINVAL (NULL argument, unknown key, malformed value: the
  *         message names the key and value), KVX_ENOMEM.
  */
@@ -285,8 +309,10 @@ KVX_API int kvx_transport_block_len(uint64_t *out, const kvx_transport *t);
 KVX_API int kvx_transport_config_fingerprint(char *out, const kvx_transport *t);
 
 /**
- * @return the name of the backend in use ("tcp", "verbs", "shm"), static
- *         storage; "" for NULL.
+ * @return the name of the most preferred backend the transport serves on
+ *         ("shm", "verbs", "tcp"; see option backend), static storage; "" for
+ *         NULL. A transport may serve on several: kvx_peer_backend() says
+ *         which one a given peer uses.
  */
 KVX_API const char *kvx_transport_backend(const kvx_transport *t);
 
@@ -344,6 +370,24 @@ KVX_API int kvx_add_remote_peer(kvx_transport *t, const char *peer_id, const voi
  *         KVX_EINVAL; KVX_ECLOSED.
  */
 KVX_API int kvx_remove_remote_peer(kvx_transport *t, const char *peer_id);
+
+/**
+ * Which path a registered peer's transfers take (since 0.3).
+ * @param out       receives the backend's name: "shm", "verbs" or "tcp";
+ *                  static storage, never freed.
+ * @param out_path  NULL, or receives how that backend moves the bytes, when
+ *                  it has several ways: for shm "mapped" (the peer's region
+ *                  is mapped here and copied into directly) or
+ *                  "process_vm_writev" (the kernel copies into the peer's
+ *                  private memory); "" otherwise. Static storage.
+ * @param t, peer_id  a transport and one of its registered peers.
+ * The choice is made once, when the peer is added (option backend and
+ * peer_backend_fallback), and holds until it is removed.
+ * @return 0; KVX_ENOENT (peer_id not registered, or still connecting);
+ *         KVX_EINVAL (NULL argument, bad peer_id); KVX_ECLOSED.
+ * Thread safety: any thread.
+ */
+KVX_API int kvx_peer_backend(const char **out, const char **out_path, kvx_transport *t, const char *peer_id);
 
 /** Flags of kvx_add_remote_peer_async(), or-ed together (since 0.2). */
 typedef enum kvx_add_peer_flag {
@@ -426,7 +470,9 @@ KVX_API int kvx_registration_status(int *out_state, int *out_error, kvx_transpor
  * Submit a WRITE: local block local_idxs[i] goes to the peer's block
  * remote_idxs[i], for i < n. Never blocks on the network: the transfer is
  * queued and the returned id surfaces exactly once in kvx_poll(), done (the
- * bytes are in the peer's region) or failed. Runs of consecutive indexes
+ * bytes are in the peer's region) or failed. For a peer on the shm backend
+ * the calling thread copies (a share of) the blocks itself before returning
+ * (see shm.threads): a memory copy, never a wait for the peer. Runs of consecutive indexes
  * (local i..i+k to remote j..j+k) travel as one operation. n == 0 is a valid
  * transfer, done at the next poll.
  * The index arrays are read during the call only.
@@ -575,6 +621,41 @@ typedef struct kvx_stats {
 KVX_API int kvx_get_stats(kvx_stats *out, kvx_transport *t, const char *peer_id);
 
 /* ---------------------------------------------------------------- utilities */
+
+/** Flags of kvx_region_alloc() (since 0.3). */
+typedef enum kvx_region_flag {
+    /** Back the region with huge pages (MFD_HUGETLB, the system's default
+     *  huge page size); fails with KVX_ENOMEM when none are free. */
+    KVX_REGION_HUGE_PAGES = 1
+} kvx_region_flag;
+
+/**
+ * Allocate a region that same-host peers can map (since 0.3): zeroed,
+ * page-aligned memory backed by an anonymous memory file (memfd) whose size
+ * is sealed, so a peer mapping it never faults past its end. A transport
+ * created over (part of) it lets a same-host peer's shm backend copy straight
+ * into it ("mapped" in kvx_peer_backend()). Plain memory works with every
+ * backend too; this only makes the shm path direct.
+ * @param out    receives the base address.
+ * @param size   bytes, >= 1 (rounded up to the page size internally).
+ * @param flags  0 or KVX_REGION_HUGE_PAGES.
+ * Ownership: the caller's; free it with kvx_region_free() after every
+ * transport over it was destroyed.
+ * @return 0; KVX_EINVAL (NULL out, size 0, unknown flag); KVX_ENOMEM (no
+ *         memory or no huge pages); KVX_ENOTSUP (the kernel lacks memfd);
+ *         KVX_EOVERFLOW (size too large).
+ * Thread safety: any thread.
+ */
+KVX_API int kvx_region_alloc(void **out, uint64_t size, unsigned flags);
+
+/**
+ * Free a region of kvx_region_alloc() (since 0.3). NULL, and an address
+ * kvx_region_alloc() did not return, are no-ops. Peers that mapped it keep
+ * their mapping until they are removed or their transport closes (see
+ * docs/security.md); the memory is returned when the last one lets go.
+ * Thread safety: any thread, not concurrently with a transport over it.
+ */
+KVX_API void kvx_region_free(void *base);
 
 /**
  * Compute the fingerprint of a config JSON text without a transport, exactly

@@ -214,6 +214,28 @@ func (t *Transport) ConfigFingerprint() string { return t.fingerprint }
 // Backend returns the backend in use: "tcp", "verbs" or "shm".
 func (t *Transport) Backend() string { return t.backend }
 
+// PeerBackend says which path a registered peer's transfers take: the
+// backend ("shm", "verbs", "tcp") and, for shm, how ("mapped": the peer's
+// region is mapped here and copied into directly; "process_vm_writev": the
+// kernel copies into the peer's private memory; "" for other backends).
+// Backend() names the transport's most preferred backend; a transport
+// serves on several and picks one per peer when it is added.
+//
+// Errors: ErrUnknownPeer (not registered, or still connecting), ErrInvalid,
+// ErrClosed.
+func (t *Transport) PeerBackend(id string) (backend, path string, err error) {
+	const op = "PeerBackend"
+	if err := checkPeerID(op, id, false); err != nil {
+		return "", "", err
+	}
+	b := make([]byte, capi.KVX_GO_NAME_LEN)
+	p := make([]byte, capi.KVX_GO_NAME_LEN)
+	if err := t.do(op, func(h uintptr) int { return capi.Kvx_go_peer_backend(b, p, h, id) }); err != nil {
+		return "", "", err
+	}
+	return cString(b), cString(p), nil
+}
+
 // Region returns the region the transport was created over.
 func (t *Transport) Region() *Region { return t.region }
 

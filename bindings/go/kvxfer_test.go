@@ -809,3 +809,22 @@ func TestFinalizerClosesTransport(t *testing.T) {
 	}
 	t.Fatal("the dropped transport still holds its region")
 }
+
+func TestPeerBackend(t *testing.T) {
+	a := newTransport(t, testBlocks, 0, kvxfer.WithBackend("shm,tcp"))
+	b := newTransport(t, testBlocks, canary, kvxfer.WithBackend("shm,tcp"))
+	if a.Backend() != "shm" {
+		t.Errorf("Backend %q, want shm (the most preferred served)", a.Backend())
+	}
+	connect(t, a, "b", b)
+	backend, path, err := a.PeerBackend("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// AllocRegion memory is private to the process: the kernel copies.
+	if backend != "shm" || path != "process_vm_writev" {
+		t.Errorf("PeerBackend = %q, %q; want shm, process_vm_writev", backend, path)
+	}
+	_, _, err = a.PeerBackend("nobody")
+	isErr(t, err, kvxfer.ErrUnknownPeer, kvxfer.ScopeRequest, "nobody")
+}

@@ -220,6 +220,9 @@ public:
     // Fail what is pending, close connections, release resources. After
     // return the sink is never called again for this peer.
     virtual void shutdown() = 0;
+    // How this peer's bytes move when the backend has several ways ("mapped",
+    // "process_vm_writev"); "" when it has one. Static storage.
+    virtual const char *path() const { return ""; }
 };
 
 class Backend {
@@ -228,6 +231,10 @@ public:
     virtual const char *name() const = 0;
     // This backend's section of the transport's metadata.
     virtual wire::Section describe() const = 0;
+    // Can this peer be reached this way at all (shm: on this host)? Cheap,
+    // no connection; false with *why. A path that is not applicable is
+    // skipped; one that is applicable and fails to connect is a failure.
+    virtual bool applicable(const PeerContext &, std::string *) const { return true; }
     // Connect and authenticate within pc.deadline; throws Error on failure.
     virtual std::unique_ptr<BackendPeer> connect(const PeerContext &pc) = 0;
     // Stop serving: after return no byte lands in the region.

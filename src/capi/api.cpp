@@ -10,6 +10,7 @@
 #include "core/transport.h"
 #include "kvxfer.h"
 #include "util/error.h"
+#include "util/shared_region.h"
 
 struct kvx_transport {
     kvx::Transport impl;
@@ -216,6 +217,28 @@ KVX_API int kvx_remove_remote_peer(kvx_transport *t, const char *peer_id) {
         KVX_REQUIRE(t != nullptr, "transport is NULL");
         t->impl.remove_peer(peer_id_arg(peer_id));
     });
+}
+
+KVX_API int kvx_peer_backend(const char **out, const char **out_path, kvx_transport *t, const char *peer_id) {
+    return guard([&] {
+        KVX_REQUIRE(out && t, "NULL argument");
+        const char *backend = "", *path = "";
+        t->impl.peer_backend(peer_id_arg(peer_id), &backend, &path);
+        *out = backend;
+        if (out_path) *out_path = path;
+    });
+}
+
+KVX_API int kvx_region_alloc(void **out, uint64_t size, unsigned flags) {
+    return guard([&] {
+        KVX_REQUIRE(out != nullptr, "out is NULL");
+        KVX_REQUIRE((flags & ~static_cast<unsigned>(KVX_REGION_HUGE_PAGES)) == 0, "flags 0x%x has unknown bits", flags);
+        *out = kvx::shared::alloc(size, flags & KVX_REGION_HUGE_PAGES);
+    });
+}
+
+KVX_API void kvx_region_free(void *base) {
+    if (base) kvx::shared::free(base);
 }
 
 KVX_API int kvx_write_blocks(uint64_t *out_id, kvx_transport *t, const char *peer_id, const uint64_t *local_idxs,

@@ -9,20 +9,42 @@ namespace {
 
 constexpr OptionSpec kCoreOptions[] = {
     {"backend", OptType::string, 0, 64, "auto",
-     "\"auto\" (the most capable backend usable here) or one backend by name (tcp, verbs, shm)"},
+     "\"auto\" (every backend usable here) or a comma-separated list of backend names (shm, verbs, tcp) to serve on"},
+    {"peer_backend_fallback", OptType::uint, 0, 1, "1",
+     "1: a peer whose preferred path fails to connect gets the next one both sides offer (logged); 0: that fails the add"},
     {"connect_timeout_ms", OptType::uint, 1, 3600000, "5000", "connect + authenticate budget of add_remote_peer"},
     {"transfer_timeout_ms", OptType::uint, 1, 3600000, "30000",
      "a transfer not done after this long fails and its peer is marked broken"},
 };
 
-void check_backend_name(const std::string &v) {
-    if (v == "auto" || is_backend_name(v)) return;
-    std::string names = "auto";
-    for (const char *n : backend_names()) names += std::string(", ") + n;
-    fail(KVX_EINVAL, "option backend: '%s' is not one of %s", v.c_str(), names.c_str());
+void check_backend_list(const std::string &v) {
+    if (v == "auto") return;
+    std::vector<std::string> seen;
+    for (const std::string &name : split_backend_list(v)) {
+        if (!is_backend_name(name)) {
+            std::string names = "auto";
+            for (const char *n : backend_names()) names += std::string(", ") + n;
+            fail(KVX_EINVAL, "option backend: '%s' is not one of %s (or a comma-separated list of them)",
+                 name.c_str(), names.c_str());
+        }
+        for (const std::string &s : seen)
+            if (s == name) fail(KVX_EINVAL, "option backend: '%s' is named twice in '%s'", name.c_str(), v.c_str());
+        seen.push_back(name);
+    }
 }
 
 }  // namespace
+
+std::vector<std::string> split_backend_list(const std::string &v) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    for (;;) {
+        size_t comma = v.find(',', at);
+        out.push_back(v.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+        if (comma == std::string::npos) return out;
+        at = comma + 1;
+    }
+}
 
 OptionTable core_options() { return kCoreOptions; }
 
@@ -37,7 +59,7 @@ void validate_option(const std::string &key, const std::string &value) {
         for (const OptionSpec &s : t) {
             if (key != s.key) continue;
             check_option_value(s, value);
-            if (key == "backend") check_backend_name(value);
+            if (key == "backend") check_backend_list(value);
             return;
         }
     fail(KVX_EINVAL, "unknown option '%s'", key.c_str());
@@ -46,6 +68,7 @@ void validate_option(const std::string &key, const std::string &value) {
 CoreOptions CoreOptions::from(const Options &o) {
     CoreOptions c;
     c.backend = o.str("backend");
+    c.fallback = o.uint("peer_backend_fallback") != 0;
     c.connect_timeout_ms = static_cast<uint32_t>(o.uint("connect_timeout_ms"));
     c.transfer_timeout_ms = static_cast<uint32_t>(o.uint("transfer_timeout_ms"));
     return c;

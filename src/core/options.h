@@ -20,9 +20,13 @@ std::vector<OptionTable> all_option_tables();
 // Throws Error(KVX_EINVAL) for an unknown key or a malformed value.
 void validate_option(const std::string &key, const std::string &value);
 
+// "shm,tcp" -> {"shm", "tcp"}; empty names stay (the check rejects them).
+std::vector<std::string> split_backend_list(const std::string &v);
+
 // The core's options, typed, read once at transport creation.
 struct CoreOptions {
-    std::string backend = "auto";
+    std::string backend = "auto";  // "auto" or a comma-separated list of names
+    bool fallback = true;          // peer_backend_fallback
     uint32_t connect_timeout_ms = 5000;
     uint32_t transfer_timeout_ms = 30000;
 

@@ -20,26 +20,33 @@ void random_bytes(void *p, size_t n) {
         fail(KVX_EINTERNAL, "OpenSSL RAND_bytes failed");
 }
 
-// The backends a transport may serve on, in order of preference: the one
-// named, or for "auto" every registered backend whose probe says it is usable
-// (creation may still find one unusable: the next one then serves).
-std::vector<const BackendDesc *> choose_backends(const std::string &name, const Options &o) {
-    if (name != "auto") {
-        const BackendDesc *b = find_backend(name);
-        if (!b) fail(KVX_ENOTSUP, "backend '%s' is not available in this build of kvxfer %s", name.c_str(),
+// The backends a transport may serve on, in order of preference: for "auto"
+// every registered backend whose probe says it is usable (creation may still
+// find one unusable: it is then left out); for a list, exactly those named,
+// each of which must be usable.
+std::vector<const BackendDesc *> choose_backends(const std::string &spec, const Options &o) {
+    std::vector<const BackendDesc *> chosen;
+    if (spec != "auto") {
+        const std::vector<std::string> names = split_backend_list(spec);
+        for (const BackendDesc *b : backend_registry())  // the registry's order is the preference
+            if (std::find(names.begin(), names.end(), b->name) != names.end()) chosen.push_back(b);
+        for (const std::string &n : names)
+            if (!find_backend(n))
+                fail(KVX_ENOTSUP, "backend '%s' is not available in this build of kvxfer %s", n.c_str(),
                      kvx_version_string());
-        std::string why;
-        if (!b->probe(o, &why)) fail(KVX_ENOTSUP, "backend %s: %s", b->name, why.c_str());
-        return {b};
+        for (const BackendDesc *b : chosen) {
+            std::string why;
+            if (!b->probe(o, &why)) fail(KVX_ENOTSUP, "backend %s: %s", b->name, why.c_str());
+        }
+        return chosen;
     }
-    std::vector<const BackendDesc *> usable;
     for (const BackendDesc *b : backend_registry()) {
         std::string why;
-        if (b->probe(o, &why)) usable.push_back(b);
+        if (b->probe(o, &why)) chosen.push_back(b);
         else KVX_LOG(info, "backend auto: %s not usable here (%s)", b->name, why.c_str());
     }
-    if (usable.empty()) fail(KVX_ENOTSUP, "backend auto: no backend is usable here");
-    return usable;
+    if (chosen.empty()) fail(KVX_ENOTSUP, "backend auto: no backend is usable here");
+    return chosen;
 }
 
 // Fails when a remote index appears twice. Small batches compare pairwise and
@@ -123,16 +130,21 @@ void Transport::start_backends(const BackendContext &ctx) {
             t->loop_->stop();
         }
     } guard{this};
-    std::string why;
+    std::string why, skipped;
     for (const BackendDesc *d : choose_backends(core_.backend, options_)) {
         if (std::unique_ptr<Backend> b = d->create(ctx, &why)) {
             backends_.push_back(std::move(b));
-            guard.armed = false;
-            return;
+            continue;
         }
+        if (core_.backend != "auto") fail(KVX_ENOTSUP, "backend %s: %s", d->name, why.c_str());
         KVX_LOG(info, "backend %s: not usable (%s)", d->name, why.c_str());
+        skipped += strfmt("%s%s: %s", skipped.empty() ? "" : "; ", d->name, why.c_str());
     }
-    fail(KVX_ENOTSUP, "backend %s: %s", core_.backend.c_str(), why.c_str());
+    if (backends_.empty()) fail(KVX_ENOTSUP, "backend %s: %s", core_.backend.c_str(), skipped.c_str());
+    std::string names;
+    for (auto &b : backends_) names += strfmt("%s%s", names.empty() ? "" : ",", b->name());
+    KVX_LOG(info, "transport serves on %s", names.c_str());
+    guard.armed = false;
 }
 
 Transport::~Transport() { close(); }
@@ -208,8 +220,7 @@ wire::AgentMetadata Transport::check_peer(const std::string &id, const uint8_t *
     if (!fingerprint_.empty() && !m.fingerprint.empty() && fingerprint_ != m.fingerprint)
         fail(KVX_EFINGERPRINT, "peer '%s': config fingerprint %s differs from the local %s", id.c_str(),
              m.fingerprint.c_str(), fingerprint_.c_str());
-    const wire::Section *section = nullptr;
-    pick_backend(id, m, &section);  // no backend in common: refused before connecting
+    candidates(id, m, nullptr);  // no backend in common: refused before connecting
     return m;
 }
 
@@ -223,19 +234,50 @@ std::shared_ptr<Transport::Peer> Transport::connect_peer(const std::string &id, 
     pc.meta = &m;
     pc.deadline = Clock::now() + std::chrono::milliseconds(core_.connect_timeout_ms);
     pc.sink = peer.get();
-    Backend &b = pick_backend(id, m, &pc.section);
-    peer->link = b.connect(pc);
-    return peer;
+    std::string skipped;
+    const std::vector<Candidate> cands = candidates(id, m, &skipped);
+    for (size_t i = 0; i < cands.size(); i++) {
+        Backend &b = *cands[i].backend;
+        pc.section = cands[i].section;
+        std::string why;
+        if (!b.applicable(pc, &why)) {
+            skipped += strfmt("%s%s: %s", skipped.empty() ? "" : "; ", b.name(), why.c_str());
+            continue;
+        }
+        try {
+            peer->link = b.connect(pc);
+        } catch (const Error &e) {
+            if (i + 1 == cands.size()) throw;
+            if (!core_.fallback)
+                fail(e.code(), "%s (backend %s; peer_backend_fallback=0, so no other path was tried)", e.what(),
+                     b.name());
+            KVX_LOG(warn, "peer '%s': backend %s failed to connect (%s): trying the next path", id.c_str(), b.name(),
+                    e.what());
+            skipped += strfmt("%s%s: failed (%s)", skipped.empty() ? "" : "; ", b.name(), e.what());
+            continue;
+        }
+        peer->backend = b.name();
+        const char *path = peer->link->path();
+        KVX_LOG(info, "peer '%s': uses backend %s%s%s%s%s%s", id.c_str(), b.name(), *path ? " (" : "", path,
+                *path ? ")" : "", skipped.empty() ? "" : "; not ", skipped.c_str());
+        return peer;
+    }
+    fail(KVX_ENOTSUP, "peer '%s': no path both sides offer applies (%s)", id.c_str(), skipped.c_str());
 }
 
-// The first of our backends (in order of preference) that the peer offers too.
-Backend &Transport::pick_backend(const std::string &id, const wire::AgentMetadata &m, const wire::Section **section) {
+// Our backends (in order of preference) that the peer offers too, with its
+// section of each, checked. *not_offered names ours the peer lacks.
+std::vector<Transport::Candidate> Transport::candidates(const std::string &id, const wire::AgentMetadata &m,
+                                                        std::string *not_offered) {
+    std::vector<Candidate> out;
     std::string ours;
     for (auto &b : backends_) {
         const BackendDesc *d = find_backend(b->name());
         const wire::Section *s = d ? m.find(d->id) : nullptr;
+        ours += strfmt("%s%s", ours.empty() ? "" : ", ", b->name());
         if (!s) {
-            ours += strfmt("%s%s", ours.empty() ? "" : ", ", b->name());
+            if (not_offered)
+                *not_offered += strfmt("%s%s: not offered by the peer", not_offered->empty() ? "" : "; ", b->name());
             continue;
         }
         try {
@@ -243,9 +285,9 @@ Backend &Transport::pick_backend(const std::string &id, const wire::AgentMetadat
         } catch (const Error &e) {
             fail(e.code(), "peer '%s': %s", id.c_str(), e.what());
         }
-        *section = s;
-        return *b;
+        out.push_back(Candidate{b.get(), s});
     }
+    if (!out.empty()) return out;
     std::string theirs;
     for (const wire::Section &s : m.sections) {
         const BackendDesc *d = nullptr;
@@ -282,7 +324,18 @@ void Transport::remove_peer(const std::string &id) {
     }
     if (uint64_t left = peer->outstanding.load())
         KVX_LOG(error, "peer '%s': backend %s left %llu transfers unreported at remove", id.c_str(),
-                backend_name(), (unsigned long long)left);
+                peer->backend, (unsigned long long)left);
+}
+
+void Transport::peer_backend(const std::string &id, const char **backend, const char **path) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    check_open_locked();
+    auto it = peers_.find(id);
+    if (it == peers_.end())
+        fail(KVX_ENOENT, "peer '%s' is not registered%s", id.c_str(),
+             registrations_.pending_locked(id) ? " (its registration is still connecting)" : "");
+    *backend = it->second->backend;
+    *path = it->second->link->path();
 }
 
 uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *local, const uint64_t *remote,

@@ -35,7 +35,10 @@ public:
     void close();
     const Region &region() const { return region_; }
     const std::string &fingerprint() const { return fingerprint_; }
+    // The most preferred backend it serves on.
     const char *backend_name() const { return backends_.front()->name(); }
+    // Which backend (and path of it) a registered peer uses; static strings.
+    void peer_backend(const std::string &id, const char **backend, const char **path) const;
     const std::vector<uint8_t> &metadata() const;
 
     void add_peer(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,
@@ -60,6 +63,7 @@ private:
         std::string id;
         uint64_t num_blocks = 0;
         std::unique_ptr<BackendPeer> link;
+        const char *backend = "";  // the name of link's backend
         // Set (under mu_) before a timed-out transfer is reported, so that a
         // caller who sees the failure also sees the peer broken; the link is
         // aborted right after.
@@ -115,7 +119,11 @@ private:
     // Telemetry of a transfer that ends here (mu_ held).
     void count_end_locked(const OpState &op, Ending how);  // op.owner is its Peer
     void start_backends(const BackendContext &ctx);
-    Backend &pick_backend(const std::string &id, const wire::AgentMetadata &m, const wire::Section **section);
+    struct Candidate {
+        Backend *backend;
+        const wire::Section *section;
+    };
+    std::vector<Candidate> candidates(const std::string &id, const wire::AgentMetadata &m, std::string *not_offered);
 
     Region region_;
     Options options_;

@@ -20,12 +20,25 @@ uint64_t now_ms(void) {
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* KVX_TEST_REGION=shared: regions come from kvx_region_alloc(), so that the
+ * shm backend takes its mapped path (default: malloc, private memory). */
+static int shared_regions(void) {
+    const char *v = getenv("KVX_TEST_REGION");
+    return v && strcmp(v, "shared") == 0;
+}
+
 region region_new(uint64_t nb, uint64_t bl, uint8_t fill) {
     region r;
     r.nb = nb;
     r.bl = bl;
     r.fill = fill;
-    r.mem = malloc(nb * bl + 2 * GUARD_LEN);
+    if (shared_regions()) {
+        void *p = NULL;
+        CHECK_OK(kvx_region_alloc(&p, nb * bl + 2 * GUARD_LEN, 0));
+        r.mem = p;
+    } else {
+        r.mem = malloc(nb * bl + 2 * GUARD_LEN);
+    }
     assert_non_null(r.mem);
     memset(r.mem, GUARD_BYTE, GUARD_LEN);
     memset(r.mem + GUARD_LEN + nb * bl, GUARD_BYTE, GUARD_LEN);
@@ -35,7 +48,8 @@ region region_new(uint64_t nb, uint64_t bl, uint8_t fill) {
 }
 
 void region_free(region *r) {
-    free(r->mem);
+    if (shared_regions()) kvx_region_free(r->mem);
+    else free(r->mem);
     r->mem = r->base = NULL;
 }
 

@@ -66,7 +66,9 @@ static void test_target_killed(void **state) {
     size_t nf = 0;
     assert_int_equal(wait_ids(a, NULL, ids, N, 3000 + 5000, &nf, NULL), N);
     print_message("killed target: %zu of %d failed after %llu ms\n", nf, N, (unsigned long long)(now_ms() - t0));
-    assert_true(nf > 0);
+    /* shm copies in the submitting thread: every transfer may be done before
+     * the kill, which is then seen only by the next write */
+    if (strcmp(test_backend(), "shm") != 0) assert_true(nf > 0);
     uint64_t id, i0 = 0;
     int rc = kvx_write_blocks(&id, a, "target", &i0, &i0, 1);
     if (rc == 0) { /* the break may not be noticed before this call: then it fails */

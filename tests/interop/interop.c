@@ -19,7 +19,7 @@ static int die(const char *what, int rc) {
 static kvx_transport *make(uint8_t *region) {
     kvx_options *o;
     kvx_transport *t = NULL;
-    if (kvx_options_create(&o) || kvx_options_set(o, "backend", "tcp") || kvx_options_set(o, "tcp.listen", "127.0.0.1:0"))
+    if (kvx_options_create(&o) || kvx_options_set(o, "backend", "shm,tcp") || kvx_options_set(o, "tcp.listen", "127.0.0.1:0"))
         return NULL;
     int rc = kvx_transport_create(&t, region, NB, BL, CFG, o);
     kvx_options_destroy(o);
@@ -118,6 +118,8 @@ static int initiator(const char *dir) {
     uint64_t nb = strtoull(field(json, "num_blocks"), NULL, 10);
     uint64_t bl = strtoull(field(json, "block_len"), NULL, 10);
     int rc = kvx_add_remote_peer(t, "target", meta, ml, base, nb, bl);
+    const char *be = "", *how = "";
+    if (rc == 0 && (rc = kvx_peer_backend(&be, &how, t, "target")) == 0) printf("path %s %s\n", be, how);
     if (rc) return die("add_remote_peer", rc);
     uint64_t idx[NB], id;
     for (int i = 0; i < NB; i++) idx[i] = (uint64_t)i;

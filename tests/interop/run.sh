@@ -1,6 +1,6 @@
 #!/bin/bash
 # Cross-language interop: pairs an initiator of one language with a target of
-# another, each its own process, over tcp (PROTOCOL.md), and checks that every
+# another, each its own process, on one host (PROTOCOL.md: they must pick shm), and checks that every
 # language computes the same config fingerprint.
 # Usage: tests/interop/run.sh BUILD_DIR
 # Each language's command comes from an environment variable (set by
@@ -27,7 +27,10 @@ for pair in $PAIRS; do
     if ! wait $tpid; then
         echo "interop: $ini -> $tgt: target failed:"; cat "$dir/target.out"; fail=1
     elif grep -qx verified "$dir/target.out"; then
-        echo "interop: $ini -> $tgt: verified"
+        # Same host: the pair must have chosen shm (PROTOCOL.md).
+        path=$(awk '/^path /{print $2 ($3 ? " (" $3 ")" : ""); exit}' "$dir/initiator.out")
+        echo "interop: $ini -> $tgt: verified over ${path:-an unnamed path}"
+        case $path in shm*) ;; *) echo "interop: $ini -> $tgt: expected shm on one host"; fail=1 ;; esac
     else
         echo "interop: $ini -> $tgt: target did not verify"; cat "$dir/target.out"; fail=1
     fi

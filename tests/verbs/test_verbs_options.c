@@ -97,24 +97,26 @@ static void test_unusable_choices(void **state) {
     assert_non_null(strstr(kvx_last_error_message(), "verbs.listen"));
     assert_non_null(strstr(kvx_last_error_message(), "nonsense"));
     kvx_options_destroy(o);
-    /* auto falls back to tcp when verbs is not usable with these options */
+    /* auto leaves verbs out when it is not usable with these options (it then
+     * serves on shm and tcp: shm is the most preferred) */
     o = vt_options("verbs.device=mlx5_9", NULL);
     CHECK_OK(kvx_options_set(o, "backend", "auto"));
     static uint8_t buf[4096];
     kvx_transport *t = NULL;
     CHECK_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
-    assert_string_equal(kvx_transport_backend(t), "tcp");
+    assert_string_equal(kvx_transport_backend(t), "shm");
     kvx_transport_destroy(t);
     kvx_options_destroy(o);
     /* also when verbs only finds out at creation (its probe passes) */
     o = vt_options("verbs.listen=127.0.0.1:0", NULL);
     CHECK_OK(kvx_options_set(o, "backend", "auto"));
     CHECK_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
-    assert_string_equal(kvx_transport_backend(t), "tcp");
+    assert_string_equal(kvx_transport_backend(t), "shm");
     kvx_transport_destroy(t);
     kvx_options_destroy(o);
-    /* and picks verbs by default */
+    /* and serves on verbs when usable (first of verbs,tcp; after shm with auto) */
     CHECK_OK(kvx_options_create(&o));
+    CHECK_OK(kvx_options_set(o, "backend", "verbs,tcp"));
     CHECK_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
     assert_string_equal(kvx_transport_backend(t), "verbs");
     kvx_transport_destroy(t);

@@ -19,7 +19,7 @@ import kvxfer
 
 NUM_BLOCKS, BLOCK_LEN = 16, 4096
 CONFIG = {"model": "interop", "layers": 2}
-OPTIONS = {"backend": "tcp", "tcp_listen": "127.0.0.1:0"}
+OPTIONS = {"backend": "shm,tcp", "tcp_listen": "127.0.0.1:0"}
 WAIT_FILE_S = 60.0
 TRANSFER_S = 30.0
 
@@ -97,6 +97,7 @@ def initiator(d):
         except kvxfer.Error as e:
             print("add_remote_peer failed: %s" % e, flush=True)
             return 1
+        print("path %s %s" % t.peer_backend("target"), flush=True)
         idxs = list(range(NUM_BLOCKS))
         tid = t.write_blocks("target", idxs, idxs)
         if tid is None:

@@ -483,8 +483,23 @@ class Transport:
 
     @property
     def backend(self) -> str:
-        """The backend in use: "tcp", "verbs" or "shm"."""
+        """The most preferred backend this transport serves on: "shm", "verbs"
+        or "tcp" (it may serve on several; peer_backend() says which one a
+        given peer uses)."""
         return self._backend
+
+    def peer_backend(self, peer_id: str) -> tuple:
+        """(backend, path) of a registered peer: the backend its transfers
+        take ("shm", "verbs", "tcp") and, for shm, how ("mapped": our writer
+        maps the peer's region and copies into it; "process_vm_writev": the
+        kernel copies into the peer's private memory); path is "" for the
+        others. Raises the library's error (e.g. KVX_ENOENT for an unknown
+        or still-connecting peer, KVX_ECLOSED)."""
+        h = self._handle()
+        rc, backend, path = _native.kvx_peer_backend(h, _peer_arg(peer_id))
+        if rc:
+            raise self._error(rc)
+        return backend, path
 
     @property
     def closed(self) -> bool:

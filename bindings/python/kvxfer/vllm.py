@@ -64,7 +64,8 @@ logger = logging.getLogger("kvxfer.vllm")
 DEFAULT_TARGET = "vllm.v1.kv_offload.tiering.p2p.data.nixl:NixlTransport"
 
 # NIXL backend names -> kvxfer backend. NIXL's network backends become "auto"
-# (kvxfer's verbs when an RDMA device is usable, else tcp); its storage
+# (every kvxfer backend usable here; each peer gets shm on the same host, else
+# verbs when both have a usable RDMA device, else tcp); its storage
 # backends (GDS, POSIX, OBJ, ...) have no kvxfer counterpart and are skipped.
 _BACKENDS = {
     "UCX": "auto", "UCX_MO": "auto", "LIBFABRIC": "auto", "UCCL": "auto", "MOONCAKE": "auto",

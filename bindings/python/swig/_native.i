@@ -191,6 +191,11 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 %typemap(in, numinputs=0) char *out (char tmp[KVX_FINGERPRINT_LEN + 1]) { tmp[0] = '\0'; $1 = tmp; }
 %typemap(argout) char *out { $result = kvxpy_append($result, PyUnicode_FromString($1)); if (!$result) SWIG_fail; }
 
+/* Static strings (kvx_peer_backend): each a str item. */
+%typemap(in, numinputs=0) const char **out (const char *tmp = "") { $1 = &tmp; }
+%typemap(argout) const char **out { $result = kvxpy_append($result, PyUnicode_FromString(*$1)); if (!$result) SWIG_fail; }
+%apply const char **out { const char **out_path };
+
 %typemap(in, numinputs=0) kvx_options **out (kvx_options *tmp = NULL) { $1 = &tmp; }
 %typemap(argout) kvx_options **out {
     $result = kvxpy_append($result, *$1 ? SWIG_NewPointerObj(*$1, $*1_descriptor, 0) : (Py_INCREF(Py_None), Py_None));
@@ -265,6 +270,10 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 /* kvxpy_stats() returns a dict instead of the caller-sized struct. */
 %ignore kvx_get_stats;
 %ignore kvx_stats;
+/* Raw memory has no safe Python owner here; Python regions are buffers
+ * (an mmap of a /dev/shm file takes the shm backend's mapped path). */
+%ignore kvx_region_alloc;
+%ignore kvx_region_free;
 
 #define KVX_API
 %include "kvxfer.h"

@@ -443,8 +443,21 @@ def test_bad_options(kw):
 def test_unavailable_backend():
     mem, view = region(2, 64)
     with pytest.raises(kvxfer.Error) as ei:
-        kvxfer.Transport(view, backend="shm")
-    assert ei.value.code in (kvxfer.ErrorCode.ENOTSUP, kvxfer.ErrorCode.EBACKEND)
+        kvxfer.Transport(view, backend="shm,carrier-pigeon")
+    assert ei.value.code == kvxfer.ErrorCode.EINVAL
+
+
+def test_peer_backend_names_the_path():
+    a_mem, a_view = region(8, 4096)
+    b_mem, b_view = region(8, 4096)
+    with kvxfer.Transport(a_view, backend="tcp,shm", tcp_listen="127.0.0.1:0") as a, \
+            kvxfer.Transport(b_view, backend="shm", tcp_listen="127.0.0.1:0") as b:
+        assert b.backend == "shm"
+        connect(a, b)
+        assert a.peer_backend("dst") == ("shm", "process_vm_writev")  # a bytearray: private memory
+        with pytest.raises(kvxfer.Error) as ei:
+            a.peer_backend("nobody")
+        assert ei.value.code == kvxfer.ErrorCode.ENOENT
 
 
 # ------------------------------------------------------------------ lifecycle

@@ -376,7 +376,7 @@ def test_adapter_constructor(monkeypatch):
     mem, view = region(4, 256)
     with kvxfer.vllm.KvxferTransport("engine-0", view, config_fields={"model": "m"}, backends=["UCX"],
                                      num_threads=8) as t:
-        assert t.name == "engine-0" and t.num_threads == 8 and t.backend in ("tcp", "verbs")
+        assert t.name == "engine-0" and t.num_threads == 8 and t.backend in ("shm", "tcp", "verbs")
         assert t.config_fingerprint == kvxfer.config_fingerprint({"model": "m"})
         assert isinstance(t, kvxfer.Transport)
     monkeypatch.setenv("KVXFER_OPTIONS", "[1]")

@@ -64,7 +64,7 @@ func open(out io.Writer) (*kvxfer.Region, *kvxfer.Transport, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	t, err := kvxfer.NewTransport(region, kvxfer.WithBackend("tcp"),
+	t, err := kvxfer.NewTransport(region, kvxfer.WithBackend("shm,tcp"),
 		kvxfer.WithTCPListen("127.0.0.1:0"), kvxfer.WithConfigJSON(config))
 	if err != nil {
 		region.Free()
@@ -169,6 +169,11 @@ func runInitiator(dir string, out io.Writer, timeout time.Duration) error {
 	if err := t.AddRemotePeer("target", meta, info.BaseAddr, info.NumBlocks, info.BlockLen); err != nil {
 		return err
 	}
+	backend, path, err := t.PeerBackend("target")
+	if err != nil {
+		return err
+	}
+	fmt.Printf("path %s %s\n", backend, path)
 	idx := make([]uint64, numBlocks)
 	for i := range idx {
 		idx[i] = uint64(i)

@@ -12,6 +12,7 @@
 %{
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <kvxfer.h>
 
@@ -77,5 +78,26 @@ KVX_SLICE(kvx_stats, uint64)
 %}
 %typemap(freearg) const char *KVX_NULLABLE %{ free($1); %}
 %apply const char *KVX_NULLABLE { const char *config_json, const char *peer_id };
+
+/* kvx_peer_backend hands out static C strings, which a raw Go layer cannot
+ * read: this wrapper copies them into two caller buffers of
+ * KVX_GO_NAME_LEN bytes each (NUL-terminated). Region memory of
+ * kvx_region_alloc() has no Go owner here (Go regions come from region.go). */
+%ignore kvx_peer_backend;
+%ignore kvx_region_alloc;
+%ignore kvx_region_free;
+%apply char *KVX_SLICE { char *out_backend, char *out_path };
+%constant size_t KVX_GO_NAME_LEN = 32;
+%inline %{
+int kvx_go_peer_backend(char *out_backend, char *out_path, kvx_transport *t, const char *peer_id) {
+    const char *b = "", *p = "";
+    int rc = kvx_peer_backend(&b, &p, t, peer_id);
+    if (rc == 0) {
+        snprintf(out_backend, 32, "%s", b);
+        snprintf(out_path, 32, "%s", p);
+    }
+    return rc;
+}
+%}
 
 %include "kvxfer.h"

@@ -13,9 +13,9 @@ extern
 #ifdef __cplusplus
   "C"
 #endif
-  void cgo_panic__capi_b536363a61e19449(const char*);
+  void cgo_panic__capi_a8d96b80b52f90df(const char*);
 static void _swig_gopanic(const char *p) {
-  cgo_panic__capi_b536363a61e19449(p);
+  cgo_panic__capi_a8d96b80b52f90df(p);
 }
 
 
@@ -193,17 +193,29 @@ static void* Swig_malloc(int c) {
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <kvxfer.h>
 
 /* size_t out-parameters travel as []uint64. */
 typedef char kvx_go_size_t_is_64_bit[sizeof(size_t) == sizeof(uint64_t) ? 1 : -1];
 
+
+int kvx_go_peer_backend(char *out_backend, char *out_path, kvx_transport *t, const char *peer_id) {
+    const char *b = "", *p = "";
+    int rc = kvx_peer_backend(&b, &p, t, peer_id);
+    if (rc == 0) {
+        snprintf(out_backend, 32, "%s", b);
+        snprintf(out_path, 32, "%s", p);
+    }
+    return rc;
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-void _wrap_Swig_free_capi_b536363a61e19449(void *_swig_go_0) {
+void _wrap_Swig_free_capi_a8d96b80b52f90df(void *_swig_go_0) {
   void *arg1 = (void *) 0 ;
   
   arg1 = *(void **)&_swig_go_0; 
@@ -213,7 +225,7 @@ void _wrap_Swig_free_capi_b536363a61e19449(void *_swig_go_0) {
 }
 
 
-void *_wrap_Swig_malloc_capi_b536363a61e19449(intgo _swig_go_0) {
+void *_wrap_Swig_malloc_capi_a8d96b80b52f90df(intgo _swig_go_0) {
   int arg1 ;
   void *result = 0 ;
   void *_swig_go_result;
@@ -226,7 +238,7 @@ void *_wrap_Swig_malloc_capi_b536363a61e19449(intgo _swig_go_0) {
 }
 
 
-long long _wrap_KVX_GO_STATS_SIZE_capi_b536363a61e19449() {
+long long _wrap_KVX_GO_STATS_SIZE_capi_a8d96b80b52f90df() {
   size_t result;
   long long _swig_go_result;
   
@@ -237,7 +249,41 @@ long long _wrap_KVX_GO_STATS_SIZE_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_VERSION_NUMBER_capi_b536363a61e19449() {
+intgo _wrap_kvx_go_peer_backend_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3) {
+  char *arg1 = (char *) 0 ;
+  char *arg2 = (char *) 0 ;
+  kvx_transport *arg3 = (kvx_transport *) 0 ;
+  char *arg4 = (char *) 0 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (char *)(_swig_go_0.len ? _swig_go_0.array : NULL); 
+  arg2 = (char *)(_swig_go_1.len ? _swig_go_1.array : NULL); 
+  arg3 = (kvx_transport *)_swig_go_2; 
+  
+  arg4 = NULL;
+  if (_swig_go_3.n > 0) {
+    arg4 = (char *)malloc(_swig_go_3.n + 1);
+    if (!arg4) {
+      _swig_gopanic("kvxfer: out of memory copying a string argument");
+    }
+    memcpy(arg4, _swig_go_3.p, _swig_go_3.n);
+    arg4[_swig_go_3.n] = '\0';
+  }
+  
+  
+  result = (int)kvx_go_peer_backend(arg1,arg2,arg3,(char const *)arg4);
+  _swig_go_result = result; 
+  
+  
+  
+  
+  free(arg4); 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_VERSION_NUMBER_capi_a8d96b80b52f90df() {
   int result;
   intgo _swig_go_result;
   
@@ -248,7 +294,7 @@ intgo _wrap_KVX_VERSION_NUMBER_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_kvx_version_number_capi_b536363a61e19449() {
+intgo _wrap_kvx_version_number_capi_a8d96b80b52f90df() {
   unsigned int result;
   intgo _swig_go_result;
   
@@ -259,7 +305,7 @@ intgo _wrap_kvx_version_number_capi_b536363a61e19449() {
 }
 
 
-_gostring_ _wrap_kvx_version_string_capi_b536363a61e19449() {
+_gostring_ _wrap_kvx_version_string_capi_a8d96b80b52f90df() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -270,7 +316,7 @@ _gostring_ _wrap_kvx_version_string_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_OK_capi_b536363a61e19449() {
+intgo _wrap_KVX_OK_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -282,7 +328,7 @@ intgo _wrap_KVX_OK_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EPERM_capi_b536363a61e19449() {
+intgo _wrap_KVX_EPERM_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -294,7 +340,7 @@ intgo _wrap_KVX_EPERM_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ENOENT_capi_b536363a61e19449() {
+intgo _wrap_KVX_ENOENT_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -306,7 +352,7 @@ intgo _wrap_KVX_ENOENT_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ENOMEM_capi_b536363a61e19449() {
+intgo _wrap_KVX_ENOMEM_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -318,7 +364,7 @@ intgo _wrap_KVX_ENOMEM_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EBUSY_capi_b536363a61e19449() {
+intgo _wrap_KVX_EBUSY_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -330,7 +376,7 @@ intgo _wrap_KVX_EBUSY_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EEXIST_capi_b536363a61e19449() {
+intgo _wrap_KVX_EEXIST_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -342,7 +388,7 @@ intgo _wrap_KVX_EEXIST_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EINVAL_capi_b536363a61e19449() {
+intgo _wrap_KVX_EINVAL_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -354,7 +400,7 @@ intgo _wrap_KVX_EINVAL_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ERANGE_capi_b536363a61e19449() {
+intgo _wrap_KVX_ERANGE_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -366,7 +412,7 @@ intgo _wrap_KVX_ERANGE_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ENOBUFS_capi_b536363a61e19449() {
+intgo _wrap_KVX_ENOBUFS_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -378,7 +424,7 @@ intgo _wrap_KVX_ENOBUFS_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ENOTSUP_capi_b536363a61e19449() {
+intgo _wrap_KVX_ENOTSUP_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -390,7 +436,7 @@ intgo _wrap_KVX_ENOTSUP_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EOVERFLOW_capi_b536363a61e19449() {
+intgo _wrap_KVX_EOVERFLOW_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -402,7 +448,7 @@ intgo _wrap_KVX_EOVERFLOW_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ECONNREFUSED_capi_b536363a61e19449() {
+intgo _wrap_KVX_ECONNREFUSED_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -414,7 +460,7 @@ intgo _wrap_KVX_ECONNREFUSED_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ETIMEDOUT_capi_b536363a61e19449() {
+intgo _wrap_KVX_ETIMEDOUT_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -426,7 +472,7 @@ intgo _wrap_KVX_ETIMEDOUT_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ECONNRESET_capi_b536363a61e19449() {
+intgo _wrap_KVX_ECONNRESET_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -438,7 +484,7 @@ intgo _wrap_KVX_ECONNRESET_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EHOSTUNREACH_capi_b536363a61e19449() {
+intgo _wrap_KVX_EHOSTUNREACH_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -450,7 +496,7 @@ intgo _wrap_KVX_EHOSTUNREACH_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ECANCELED_capi_b536363a61e19449() {
+intgo _wrap_KVX_ECANCELED_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -462,7 +508,7 @@ intgo _wrap_KVX_ECANCELED_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ERRNO_OFFSET_capi_b536363a61e19449() {
+intgo _wrap_KVX_ERRNO_OFFSET_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -474,7 +520,7 @@ intgo _wrap_KVX_ERRNO_OFFSET_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ECLOSED_capi_b536363a61e19449() {
+intgo _wrap_KVX_ECLOSED_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -486,7 +532,7 @@ intgo _wrap_KVX_ECLOSED_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EBADMETA_capi_b536363a61e19449() {
+intgo _wrap_KVX_EBADMETA_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -498,7 +544,7 @@ intgo _wrap_KVX_EBADMETA_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EVERSION_capi_b536363a61e19449() {
+intgo _wrap_KVX_EVERSION_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -510,7 +556,7 @@ intgo _wrap_KVX_EVERSION_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EFINGERPRINT_capi_b536363a61e19449() {
+intgo _wrap_KVX_EFINGERPRINT_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -522,7 +568,7 @@ intgo _wrap_KVX_EFINGERPRINT_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EGEOMETRY_capi_b536363a61e19449() {
+intgo _wrap_KVX_EGEOMETRY_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -534,7 +580,7 @@ intgo _wrap_KVX_EGEOMETRY_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EPEERBROKEN_capi_b536363a61e19449() {
+intgo _wrap_KVX_EPEERBROKEN_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -546,7 +592,7 @@ intgo _wrap_KVX_EPEERBROKEN_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EAUTH_capi_b536363a61e19449() {
+intgo _wrap_KVX_EAUTH_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -558,7 +604,7 @@ intgo _wrap_KVX_EAUTH_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_ECONFIG_capi_b536363a61e19449() {
+intgo _wrap_KVX_ECONFIG_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -570,7 +616,7 @@ intgo _wrap_KVX_ECONFIG_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EBACKEND_capi_b536363a61e19449() {
+intgo _wrap_KVX_EBACKEND_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -582,7 +628,7 @@ intgo _wrap_KVX_EBACKEND_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_EINTERNAL_capi_b536363a61e19449() {
+intgo _wrap_KVX_EINTERNAL_capi_a8d96b80b52f90df() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -594,7 +640,7 @@ intgo _wrap_KVX_EINTERNAL_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_SCOPE_NONE_capi_b536363a61e19449() {
+intgo _wrap_KVX_SCOPE_NONE_capi_a8d96b80b52f90df() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -606,7 +652,7 @@ intgo _wrap_KVX_SCOPE_NONE_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_SCOPE_REQUEST_capi_b536363a61e19449() {
+intgo _wrap_KVX_SCOPE_REQUEST_capi_a8d96b80b52f90df() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -618,7 +664,7 @@ intgo _wrap_KVX_SCOPE_REQUEST_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_SCOPE_PEER_capi_b536363a61e19449() {
+intgo _wrap_KVX_SCOPE_PEER_capi_a8d96b80b52f90df() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -630,7 +676,7 @@ intgo _wrap_KVX_SCOPE_PEER_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_SCOPE_TRANSPORT_capi_b536363a61e19449() {
+intgo _wrap_KVX_SCOPE_TRANSPORT_capi_a8d96b80b52f90df() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -642,7 +688,7 @@ intgo _wrap_KVX_SCOPE_TRANSPORT_capi_b536363a61e19449() {
 }
 
 
-_gostring_ _wrap_kvx_strerror_capi_b536363a61e19449(intgo _swig_go_0) {
+_gostring_ _wrap_kvx_strerror_capi_a8d96b80b52f90df(intgo _swig_go_0) {
   int arg1 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -655,7 +701,7 @@ _gostring_ _wrap_kvx_strerror_capi_b536363a61e19449(intgo _swig_go_0) {
 }
 
 
-intgo _wrap_kvx_error_scope_of_capi_b536363a61e19449(intgo _swig_go_0) {
+intgo _wrap_kvx_error_scope_of_capi_a8d96b80b52f90df(intgo _swig_go_0) {
   int arg1 ;
   kvx_error_scope result;
   intgo _swig_go_result;
@@ -668,7 +714,7 @@ intgo _wrap_kvx_error_scope_of_capi_b536363a61e19449(intgo _swig_go_0) {
 }
 
 
-_gostring_ _wrap_kvx_last_error_message_capi_b536363a61e19449() {
+_gostring_ _wrap_kvx_last_error_message_capi_a8d96b80b52f90df() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -679,7 +725,7 @@ _gostring_ _wrap_kvx_last_error_message_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_kvx_options_create_capi_b536363a61e19449(_goslice_ _swig_go_0) {
+intgo _wrap_kvx_options_create_capi_a8d96b80b52f90df(_goslice_ _swig_go_0) {
   kvx_options **arg1 = (kvx_options **) 0 ;
   int result;
   intgo _swig_go_result;
@@ -694,7 +740,7 @@ intgo _wrap_kvx_options_create_capi_b536363a61e19449(_goslice_ _swig_go_0) {
 }
 
 
-void _wrap_kvx_options_destroy_capi_b536363a61e19449(kvx_options *_swig_go_0) {
+void _wrap_kvx_options_destroy_capi_a8d96b80b52f90df(kvx_options *_swig_go_0) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   
   arg1 = (kvx_options *)_swig_go_0; 
@@ -704,7 +750,7 @@ void _wrap_kvx_options_destroy_capi_b536363a61e19449(kvx_options *_swig_go_0) {
 }
 
 
-intgo _wrap_kvx_options_set_capi_b536363a61e19449(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_options_set_capi_a8d96b80b52f90df(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   char *arg2 = (char *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -731,7 +777,7 @@ intgo _wrap_kvx_options_set_capi_b536363a61e19449(kvx_options *_swig_go_0, _gost
 }
 
 
-intgo _wrap_kvx_transport_create_capi_b536363a61e19449(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
+intgo _wrap_kvx_transport_create_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
   kvx_transport **arg1 = (kvx_transport **) 0 ;
   void *arg2 = (void *) 0 ;
   uint64_t arg3 ;
@@ -767,7 +813,7 @@ intgo _wrap_kvx_transport_create_capi_b536363a61e19449(_goslice_ _swig_go_0, voi
 }
 
 
-intgo _wrap_kvx_transport_close_capi_b536363a61e19449(kvx_transport *_swig_go_0) {
+intgo _wrap_kvx_transport_close_capi_a8d96b80b52f90df(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   int result;
   intgo _swig_go_result;
@@ -780,7 +826,7 @@ intgo _wrap_kvx_transport_close_capi_b536363a61e19449(kvx_transport *_swig_go_0)
 }
 
 
-void _wrap_kvx_transport_destroy_capi_b536363a61e19449(kvx_transport *_swig_go_0) {
+void _wrap_kvx_transport_destroy_capi_a8d96b80b52f90df(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   
   arg1 = (kvx_transport *)_swig_go_0; 
@@ -790,7 +836,7 @@ void _wrap_kvx_transport_destroy_capi_b536363a61e19449(kvx_transport *_swig_go_0
 }
 
 
-intgo _wrap_kvx_transport_base_addr_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_base_addr_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -807,7 +853,7 @@ intgo _wrap_kvx_transport_base_addr_capi_b536363a61e19449(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_num_blocks_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_num_blocks_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -824,7 +870,7 @@ intgo _wrap_kvx_transport_num_blocks_capi_b536363a61e19449(_goslice_ _swig_go_0,
 }
 
 
-intgo _wrap_kvx_transport_block_len_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_block_len_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -841,7 +887,7 @@ intgo _wrap_kvx_transport_block_len_capi_b536363a61e19449(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_config_fingerprint_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_config_fingerprint_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   char *arg1 = (char *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -858,7 +904,7 @@ intgo _wrap_kvx_transport_config_fingerprint_capi_b536363a61e19449(_goslice_ _sw
 }
 
 
-_gostring_ _wrap_kvx_transport_backend_capi_b536363a61e19449(kvx_transport *_swig_go_0) {
+_gostring_ _wrap_kvx_transport_backend_capi_a8d96b80b52f90df(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -871,7 +917,7 @@ _gostring_ _wrap_kvx_transport_backend_capi_b536363a61e19449(kvx_transport *_swi
 }
 
 
-intgo _wrap_kvx_get_agent_metadata_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
+intgo _wrap_kvx_get_agent_metadata_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -894,7 +940,7 @@ intgo _wrap_kvx_get_agent_metadata_capi_b536363a61e19449(_goslice_ _swig_go_0, k
 }
 
 
-intgo _wrap_kvx_add_remote_peer_capi_b536363a61e19449(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
+intgo _wrap_kvx_add_remote_peer_capi_a8d96b80b52f90df(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -932,7 +978,7 @@ intgo _wrap_kvx_add_remote_peer_capi_b536363a61e19449(kvx_transport *_swig_go_0,
 }
 
 
-intgo _wrap_kvx_remove_remote_peer_capi_b536363a61e19449(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_remove_remote_peer_capi_a8d96b80b52f90df(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -958,7 +1004,7 @@ intgo _wrap_kvx_remove_remote_peer_capi_b536363a61e19449(kvx_transport *_swig_go
 }
 
 
-intgo _wrap_KVX_PEER_REPLACE_capi_b536363a61e19449() {
+intgo _wrap_KVX_PEER_REPLACE_capi_a8d96b80b52f90df() {
   enum kvx_add_peer_flag result;
   intgo _swig_go_result;
   
@@ -970,7 +1016,7 @@ intgo _wrap_KVX_PEER_REPLACE_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_PENDING_capi_b536363a61e19449() {
+intgo _wrap_KVX_REGISTRATION_PENDING_capi_a8d96b80b52f90df() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -982,7 +1028,7 @@ intgo _wrap_KVX_REGISTRATION_PENDING_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_DONE_capi_b536363a61e19449() {
+intgo _wrap_KVX_REGISTRATION_DONE_capi_a8d96b80b52f90df() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -994,7 +1040,7 @@ intgo _wrap_KVX_REGISTRATION_DONE_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_FAILED_capi_b536363a61e19449() {
+intgo _wrap_KVX_REGISTRATION_FAILED_capi_a8d96b80b52f90df() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1006,7 +1052,7 @@ intgo _wrap_KVX_REGISTRATION_FAILED_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_kvx_add_remote_peer_async_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
+intgo _wrap_kvx_add_remote_peer_async_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1050,7 +1096,7 @@ intgo _wrap_kvx_add_remote_peer_async_capi_b536363a61e19449(_goslice_ _swig_go_0
 }
 
 
-intgo _wrap_kvx_registration_status_capi_b536363a61e19449(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
+intgo _wrap_kvx_registration_status_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
   int *arg1 = (int *) 0 ;
   int *arg2 = (int *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1075,7 +1121,7 @@ intgo _wrap_kvx_registration_status_capi_b536363a61e19449(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_write_blocks_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
+intgo _wrap_kvx_write_blocks_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1115,7 +1161,7 @@ intgo _wrap_kvx_write_blocks_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_tra
 }
 
 
-intgo _wrap_kvx_poll_capi_b536363a61e19449(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
+intgo _wrap_kvx_poll_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
   size_t *arg1 = (size_t *) 0 ;
   size_t *arg2 = (size_t *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1161,7 +1207,7 @@ intgo _wrap_kvx_poll_capi_b536363a61e19449(_goslice_ _swig_go_0, _goslice_ _swig
 }
 
 
-intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_b536363a61e19449() {
+intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_a8d96b80b52f90df() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1173,7 +1219,7 @@ intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_KVX_CANCEL_WAIT_capi_b536363a61e19449() {
+intgo _wrap_KVX_CANCEL_WAIT_capi_a8d96b80b52f90df() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1185,7 +1231,7 @@ intgo _wrap_KVX_CANCEL_WAIT_capi_b536363a61e19449() {
 }
 
 
-intgo _wrap_kvx_cancel_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
+intgo _wrap_kvx_cancel_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   uint64_t *arg3 = (uint64_t *) 0 ;
@@ -1214,7 +1260,7 @@ intgo _wrap_kvx_cancel_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport
 }
 
 
-intgo _wrap_kvx_get_stats_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_get_stats_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
   kvx_stats *arg1 = (kvx_stats *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1244,7 +1290,19 @@ intgo _wrap_kvx_get_stats_capi_b536363a61e19449(_goslice_ _swig_go_0, kvx_transp
 }
 
 
-intgo _wrap_kvx_config_fingerprint_capi_b536363a61e19449(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_KVX_REGION_HUGE_PAGES_capi_a8d96b80b52f90df() {
+  enum kvx_region_flag result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_REGION_HUGE_PAGES;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_config_fingerprint_capi_a8d96b80b52f90df(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;

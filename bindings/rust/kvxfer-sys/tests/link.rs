@@ -5,7 +5,7 @@ use std::ffi::CStr;
 
 #[test]
 fn every_function_links() {
-    let fns: [*const (); 23] = [
+    let fns: [*const (); 26] = [
         sys::kvx_version_number as *const (),
         sys::kvx_version_string as *const (),
         sys::kvx_strerror as *const (),
@@ -29,6 +29,9 @@ fn every_function_links() {
         sys::kvx_poll as *const (),
         sys::kvx_cancel as *const (),
         sys::kvx_config_fingerprint as *const (),
+        sys::kvx_peer_backend as *const (),
+        sys::kvx_region_alloc as *const (),
+        sys::kvx_region_free as *const (),
     ];
     assert!(fns.iter().all(|f| !f.is_null()));
 }

@@ -21,7 +21,7 @@ fn pattern(block: u64) -> u8 {
 
 fn options() -> Options {
     Options::new()
-        .backend("tcp")
+        .backend("shm,tcp")
         .set("tcp.listen", "127.0.0.1:0")
 }
 
@@ -126,6 +126,8 @@ fn initiator(dir: &Path) -> Result<(), String> {
     }
     t.add_remote_peer(PEER, &metadata, base_addr, num_blocks, block_len)
         .map_err(|e| e.to_string())?;
+    let (backend, path) = t.peer_backend(PEER).map_err(|e| e.to_string())?;
+    println!("path {} {}", backend, path);
     let idxs: Vec<u64> = (0..NUM_BLOCKS).collect();
     let id = t
         .write_blocks(PEER, &idxs, &idxs)

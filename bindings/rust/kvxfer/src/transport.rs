@@ -279,7 +279,9 @@ impl<'r> Transport<'r> {
         fixed_cstr(&buf)
     }
 
-    /// The backend in use: `"tcp"`, `"verbs"` or `"shm"`.
+    /// The most preferred backend the transport serves on: `"shm"`,
+    /// `"verbs"` or `"tcp"`. It may serve on several;
+    /// [`Transport::peer_backend`] says which one a given peer uses.
     pub fn backend(&self) -> &'static str {
         // SAFETY: static storage, never NULL for a live handle.
         unsafe { static_str(sys::kvx_transport_backend(self.ptr())) }
@@ -434,6 +436,21 @@ impl<'r> Transport<'r> {
         let id = cstring("peer id", peer_id)?;
         // SAFETY: live handle; id NUL-terminated.
         check(unsafe { sys::kvx_remove_remote_peer(self.ptr(), id.as_ptr()) })
+    }
+
+    /// Which path a registered peer's transfers take: the backend (`"shm"`,
+    /// `"verbs"`, `"tcp"`) and, for shm, how (`"mapped"`: the peer's region
+    /// is mapped here and copied into directly; `"process_vm_writev"`: the
+    /// kernel copies into the peer's private memory; `""` otherwise).
+    /// Errors: `UnknownPeer` (not registered, or still connecting), `Closed`.
+    pub fn peer_backend(&self, peer_id: &str) -> Result<(&'static str, &'static str)> {
+        let id = cstring("peer id", peer_id)?;
+        let mut backend: *const c_char = ptr::null();
+        let mut path: *const c_char = ptr::null();
+        // SAFETY: live handle; id NUL-terminated; the outputs are static strings.
+        check(unsafe { sys::kvx_peer_backend(&mut backend, &mut path, self.ptr(), id.as_ptr()) })?;
+        // SAFETY: on success both point to static storage, never NULL.
+        Ok(unsafe { (static_str(backend), static_str(path)) })
     }
 
     // ------------------------------------------------------------ transfers

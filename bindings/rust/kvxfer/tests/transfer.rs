@@ -26,6 +26,8 @@ fn owned_regions_byte_for_byte() {
         kvxfer::fingerprint(r#"{"m":1}"#).unwrap()
     );
     connect(&a, "b", &b).unwrap();
+    assert_eq!(a.peer_backend("b").unwrap(), ("tcp", ""));
+    assert!(a.peer_backend("nobody").is_err());
 
     // A run (0,1,2 -> 3,4,5), a single block, and a backwards pair in one call.
     let moves1 = [(0u64, 3u64), (1, 4), (2, 5), (7, 11), (6, 0), (5, 1)];

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Compare kvxfer's shm backend with kvxfer tcp over loopback and with a plain
+# single-threaded memcpy, on this host, in one run. Every line is measured
+# REPEAT times (default 3), the kinds interleaved within each round so that a
+# busy neighbour hurts them alike; printed: median and min-max GB/s, and the
+# ratios of the medians.
+#
+#   memcpy       kvxfer-memcpy-ref: one thread, the same block sizes, the same
+#                working-set size (256 MiB), seq batch 1 / 4K random batch 16
+#   shm mapped   kvxfer-bench --backend shm --target-region shared
+#                (the target's region is a sealed memfd; vLLM's /dev/shm files
+#                take the same path), shm.threads=1
+#   shm mapped 2 the same with shm.threads=2 (4 MiB only)
+#   shm private  --backend shm, the target's region private: process_vm_writev
+#   tcp          --backend tcp over 127.0.0.1
+#
+# Usage: bench/compare-shm.sh [extra kvxfer-bench options]
+# Environment: KVXFER_BENCH, KVXFER_MEMCPY_REF (default: this checkout's
+# build/), DURATION seconds per measurement (default 2), REPEAT (default 3),
+# WARMUP seconds before each kvxfer measurement (default 3).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bench=${KVXFER_BENCH:-$root/build/kvxfer-bench}
+ref=${KVXFER_MEMCPY_REF:-$root/build/kvxfer-memcpy-ref}
+duration=${DURATION:-2}
+repeat=${REPEAT:-3}
+# Unmeasured seconds per size before kvxfer is measured: long enough for one
+# pass over the working set, since the memcpy reference touches its buffers
+# before it measures too (first writes into fresh memory are far slower on
+# some VMs: 0.1 GB/s measured on the development box).
+warmup=${WARMUP:-3}
+me=compare-shm.sh
+
+die() { echo "$me: $*" >&2; exit 1; }
+[[ -x $bench ]] || die "kvxfer-bench not found at $bench (build it, or set KVXFER_BENCH)"
+[[ -x $ref ]] || die "kvxfer-memcpy-ref not found at $ref (build it, or set KVXFER_MEMCPY_REF)"
+[[ $duration =~ ^[0-9]+$ && $duration -ge 1 ]] || die "DURATION must be a whole number of seconds >= 1"
+[[ $repeat =~ ^[0-9]+$ && $repeat -ge 1 ]] || die "REPEAT must be a whole number >= 1"
+py=/usr/bin/python3
+[[ -x $py ]] || py=$(command -v python3) || die "need python3"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+
+# kind, then JSON lines tagged with it, into $tmp/all.jsonl
+tag() { "$py" -c 'import json,sys
+for l in sys.stdin:
+    l = l.strip()
+    if l.startswith("{"):
+        d = json.loads(l); d["kind"] = sys.argv[1]; print(json.dumps(d))' "$1" >>"$tmp/all.jsonl"; }
+
+kv() { # kind, then kvxfer-bench options
+    local kind=$1
+    shift
+    local common=(--json --no-progress --duration "$duration" --warmup "$warmup")
+    "$bench" "${common[@]}" --block-size 4M,1M,64K --batch 1 --pattern seq "$@" >"$tmp/out" ||
+        die "kvxfer-bench $* failed: $(cat "$tmp/out")"
+    "$bench" "${common[@]}" --block-size 4K --batch 16 --pattern random "$@" >>"$tmp/out" ||
+        die "kvxfer-bench $* (4K) failed: $(cat "$tmp/out")"
+    tag "$kind" <"$tmp/out"
+}
+
+for round in $(seq "$repeat"); do
+    echo "$me: round $round of $repeat" >&2
+    { "$ref" 4M,1M,64K 256M seq 1 "$duration" && "$ref" 4K 256M random 16 "$duration"; } | tag memcpy
+    kv "shm mapped" --backend shm --target-region shared --option shm.threads=1 "$@"
+    "$bench" --json --no-progress --duration "$duration" --warmup "$warmup" --block-size 4M --batch 1 --pattern seq \
+        --backend shm --target-region shared --option shm.threads=2 "$@" | tag "shm mapped 2"
+    kv "shm private" --backend shm --option shm.threads=1 "$@"
+    kv "tcp" --backend tcp "$@"
+done
+
+"$py" - "$tmp/all.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {}
+for r in rows:
+    if r["kind"] != "memcpy":
+        if r.get("failed") or r.get("verified") == "no":
+            sys.exit("compare-shm.sh: a kvxfer run failed or did not verify: %s" % r)
+    by.setdefault((r["kind"], r["block_size"], r["pattern"]), []).append(r["gb_per_s"])
+def cell(kind, bs, pat):
+    v = by.get((kind, bs, pat))
+    return (statistics.median(v), min(v), max(v), len(v)) if v else None
+def fmt(c):
+    return "%6.2f (%5.2f-%5.2f)" % c[:3] if c else "%19s" % "-"
+sizes = [(4 << 20, "seq"), (1 << 20, "seq"), (64 << 10, "seq"), (4 << 10, "random")]
+kinds = ["memcpy", "shm mapped", "shm mapped 2", "shm private", "tcp"]
+print("GB/s, median (min-max) of %d rounds; 4K = random, batch 16; others seq, batch 1" % max(len(v) for v in by.values()))
+print("%-10s" % "block" + "".join("%21s" % k for k in kinds))
+for bs, pat in sizes:
+    name = "%dK" % (bs >> 10) if bs < (1 << 20) else "%dM" % (bs >> 20)
+    print("%-10s" % name + "".join("  " + fmt(cell(k, bs, pat)) for k in kinds))
+print()
+print("ratios of medians:")
+for bs, pat in sizes:
+    name = "%dK" % (bs >> 10) if bs < (1 << 20) else "%dM" % (bs >> 20)
+    m = cell("memcpy", bs, pat)
+    parts = []
+    for k, ref in (("shm mapped", "memcpy"), ("shm mapped 2", "memcpy"), ("shm private", "memcpy"), ("shm mapped", "tcp")):
+        a, b = cell(k, bs, pat), cell(ref, bs, pat)
+        if a and b and b[0] > 0:
+            parts.append("%s/%s %.2f" % (k, ref, a[0] / b[0]))
+    print("%-6s %s" % (name, "; ".join(parts)))
+PY

@@ -1,0 +1,86 @@
+/*
+ * kvxfer-memcpy-ref: the reference line of bench/compare-shm.sh. One thread
+ * copies blocks between two regions of the same working-set size with plain
+ * memcpy, the way kvxfer-bench moves them: per block size, seq (batch 1,
+ * consecutive blocks) or random (batch blocks at distinct random indexes per
+ * call). Prints one JSON line per size: {"block_size":N,"pattern":"...",
+ * "batch":N,"bytes":N,"seconds":S,"gb_per_s":G}.
+ *
+ *   kvxfer-memcpy-ref BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t rng(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void run(uint64_t bs, uint64_t ws, int random, uint64_t batch, double secs, uint8_t *src, uint8_t *dst) {
+    const uint64_t nb = ws / bs;
+    uint64_t seed = 0x9e3779b97f4a7c15ULL, bytes = 0, next = 0;
+    double t0 = now_s(), t = t0;
+    while (t - t0 < secs) {
+        for (int k = 0; k < 64; k++) {
+            for (uint64_t i = 0; i < batch; i++) {
+                uint64_t l = random ? rng(&seed) % nb : next;
+                uint64_t r = random ? rng(&seed) % nb : next;
+                next = (next + 1) % nb;
+                memcpy(dst + r * bs, src + l * bs, bs);
+            }
+            bytes += batch * bs;
+        }
+        t = now_s();
+    }
+    printf("{\"block_size\":%llu,\"pattern\":\"%s\",\"batch\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f}\n",
+           (unsigned long long)bs, random ? "random" : "seq", (unsigned long long)batch, (unsigned long long)bytes,
+           t - t0, (double)bytes / (t - t0) / 1e9);
+}
+
+static uint64_t parse_size(const char *s) {
+    char *end;
+    uint64_t v = strtoull(s, &end, 10);
+    if (*end == 'K') v <<= 10;
+    else if (*end == 'M') v <<= 20;
+    else if (*end == 'G') v <<= 30;
+    return v;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6) {
+        fprintf(stderr, "usage: %s BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS\n", argv[0]);
+        return 2;
+    }
+    const uint64_t ws = parse_size(argv[2]), batch = strtoull(argv[4], NULL, 10);
+    const int random = strcmp(argv[3], "random") == 0;
+    const double secs = atof(argv[5]);
+    uint8_t *src = mmap(NULL, ws, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint8_t *dst = mmap(NULL, ws, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (src == MAP_FAILED || dst == MAP_FAILED || batch == 0 || ws == 0) {
+        fprintf(stderr, "%s: bad arguments or no memory\n", argv[0]);
+        return 1;
+    }
+    memset(src, 1, ws);  /* touch every page: no page faults in the measurement */
+    memset(dst, 2, ws);
+    char *list = strdup(argv[1]);
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        uint64_t bs = parse_size(tok);
+        if (bs == 0 || bs > ws) return 2;
+        run(bs, ws, random, batch, secs, src, dst);
+    }
+    free(list);
+    return 0;
+}

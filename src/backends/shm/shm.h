@@ -1,0 +1,202 @@
+// shm backend internals. The target (ShmServer) listens on an abstract unix
+// SOCK_SEQPACKET socket on the transport's event loop, runs the shared
+// handshake, checks the writer's credentials (SO_PEERCRED), and only then
+// grants access: the file descriptor of the region's shareable mapping
+// (SCM_RIGHTS), or leave to use process_vm_writev for private memory. The
+// writer (ShmPeer) copies with a small pool of copy threads (CopyPool); the
+// target's threads do nothing for bytes to land. The socket stays open as
+// the liveness and revocation channel: a target that closes or removes
+// sends REVOKE and waits for REVOKED, so no byte lands after it returns.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/ops.h"
+#include "backends/shm/shm_wire.h"
+#include "handshake/handshake.h"
+#include "util/event_loop.h"
+#include "util/net.h"
+#include "util/shared_region.h"
+
+namespace kvx::shm {
+
+// This host's boot id and this process's network namespace.
+std::array<uint8_t, 16> boot_id();
+uint64_t netns_inode();
+
+// Sends one datagram with an optional fd (SCM_RIGHTS); 0 or -errno.
+int send_msg(int fd, const void *buf, size_t n, int pass_fd);
+// Receives one datagram of at most cap bytes; *got_fd receives a passed fd
+// (-1 if none; any extra ones are closed). Returns its length, or -errno
+// (-ECONNRESET at EOF, -EMSGSIZE when cut).
+ssize_t recv_msg(int fd, void *buf, size_t cap, int *got_fd);
+
+// One accepted connection on the target's loop thread.
+class ShmServer;
+class ShmConn final : private EventLoop::Source {
+public:
+    ShmConn(ShmServer &s, net::Fd fd);
+    bool start(Clock::time_point deadline);
+    void stop();
+    bool granted() const { return state_ == State::granted || state_ == State::revoking; }
+    bool revoke();  // sends REVOKE; false when nothing is to wait for
+    bool finished() const { return state_ == State::done; }
+
+private:
+    enum class State { hello, auth, granted, revoking, done };
+    void on_event(int tag, uint32_t events) override;
+    void on_timer(int tag) override;
+    bool step(const uint8_t *msg, size_t n);
+    bool on_auth(const uint8_t *msg, size_t n);
+    bool check_credentials();
+
+    ShmServer &server_;
+    net::Fd fd_;
+    uint64_t token_ = 0, timer_ = 0;
+    State state_ = State::hello;
+    handshake::Challenge challenge_;
+};
+
+class ShmServer {
+public:
+    explicit ShmServer(const BackendContext &ctx);
+    ~ShmServer();
+    SectionInfo info() const { return info_; }
+    // Revokes every grant (waiting for REVOKED, bounded), then closes all.
+    void shutdown();
+
+    // For ShmConn, on the loop thread.
+    const BackendContext &ctx() const { return ctx_; }
+    Mode mode() const { return info_.mode; }
+    int backing_fd() const { return backing_.fd.get(); }
+    uint64_t backing_offset() const { return backing_.offset; }
+    bool allow_other_users() const { return allow_others_; }
+    void close(ShmConn &c);  // frees c
+    void revoked();          // a connection answered REVOKE or went away
+
+private:
+    struct Listener final : EventLoop::Source {
+        explicit Listener(ShmServer &s) : server(s) {}
+        void on_event(int, uint32_t) override { server.accept_all(); }
+        ShmServer &server;
+    };
+    void accept_all();
+
+    BackendContext ctx_;
+    SectionInfo info_;
+    shared::Backing backing_;
+    bool allow_others_ = false;
+    net::Fd listen_fd_;
+    Listener listener_{*this};
+    uint64_t listen_tok_ = 0;
+    std::unordered_map<ShmConn *, std::unique_ptr<ShmConn>> conns_;  // the loop thread's
+    std::mutex mu_;
+    std::condition_variable cv_;
+    size_t revoking_ = 0;  // under mu_
+    bool stopped_ = false;
+};
+
+// The writer's state of one peer, shared with the copy threads (which hold it
+// by shared_ptr, so a part still queued when the peer goes finds it stopped).
+struct Link {
+    Region local;                // our region (the source)
+    uint8_t *dst = nullptr;      // mapped: the peer's region in our address space
+    void *map_base = nullptr;    // mapped: what to munmap
+    size_t map_len = 0;
+    pid_t pid = 0;               // kernel: the target process
+    uint64_t remote_base = 0;    // kernel: the peer's base address there
+    uint64_t remote_size = 0;
+    Mode mode = Mode::none;
+    bool sealed = false;         // mapped: the file cannot shrink (F_SEAL_SHRINK): no SIGBUS to fear
+    CompletionSink *sink = nullptr;
+    std::string peer_id;
+
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false;           // no part starts any more
+    std::atomic<bool> halt{false};  // copies in progress stop at the next chunk
+    int status = 0;              // why it stopped
+    size_t active = 0;           // copy threads inside this link (copying or reporting)
+    std::unordered_map<uint64_t, OpRef> ops;  // submitted, not reported
+
+    ~Link();
+    // Stops the link with status (the first one wins), waits for the copy
+    // threads to let go, then fails what it had: a failure is reported only
+    // once nothing of the link is copying. Idempotent.
+    void fail_all(int status);
+};
+
+struct Job {
+    std::shared_ptr<Link> link;
+    Part part;
+};
+
+// The copy threads of one transport's shm backend: shm.threads copy one
+// transfer, the thread that submits it (it copies the first part itself, so
+// a small transfer costs no hand-off) and shm.threads - 1 pool threads.
+class CopyPool {
+public:
+    explicit CopyPool(unsigned threads);
+    ~CopyPool();
+    unsigned copiers() const { return copiers_; }
+    void push(std::vector<Job> jobs);
+    // Copies and reports a part in the calling thread.
+    void copy_now(Job j);
+
+private:
+    void run();
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<Job> queue_;
+    bool stop_ = false;
+    unsigned copiers_;
+    std::vector<std::thread> threads_;
+};
+
+// Copies one part; 0 or a KVX_E* code (the target faulted or went away).
+int copy_part(Link &l, const Part &p);
+
+class ShmPeer final : public BackendPeer {
+public:
+    ShmPeer(std::shared_ptr<Link> link, net::Fd sock, CopyPool &pool, EventLoop *loop);
+    ~ShmPeer() override;
+    void start();
+    void submit(Op op) override;
+    bool broken() const override;
+    void abort(int status) override;
+    void shutdown() override;
+    const char *path() const override;
+
+private:
+    struct Watch final : EventLoop::Source {
+        explicit Watch(ShmPeer &p) : peer(p) {}
+        void on_event(int, uint32_t events) override { peer.on_socket(events); }
+        ShmPeer &peer;
+    };
+    void on_socket(uint32_t events);
+
+    std::shared_ptr<Link> link_;
+    net::Fd sock_;
+    CopyPool &pool_;
+    EventLoop *loop_;
+    Watch watch_{*this};
+    uint64_t token_ = 0;
+    std::once_flag shutdown_once_;
+};
+
+// Connects, authenticates and takes the grant; throws Error.
+std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerContext &pc, CopyPool &pool);
+
+}  // namespace kvx::shm

@@ -1,0 +1,256 @@
+// Writer side of the shm backend: connect and authenticate on the target's
+// unix socket (in the caller's thread, bounded by the deadline), take the
+// grant, map the region or check that process_vm_writev reaches it; then
+// submit parts to the copy threads and watch the socket for REVOKE and EOF.
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+
+#include "backends/shm/shm.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace kvx::shm {
+
+void install_sigbus_guard();
+
+namespace {
+
+constexpr uint64_t kSplitMin = 1u << 20;  // transfers of at least 2 of these are split over copy threads
+
+// One datagram before the deadline (any passed fd into *fd).
+ssize_t recv_by(int sock, void *buf, size_t cap, net::Fd *fd, Clock::time_point deadline, const std::string &where) {
+    for (;;) {
+        int passed = -1;
+        ssize_t n = recv_msg(sock, buf, cap, &passed);
+        if (passed >= 0) *fd = net::Fd(passed);
+        if (n != -EAGAIN) {
+            if (n < 0) fail(KVX_ECONNRESET, "%s: %s", where.c_str(), strerror(static_cast<int>(-n)));
+            return n;
+        }
+        int rc = net::wait_fd(sock, POLLIN, deadline);
+        if (rc != 0) fail(rc == -ETIMEDOUT ? KVX_ETIMEDOUT : KVX_ECONNRESET, "%s: %s", where.c_str(), strerror(-rc));
+    }
+}
+
+void send_or_fail(int sock, const void *buf, size_t n, const std::string &where) {
+    int rc = send_msg(sock, buf, n, -1);
+    if (rc != 0) fail(KVX_ECONNRESET, "%s: %s", where.c_str(), strerror(-rc));
+}
+
+net::Fd connect_socket(const SectionInfo &si, Clock::time_point deadline, const std::string &where) {
+    net::Fd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!s) fail(KVX_EBACKEND, "%s: socket: %s", where.c_str(), strerror(errno));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    memcpy(a.sun_path + 1, si.socket_name.data(), si.socket_name.size());
+    const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + si.socket_name.size());
+    while (connect(s.get(), reinterpret_cast<sockaddr *>(&a), len) != 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN && Clock::now() < deadline) {  // backlog full: the target is busy
+            usleep(1000);
+            continue;
+        }
+        fail(errno == ECONNREFUSED ? KVX_ECONNREFUSED : errno == EAGAIN ? KVX_ETIMEDOUT : KVX_EHOSTUNREACH,
+             "%s: cannot connect: %s", where.c_str(), strerror(errno));
+    }
+    return s;
+}
+
+// The shared handshake over the socket; throws the refusal or failure.
+void authenticate(int sock, const BackendContext &ctx, const PeerContext &pc, const std::string &where) {
+    const wire::AgentMetadata &m = *pc.meta;
+    handshake::Bytes buf;
+    send_or_fail(sock, buf.data(), handshake::encode(handshake::Hello{m.instance_id}, buf.data()), where);
+    net::Fd none;
+    ssize_t n = recv_by(sock, buf.data(), buf.size(), &none, pc.deadline, where);
+    handshake::Challenge ch = handshake::expect_challenge(buf.data(), static_cast<size_t>(n), where.c_str());
+    handshake::Auth a = handshake::answer(ch, m.instance_id, m.secret, ctx.identity.fingerprint, 0);
+    send_or_fail(sock, buf.data(), handshake::encode(a, buf.data()), where);
+    n = recv_by(sock, buf.data(), buf.size(), &none, pc.deadline, where);
+    handshake::expect_accept(buf.data(), static_cast<size_t>(n), ch, a, m.secret, where.c_str());
+}
+
+// Maps exactly the peer's region out of the file it granted.
+void map_region(Link &l, int fd, const CtlMsg &g, const std::string &where) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) fail(KVX_EAUTH, "%s: the granted descriptor is not a file", where.c_str());
+    if (g.offset > UINT64_MAX - g.size || static_cast<uint64_t>(st.st_size) < g.offset + g.size)
+        fail(KVX_EBACKEND, "%s: the granted file has %lld bytes, the region needs %" PRIu64 " at offset %" PRIu64,
+             where.c_str(), static_cast<long long>(st.st_size), g.size, g.offset);
+    const uint64_t page = static_cast<uint64_t>(st.st_blksize > 0 ? st.st_blksize : sysconf(_SC_PAGESIZE));
+    const uint64_t align = std::max<uint64_t>(page, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)));
+    const uint64_t start = g.offset / align * align, delta = g.offset - start;
+    void *p = mmap(nullptr, g.size + delta, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+    if (p == MAP_FAILED) fail(KVX_EBACKEND, "%s: cannot map the granted region: %s", where.c_str(), strerror(errno));
+    l.map_base = p;
+    l.map_len = g.size + delta;
+    l.dst = static_cast<uint8_t *>(p) + delta;
+    const int seals = fcntl(fd, F_GET_SEALS);
+    l.sealed = seals >= 0 && (seals & F_SEAL_SHRINK);
+    if (!l.sealed) install_sigbus_guard();
+}
+
+// process_vm_writev reaches the target: a one-byte read of its region proves
+// the same permission (PTRACE_MODE_ATTACH) without writing anything.
+void check_kernel_path(const Link &l, const std::string &where) {
+    uint8_t b;
+    iovec lv{&b, 1}, rv{reinterpret_cast<void *>(l.remote_base), 1};
+    if (process_vm_readv(l.pid, &lv, 1, &rv, 1, 0) != 1)
+        fail(KVX_ENOTSUP, "%s: process_vm_writev cannot reach pid %d: %s", where.c_str(), static_cast<int>(l.pid),
+             strerror(errno));
+}
+
+void take_grant(Link &l, int sock, const PeerContext &pc, const std::string &where, bool allow_others) {
+    ucred cred{};
+    socklen_t clen = sizeof cred;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0)
+        fail(KVX_EBACKEND, "%s: SO_PEERCRED: %s", where.c_str(), strerror(errno));
+    if (cred.uid != geteuid() && !allow_others)
+        fail(KVX_EAUTH, "%s: the target runs as uid %u, we as %u (shm.allow_other_users=0)", where.c_str(),
+             static_cast<unsigned>(cred.uid), static_cast<unsigned>(geteuid()));
+    uint8_t buf[kCtlMaxLen + 8];
+    net::Fd fd;
+    ssize_t n = recv_by(sock, buf, sizeof buf, &fd, pc.deadline, where);
+    CtlMsg g;
+    try {
+        g = decode_ctl(buf, static_cast<size_t>(n));
+    } catch (const Error &e) {
+        fail(KVX_EAUTH, "%s: %s", where.c_str(), e.what());
+    }
+    const uint64_t size = pc.meta->num_blocks * pc.meta->block_len;
+    if (g.kind != Ctl::grant || g.size != size)
+        fail(KVX_EAUTH, "%s: the grant does not match the region of %" PRIu64 " bytes", where.c_str(), size);
+    l.mode = g.mode;
+    l.remote_size = size;
+    l.pid = cred.pid;
+    l.remote_base = pc.meta->base_addr;
+    if (g.mode == Mode::mapped) {
+        if (!fd) fail(KVX_EAUTH, "%s: a mapped grant without its descriptor", where.c_str());
+        map_region(l, fd.get(), g, where);
+    } else {
+        check_kernel_path(l, where);
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerContext &pc, CopyPool &pool) {
+    const SectionInfo si = decode_section(*pc.section);
+    const std::string where = strfmt("peer '%s' at shm @%s", pc.peer_id.c_str(), si.socket_name.c_str());
+    net::Fd sock = connect_socket(si, pc.deadline, where);
+    authenticate(sock.get(), ctx, pc, where);
+    auto link = std::make_shared<Link>();
+    link->local = ctx.region;
+    link->sink = pc.sink;
+    link->peer_id = pc.peer_id;
+    take_grant(*link, sock.get(), pc, where, ctx.options->uint("shm.allow_other_users") != 0);
+    auto peer = std::make_unique<ShmPeer>(std::move(link), std::move(sock), pool, ctx.loop);
+    peer->start();
+    KVX_LOG(info, "shm: connected to %s (pid %u): %s", where.c_str(), si.pid, peer->path());
+    return peer;
+}
+
+ShmPeer::ShmPeer(std::shared_ptr<Link> link, net::Fd sock, CopyPool &pool, EventLoop *loop)
+    : link_(std::move(link)), sock_(std::move(sock)), pool_(pool), loop_(loop) {}
+
+ShmPeer::~ShmPeer() { shutdown(); }
+
+void ShmPeer::start() {
+    token_ = loop_->attach(sock_.get(), EPOLLIN, &watch_, 0);
+    if (token_ == 0) fail(KVX_ECLOSED, "shm: the event loop is stopped");
+}
+
+const char *ShmPeer::path() const { return link_->mode == Mode::mapped ? "mapped" : "process_vm_writev"; }
+
+void ShmPeer::submit(Op op) {
+    const uint64_t bl = link_->local.block_len;
+    std::vector<Job> jobs;
+    int status = 0;
+    {
+        std::lock_guard<std::mutex> lk(link_->mu);
+        if (link_->stop) {
+            status = link_->status ? link_->status : KVX_EPEERBROKEN;
+        } else {
+            link_->ops.emplace(op.state->id, op.state);
+            for (Part &p : split_op(std::move(op), pool_.copiers(), kSplitMin, bl)) jobs.push_back(Job{link_, std::move(p)});
+        }
+    }
+    if (status != 0) {
+        CompletionBatch b;
+        b.fail(*op.state, status);
+        b.deliver(*link_->sink);
+        return;
+    }
+    // The first part here, the others on the pool threads, all at once.
+    Job first = std::move(jobs.front());
+    jobs.erase(jobs.begin());
+    if (!jobs.empty()) pool_.push(std::move(jobs));
+    pool_.copy_now(std::move(first));
+}
+
+bool ShmPeer::broken() const {
+    std::lock_guard<std::mutex> lk(link_->mu);
+    return link_->stop;
+}
+
+void ShmPeer::abort(int status) { link_->fail_all(status); }
+
+// On the loop thread: REVOKE (the target closes) or EOF (it went away). Either
+// way nothing of ours copies once fail_all returns; then the mapping goes and
+// the target hears that it may return.
+void ShmPeer::on_socket(uint32_t events) {
+    uint8_t buf[kCtlMaxLen + 8];
+    int passed = -1;
+    ssize_t n = (events & EPOLLIN) ? recv_msg(sock_.get(), buf, sizeof buf, &passed) : -ECONNRESET;
+    if (passed >= 0) ::close(passed);
+    if (n == -EAGAIN) return;
+    bool revoke = false;
+    if (n > 0) {
+        try {
+            revoke = decode_ctl(buf, static_cast<size_t>(n)).kind == Ctl::revoke;
+        } catch (const Error &) {
+        }
+    }
+    KVX_LOG(info, "shm: peer '%s' %s", link_->peer_id.c_str(),
+            revoke ? "revoked its grant (it closes)" : "closed its socket (it went away)");
+    link_->fail_all(KVX_ECONNRESET);
+    if (link_->map_base) {
+        munmap(link_->map_base, link_->map_len);
+        link_->map_base = nullptr;
+        link_->dst = nullptr;
+    }
+    if (revoke) {
+        uint8_t out[kCtlMaxLen];
+        send_msg(sock_.get(), out, encode_ctl(CtlMsg{Ctl::revoked}, out), -1);
+    }
+    loop_->detach(token_);
+    token_ = 0;
+}
+
+void ShmPeer::shutdown() {
+    std::call_once(shutdown_once_, [this] {
+        loop_->call([&] {
+            loop_->detach(token_);
+            token_ = 0;
+        });
+        link_->fail_all(KVX_ECONNRESET);
+        if (link_->map_base) {
+            munmap(link_->map_base, link_->map_len);
+            link_->map_base = nullptr;
+            link_->dst = nullptr;
+        }
+        sock_ = net::Fd();  // the target sees EOF: nothing of ours touches its region any more
+    });
+}
+
+}  // namespace kvx::shm

@@ -1,0 +1,243 @@
+// Target side of the shm backend: the listener and its connections, on the
+// transport's event loop. Nothing here touches the region: writers copy into
+// it themselves, once the handshake proved they hold the metadata's secret
+// and SO_PEERCRED showed an allowed user.
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+
+#include "backends/shm/shm.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace kvx::shm {
+
+namespace {
+
+constexpr auto kHandshakeTimeout = std::chrono::milliseconds(1000);
+constexpr size_t kMaxConnections = 1024;
+constexpr auto kRevokeWait = std::chrono::milliseconds(2000);
+
+socklen_t abstract_addr(const std::string &name, sockaddr_un *a) {
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    memcpy(a->sun_path + 1, name.data(), name.size());
+    return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
+
+}  // namespace
+
+ShmConn::ShmConn(ShmServer &s, net::Fd fd) : server_(s), fd_(std::move(fd)) {}
+
+bool ShmConn::start(Clock::time_point deadline) {
+    EventLoop *loop = server_.ctx().loop;
+    token_ = loop->attach(fd_.get(), EPOLLIN, this, 0);
+    if (token_ == 0) return false;
+    timer_ = loop->add_timer(deadline, this, 0);
+    return true;
+}
+
+void ShmConn::stop() {
+    EventLoop *loop = server_.ctx().loop;
+    loop->cancel_timer(timer_);
+    loop->detach(token_);
+    token_ = timer_ = 0;
+}
+
+void ShmConn::on_timer(int) {
+    timer_ = 0;
+    if (state_ == State::hello || state_ == State::auth) {
+        KVX_LOG(info, "shm: a connection did not authenticate within %lld ms: closed",
+                static_cast<long long>(kHandshakeTimeout.count()));
+        server_.close(*this);
+    }
+}
+
+void ShmConn::on_event(int, uint32_t events) {
+    uint8_t buf[handshake::kMaxMessageLen + 8];
+    int passed = -1;
+    ssize_t n = (events & EPOLLIN) ? recv_msg(fd_.get(), buf, sizeof buf, &passed) : -ECONNRESET;
+    if (passed >= 0) ::close(passed);  // a writer never passes descriptors
+    if (n == -EAGAIN) return;
+    if (n < 0 || !step(buf, static_cast<size_t>(n))) {
+        if (state_ == State::revoking) server_.revoked();
+        state_ = State::done;
+        server_.close(*this);
+    }
+}
+
+// One message in the current state; false: close the connection.
+bool ShmConn::step(const uint8_t *msg, size_t n) {
+    const handshake::Identity &me = server_.ctx().identity;
+    uint8_t out[handshake::kMaxMessageLen];
+    if (state_ == State::hello) {
+        handshake::Message m;
+        try {
+            m = handshake::decode(msg, n);
+        } catch (const Error &) {
+            return false;
+        }
+        if (m.kind != handshake::Kind::hello) return false;
+        if (int rc = handshake::on_hello(me, m.hello)) {
+            send_msg(fd_.get(), out, handshake::encode(handshake::Refuse{rc}, out), -1);
+            return false;
+        }
+        static thread_local uint32_t next_id = 0;
+        challenge_ = handshake::new_challenge(&next_id);
+        state_ = State::auth;
+        return send_msg(fd_.get(), out, handshake::encode(challenge_, out), -1) == 0;
+    }
+    if (state_ == State::auth) return on_auth(msg, n);
+    if (state_ == State::revoking) {
+        try {
+            if (decode_ctl(msg, n).kind == Ctl::revoked) {
+                server_.revoked();
+                state_ = State::done;
+            }
+        } catch (const Error &) {
+        }
+        return false;  // revoked, or nonsense: either way this connection is over
+    }
+    return false;  // a granted writer sends nothing until asked
+}
+
+bool ShmConn::on_auth(const uint8_t *msg, size_t n) {
+    uint8_t out[kCtlMaxLen + handshake::kMaxMessageLen];
+    handshake::Message m;
+    try {
+        m = handshake::decode(msg, n);
+    } catch (const Error &e) {
+        send_msg(fd_.get(), out, handshake::encode(handshake::Refuse{handshake::failure_code(e.code())}, out), -1);
+        return false;
+    }
+    if (m.kind != handshake::Kind::auth) return false;
+    handshake::Accept acc;
+    int rc = handshake::verify(server_.ctx().identity, challenge_, m.auth, &acc, "a shm writer");
+    if (rc == 0 && !check_credentials()) rc = KVX_EAUTH;
+    if (rc != 0) {
+        send_msg(fd_.get(), out, handshake::encode(handshake::Refuse{rc}, out), -1);
+        return false;
+    }
+    if (send_msg(fd_.get(), out, handshake::encode(acc, out), -1) != 0) return false;
+    CtlMsg g;
+    g.kind = Ctl::grant;
+    g.mode = server_.mode();
+    g.offset = g.mode == Mode::mapped ? server_.backing_offset() : 0;
+    g.size = server_.ctx().region.size();
+    const int pass = g.mode == Mode::mapped ? server_.backing_fd() : -1;
+    if (send_msg(fd_.get(), out, encode_ctl(g, out), pass) != 0) return false;
+    state_ = State::granted;
+    server_.ctx().loop->cancel_timer(timer_);
+    timer_ = 0;
+    return true;
+}
+
+// The writer runs as our user, or other users are allowed.
+bool ShmConn::check_credentials() {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (getsockopt(fd_.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+    if (cred.uid == geteuid() || server_.allow_other_users()) return true;
+    KVX_LOG(warn, "shm: refused a writer of uid %u (pid %d): another user (shm.allow_other_users=0)",
+            static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid));
+    return false;
+}
+
+bool ShmConn::revoke() {
+    if (!granted()) return false;
+    uint8_t out[kCtlMaxLen];
+    if (send_msg(fd_.get(), out, encode_ctl(CtlMsg{Ctl::revoke}, out), -1) != 0) return false;
+    state_ = State::revoking;
+    return true;
+}
+
+ShmServer::ShmServer(const BackendContext &ctx) : ctx_(ctx) {
+    allow_others_ = ctx.options->uint("shm.allow_other_users") != 0;
+    info_.boot_id = boot_id();
+    info_.netns = netns_inode();
+    info_.pid = static_cast<uint32_t>(getpid());
+    info_.socket_name = strfmt("kvxfer-shm-%d-%016" PRIx64, static_cast<int>(getpid()), ctx.identity.instance_id);
+    std::string why;
+    if (shared::find_backing(ctx.region.base, ctx.region.size(), &backing_, &why)) {
+        info_.mode = Mode::mapped;
+        KVX_LOG(info, "shm: the region lies in %s at offset %" PRIu64 ": same-host peers map it", backing_.what.c_str(),
+                backing_.offset);
+    } else {
+        info_.mode = ctx.options->str("shm.private") == "off" ? Mode::none : Mode::kernel;
+        KVX_LOG(info, "shm: %s: same-host peers %s", why.c_str(),
+                info_.mode == Mode::none ? "cannot use shm (shm.private=off)" : "write with process_vm_writev");
+    }
+    listen_fd_ = net::Fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    sockaddr_un a;
+    const socklen_t alen = abstract_addr(info_.socket_name, &a);
+    if (!listen_fd_ || bind(listen_fd_.get(), reinterpret_cast<sockaddr *>(&a), alen) != 0 ||
+        listen(listen_fd_.get(), 128) != 0)
+        fail(KVX_EBACKEND, "shm: cannot listen on @%s: %s", info_.socket_name.c_str(), strerror(errno));
+    listen_tok_ = ctx.loop->attach(listen_fd_.get(), EPOLLIN, &listener_, 0);
+    if (listen_tok_ == 0) fail(KVX_ECLOSED, "shm: the event loop is stopped");
+}
+
+ShmServer::~ShmServer() { shutdown(); }
+
+void ShmServer::accept_all() {
+    for (;;) {
+        net::Fd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+        if (!fd) return;  // EAGAIN, or out of descriptors: the next event retries
+        if (conns_.size() >= kMaxConnections) continue;  // closed: the writer's connect fails
+        auto c = std::make_unique<ShmConn>(*this, std::move(fd));
+        ShmConn *p = c.get();
+        conns_.emplace(p, std::move(c));
+        if (!p->start(Clock::now() + kHandshakeTimeout)) close(*p);
+    }
+}
+
+void ShmServer::close(ShmConn &c) {
+    c.stop();
+    conns_.erase(&c);
+}
+
+void ShmServer::revoked() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (revoking_ > 0) revoking_--;
+    cv_.notify_all();
+}
+
+// Every writer that holds a grant is told to let go, and answers once none
+// of its copies runs and its mapping is gone; we wait for those answers
+// (bounded: a writer that hangs is logged, see docs/security.md).
+void ShmServer::shutdown() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stopped_) return;
+        stopped_ = true;
+    }
+    size_t asked = 0;
+    ctx_.loop->call([&] {
+        ctx_.loop->detach(listen_tok_);
+        std::vector<ShmConn *> idle;
+        for (auto &[p, c] : conns_) {
+            if (p->revoke()) asked++;
+            else idle.push_back(p);
+        }
+        for (ShmConn *p : idle) close(*p);
+        std::lock_guard<std::mutex> lk(mu_);
+        revoking_ = asked;
+    });
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!cv_.wait_for(lk, kRevokeWait, [&] { return revoking_ == 0; }))
+        KVX_LOG(warn, "shm: %zu of %zu writers did not confirm revocation within %lld ms", revoking_, asked,
+                static_cast<long long>(kRevokeWait.count()));
+    lk.unlock();
+    ctx_.loop->call([&] {
+        for (auto &[p, c] : conns_) c->stop();
+        conns_.clear();
+    });
+    listen_fd_ = net::Fd();
+}
+
+}  // namespace kvx::shm

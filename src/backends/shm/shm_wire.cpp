@@ -1,0 +1,82 @@
+#include "backends/shm/shm_wire.h"
+
+#include "util/bytes.h"
+#include "util/error.h"
+
+namespace kvx::shm {
+
+wire::Section encode_section(const SectionInfo &s) {
+    Writer w;
+    w.bytes(s.boot_id.data(), s.boot_id.size());
+    w.u64(s.netns);
+    w.u32(s.pid);
+    w.u8(static_cast<uint8_t>(s.mode));
+    w.u8(static_cast<uint8_t>(s.socket_name.size()));
+    w.bytes(s.socket_name.data(), s.socket_name.size());
+    return wire::Section{kSectionId, kSectionVersion, std::move(w.buf())};
+}
+
+SectionInfo decode_section(const wire::Section &sec) {
+    if (sec.version < kSectionVersion) fail(KVX_EBADMETA, "shm section: version %u is unknown", sec.version);
+    Reader r(sec.body.data(), sec.body.size(), KVX_EBADMETA, "shm section");
+    SectionInfo s;
+    const uint8_t *boot = r.bytes(s.boot_id.size(), "boot_id");
+    std::copy(boot, boot + s.boot_id.size(), s.boot_id.begin());
+    s.netns = r.u64("netns");
+    s.pid = r.u32("pid");
+    const uint8_t mode = r.u8("mode");
+    if (mode > static_cast<uint8_t>(Mode::kernel)) fail(KVX_EBADMETA, "shm section: mode %u is unknown", mode);
+    s.mode = static_cast<Mode>(mode);
+    const uint8_t len = r.u8("socket_name_len");
+    if (len == 0 || len > kMaxSocketName)
+        fail(KVX_EBADMETA, "shm section: socket name of %u bytes is not 1..%zu", len, kMaxSocketName);
+    const uint8_t *name = r.bytes(len, "socket_name");
+    for (size_t i = 0; i < len; i++) {
+        const uint8_t c = name[i];
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                        c == '_' || c == '-';
+        if (!ok) fail(KVX_EBADMETA, "shm section: socket name byte %zu is 0x%02x", i, c);
+    }
+    s.socket_name.assign(reinterpret_cast<const char *>(name), len);
+    if (sec.version == kSectionVersion && r.remaining() != 0)
+        fail(KVX_EBADMETA, "shm section: %zu trailing bytes", r.remaining());
+    return s;
+}
+
+size_t encode_ctl(const CtlMsg &m, uint8_t out[kCtlMaxLen]) {
+    put_le(out, kCtlMagic, 4);
+    out[4] = static_cast<uint8_t>(m.kind);
+    out[5] = m.kind == Ctl::grant ? static_cast<uint8_t>(m.mode) : 0;
+    out[6] = out[7] = 0;
+    if (m.kind != Ctl::grant) return kCtlHeaderLen;
+    put_le(out + 8, m.offset, 8);
+    put_le(out + 16, m.size, 8);
+    put_le(out + 24, 0, 8);
+    return kGrantLen;
+}
+
+CtlMsg decode_ctl(const uint8_t *p, size_t n) {
+    if (n < kCtlHeaderLen) fail(KVX_EINVAL, "shm control message of %zu bytes is too short", n);
+    if (get_le(p, 4) != kCtlMagic) fail(KVX_EINVAL, "shm control message: bad magic");
+    CtlMsg m;
+    const uint8_t kind = p[4];
+    if (kind < 1 || kind > 3) fail(KVX_EINVAL, "shm control message: kind %u is unknown", kind);
+    m.kind = static_cast<Ctl>(kind);
+    if (p[6] != 0 || p[7] != 0) fail(KVX_EINVAL, "shm control message: reserved bytes set");
+    const size_t want = m.kind == Ctl::grant ? kGrantLen : kCtlHeaderLen;
+    if (n != want) fail(KVX_EINVAL, "shm control message of kind %u has %zu bytes, not %zu", kind, n, want);
+    if (m.kind != Ctl::grant) {
+        if (p[5] != 0) fail(KVX_EINVAL, "shm control message: reserved bytes set");
+        return m;
+    }
+    if (p[5] != static_cast<uint8_t>(Mode::mapped) && p[5] != static_cast<uint8_t>(Mode::kernel))
+        fail(KVX_EINVAL, "shm grant: mode %u is not granted", p[5]);
+    m.mode = static_cast<Mode>(p[5]);
+    m.offset = get_le(p + 8, 8);
+    m.size = get_le(p + 16, 8);
+    if (get_le(p + 24, 8) != 0) fail(KVX_EINVAL, "shm grant: reserved field set");
+    if (m.mode == Mode::kernel && m.offset != 0) fail(KVX_EINVAL, "shm grant: offset without a mapping");
+    return m;
+}
+
+}  // namespace kvx::shm

@@ -1,0 +1,59 @@
+// The shm backend's bytes: its metadata section and the control messages on
+// its unix socket after the shared handshake (docs/wire-format.md, "shm").
+// Both come from another process: the decoders are bounded, validate every
+// field and are fuzzed (tests/fuzz/fuzz_shm.cpp).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "wire/metadata.h"
+
+namespace kvx::shm {
+
+constexpr uint16_t kSectionId = 4;
+constexpr uint8_t kSectionVersion = 1;
+constexpr size_t kMaxSocketName = 100;  // abstract unix socket name, without its leading NUL
+
+// How a writer puts bytes into this target's region.
+enum class Mode : uint8_t {
+    none = 0,    // private memory and shm.private=off: no shm path
+    mapped = 1,  // the region lies in a shareable file: the writer maps it (fd over SCM_RIGHTS)
+    kernel = 2,  // private memory: the writer uses process_vm_writev
+};
+
+struct SectionInfo {
+    std::array<uint8_t, 16> boot_id{};  // /proc/sys/kernel/random/boot_id
+    uint64_t netns = 0;                 // inode of /proc/self/ns/net: where the abstract socket lives
+    uint32_t pid = 0;                   // the target's pid (for the log; the socket's credentials decide)
+    Mode mode = Mode::none;
+    std::string socket_name;            // 1..kMaxSocketName bytes of [A-Za-z0-9._-]
+};
+
+wire::Section encode_section(const SectionInfo &s);
+// Throws Error(KVX_EBADMETA) naming the defect; a newer version may append fields.
+SectionInfo decode_section(const wire::Section &s);
+
+// Control messages, one SOCK_SEQPACKET datagram each, after ACCEPT:
+//   target -> writer  GRANT {mode, offset, size} (+ the fd of the file for mapped)
+//   target -> writer  REVOKE: unmap and stop now (the target closes or removes)
+//   writer -> target  REVOKED: nothing of this writer touches the region any more
+constexpr uint32_t kCtlMagic = 0x43585642u;  // "BVXC" in wire order
+enum class Ctl : uint8_t { grant = 1, revoke = 2, revoked = 3 };
+constexpr size_t kCtlHeaderLen = 8;
+constexpr size_t kGrantLen = kCtlHeaderLen + 8 + 8 + 8;
+constexpr size_t kCtlMaxLen = kGrantLen;
+
+struct CtlMsg {
+    Ctl kind = Ctl::revoke;
+    Mode mode = Mode::none;  // grant
+    uint64_t offset = 0;     // grant, mapped: where the region starts in the file
+    uint64_t size = 0;       // grant: the region's bytes
+};
+size_t encode_ctl(const CtlMsg &m, uint8_t out[kCtlMaxLen]);
+// Throws Error(KVX_EINVAL) for anything but one well-formed message of exactly n bytes.
+CtlMsg decode_ctl(const uint8_t *p, size_t n);
+
+}  // namespace kvx::shm

@@ -1,0 +1,266 @@
+/* The multi-backend transport and the shm backend on one host: which path a
+ * peer gets (auto, restricted lists, fallback, strict), the mapped path over
+ * kvx_region_alloc() and over a /dev/shm file (vLLM's case) with canaries,
+ * a transfer split over copy threads, and a target that truncates its file
+ * under a writer (SIGBUS must not kill the writer). */
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/sha.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+enum { NB = 64, BL = 4096 };
+
+static kvx_options *opts(const char *backend, const char *extra) {
+    kvx_options *o = NULL;
+    CHECK_OK(kvx_options_create(&o));
+    CHECK_OK(kvx_options_set(o, "backend", backend));
+    CHECK_OK(kvx_options_set(o, "tcp.listen", "127.0.0.1:0"));
+    if (extra) {
+        char key[64];
+        const char *eq = strchr(extra, '=');
+        snprintf(key, sizeof key, "%.*s", (int)(eq - extra), extra);
+        CHECK_OK(kvx_options_set(o, key, eq + 1));
+    }
+    return o;
+}
+
+static kvx_transport *make(uint8_t *base, uint64_t nb, uint64_t bl, kvx_options *o) {
+    kvx_transport *t = NULL;
+    CHECK_OK(kvx_transport_create(&t, base, nb, bl, NULL, o));
+    kvx_options_destroy(o);
+    return t;
+}
+
+static void expect_path(kvx_transport *t, const char *peer, const char *backend, const char *path) {
+    const char *b = NULL, *p = NULL;
+    CHECK_OK(kvx_peer_backend(&b, &p, t, peer));
+    assert_string_equal(b, backend);
+    if (path) assert_string_equal(p, path);
+}
+
+/* Writes a run, a reversed pair and singles a -> b, checks every block of b
+ * (written ones match, the others keep fill) and b's guards. */
+static void check_transfer(kvx_transport *a, uint8_t *src, uint8_t *dst, uint64_t nb, uint64_t bl, uint8_t fill,
+                           const uint8_t *guard_lo, const uint8_t *guard_hi) {
+    for (uint64_t i = 0; i < nb; i++) fill_block(src + i * bl, bl, i, 11);
+    uint64_t l[] = {3, 4, 5, 6, 7, 8, 9, 10, 40, 39, 0, 63, 17};
+    uint64_t r[] = {20, 21, 22, 23, 24, 25, 26, 27, 50, 49, 63, 0, 33};
+    const size_t n = sizeof l / sizeof l[0];
+    uint64_t id;
+    CHECK_OK(kvx_write_blocks(&id, a, "b", l, r, n));
+    size_t nf = 0;
+    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(nf, 0);
+    uint8_t written[NB] = {0};
+    for (size_t i = 0; i < n; i++) {
+        assert_true(block_matches(dst + r[i] * bl, bl, l[i], 11));
+        written[r[i]] = 1;
+    }
+    for (uint64_t i = 0; i < nb; i++)
+        if (!written[i]) assert_true(block_is(dst + i * bl, bl, fill));
+    for (size_t i = 0; i < GUARD_LEN; i++) assert_true(guard_lo[i] == 0xA5 && guard_hi[i] == 0xA5);
+}
+
+static void connect_ab(kvx_transport *a, kvx_transport *b) {
+    metablob m;
+    get_meta(b, &m);
+    add_peer(a, "b", &m);
+}
+
+/* auto serves on every backend; a same-host peer gets shm (private memory:
+ * through the kernel), and the transport names shm as its first backend. */
+static void test_auto_picks_shm(void **state) {
+    (void)state;
+    region ra = region_new(NB, BL, 1), rb = region_new(NB, BL, 0x22);
+    kvx_transport *a = make(ra.base, NB, BL, opts("auto", NULL));
+    kvx_transport *b = make(rb.base, NB, BL, opts("auto", NULL));
+    assert_string_equal(kvx_transport_backend(a), "shm");
+    connect_ab(a, b);
+    expect_path(a, "b", "shm", "process_vm_writev");
+    const char *x = NULL;
+    CHECK_ERR(kvx_peer_backend(&x, NULL, a, "nobody"), KVX_ENOENT);
+    check_transfer(a, ra.base, rb.base, NB, BL, 0x22, rb.mem, rb.base + NB * BL);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    region_free(&ra);
+    region_free(&rb);
+}
+
+/* A list restricts; the pick is the first backend both sides serve. */
+static void test_backend_lists(void **state) {
+    (void)state;
+    kvx_options *o = NULL;
+    CHECK_OK(kvx_options_create(&o));
+    CHECK_ERR(kvx_options_set(o, "backend", "shm,shm"), KVX_EINVAL);
+    CHECK_ERR(kvx_options_set(o, "backend", "shm,"), KVX_EINVAL);
+    CHECK_ERR(kvx_options_set(o, "backend", "shm,pigeon"), KVX_EINVAL);
+    CHECK_OK(kvx_options_set(o, "backend", "tcp,shm"));
+    kvx_options_destroy(o);
+    region ra = region_new(NB, BL, 1), rb = region_new(NB, BL, 0x22);
+    kvx_transport *a = make(ra.base, NB, BL, opts("tcp", NULL));
+    kvx_transport *b = make(rb.base, NB, BL, opts("shm,tcp", NULL));
+    assert_string_equal(kvx_transport_backend(b), "shm");
+    connect_ab(a, b);
+    expect_path(a, "b", "tcp", "");
+    check_transfer(a, ra.base, rb.base, NB, BL, 0x22, rb.mem, rb.base + NB * BL);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    /* a target that only serves shm and an initiator without it: nothing in common */
+    a = make(ra.base, NB, BL, opts("tcp", NULL));
+    b = make(rb.base, NB, BL, opts("shm", NULL));
+    metablob m;
+    get_meta(b, &m);
+    CHECK_ERR(kvx_add_remote_peer(a, "b", m.bytes, m.len, m.base, m.nb, m.bl), KVX_ENOTSUP);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    region_free(&ra);
+    region_free(&rb);
+}
+
+/* Metadata whose shm socket name is changed (checksum recomputed): shm
+ * applies (same host) but cannot connect. Fallback takes tcp; strict fails. */
+static void break_shm_socket(metablob *m) {
+    const char *needle = "kvxfer-shm-";
+    for (size_t i = 0; i + strlen(needle) < m->len; i++)
+        if (memcmp(m->bytes + i, needle, strlen(needle)) == 0) {
+            m->bytes[i + strlen(needle)] = 'x';
+            uint8_t d[SHA256_DIGEST_LENGTH];
+            SHA256(m->bytes, m->len - 8, d);
+            memcpy(m->bytes + m->len - 8, d, 8);
+            return;
+        }
+    fail_msg("no shm section in the metadata");
+}
+
+static void test_fallback_and_strict(void **state) {
+    (void)state;
+    region ra = region_new(NB, BL, 1), rb = region_new(NB, BL, 0x22);
+    kvx_transport *b = make(rb.base, NB, BL, opts("shm,tcp", NULL));
+    metablob m;
+    get_meta(b, &m);
+    break_shm_socket(&m);
+    kvx_transport *a = make(ra.base, NB, BL, opts("shm,tcp", NULL));
+    CHECK_OK(kvx_add_remote_peer(a, "b", m.bytes, m.len, m.base, m.nb, m.bl));
+    expect_path(a, "b", "tcp", "");
+    kvx_transport_destroy(a);
+    a = make(ra.base, NB, BL, opts("shm,tcp", "peer_backend_fallback=0"));
+    CHECK_ERR(kvx_add_remote_peer(a, "b", m.bytes, m.len, m.base, m.nb, m.bl), KVX_ECONNREFUSED);
+    assert_non_null(strstr(kvx_last_error_message(), "peer_backend_fallback=0"));
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    region_free(&ra);
+    region_free(&rb);
+}
+
+/* A guarded region inside a shareable mapping: [guard | NB x BL | guard]. */
+static uint8_t *guarded(uint8_t *mem, uint64_t len, uint8_t fill) {
+    memset(mem, 0xA5, GUARD_LEN);
+    memset(mem + GUARD_LEN, fill, len);
+    memset(mem + GUARD_LEN + len, 0xA5, GUARD_LEN);
+    return mem + GUARD_LEN;
+}
+
+/* kvx_region_alloc() memory: the writer maps it and copies directly. */
+static void test_mapped_region_alloc(void **state) {
+    (void)state;
+    void *mem = NULL;
+    CHECK_ERR(kvx_region_alloc(&mem, 0, 0), KVX_EINVAL);
+    CHECK_ERR(kvx_region_alloc(&mem, 4096, 0x80), KVX_EINVAL);
+    CHECK_OK(kvx_region_alloc(&mem, NB * BL + 2 * GUARD_LEN, 0));
+    uint8_t *tb = guarded(mem, NB * BL, 0x22);
+    region ra = region_new(NB, BL, 1);
+    kvx_transport *a = make(ra.base, NB, BL, opts("shm", NULL));
+    kvx_transport *b = make(tb, NB, BL, opts("shm", NULL));
+    connect_ab(a, b);
+    expect_path(a, "b", "shm", "mapped");
+    check_transfer(a, ra.base, tb, NB, BL, 0x22, tb - GUARD_LEN, tb + NB * BL);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    kvx_region_free(mem);
+    kvx_region_free(NULL);
+    region_free(&ra);
+}
+
+/* Large blocks over two copy threads: a transfer of 8 MiB is split in two. */
+static void test_mapped_threads(void **state) {
+    (void)state;
+    enum { TNB = 16, TBL = 1 << 20 };
+    void *mem = NULL;
+    CHECK_OK(kvx_region_alloc(&mem, (uint64_t)TNB * TBL + 2 * GUARD_LEN, 0));
+    uint8_t *tb = guarded(mem, (uint64_t)TNB * TBL, 0x33);
+    region ra = region_new(TNB, TBL, 1);
+    kvx_transport *a = make(ra.base, TNB, TBL, opts("shm", "shm.threads=2"));
+    kvx_transport *b = make(tb, TNB, TBL, opts("shm", NULL));
+    connect_ab(a, b);
+    for (uint64_t i = 0; i < TNB; i++) fill_block(ra.base + i * TBL, TBL, i, 5);
+    uint64_t l[8], r[8], id;
+    for (int i = 0; i < 8; i++) l[i] = 2 + i, r[i] = 7 + i;
+    CHECK_OK(kvx_write_blocks(&id, a, "b", l, r, 8));
+    size_t nf = 0;
+    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(nf, 0);
+    for (uint64_t i = 0; i < TNB; i++) {
+        if (i >= 7 && i < 15) assert_true(block_matches(tb + i * TBL, TBL, i - 5, 5));
+        else assert_true(block_is(tb + i * TBL, TBL, 0x33));
+    }
+    for (size_t i = 0; i < GUARD_LEN; i++) assert_true(tb[-1 - (long)i] == 0xA5 && tb[(uint64_t)TNB * TBL + i] == 0xA5);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    kvx_region_free(mem);
+    region_free(&ra);
+}
+
+/* vLLM's case: the region is an mmap of a file under /dev/shm. Found without
+ * any option; then the target truncates the file under the writer: the
+ * writer's copy faults (SIGBUS), the transfer fails, the writer lives on. */
+static void test_dev_shm_file_and_truncation(void **state) {
+    (void)state;
+    char path[64];
+    snprintf(path, sizeof path, "/dev/shm/kvxfer-test-%d", (int)getpid());
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) skip();
+    const size_t len = NB * BL + 2 * GUARD_LEN;
+    assert_int_equal(ftruncate(fd, (off_t)len), 0);
+    uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(mem != MAP_FAILED);
+    uint8_t *tb = guarded(mem, NB * BL, 0x22);
+    region ra = region_new(NB, BL, 1);
+    kvx_transport *a = make(ra.base, NB, BL, opts("auto", NULL));
+    kvx_transport *b = make(tb, NB, BL, opts("auto", NULL));
+    connect_ab(a, b);
+    expect_path(a, "b", "shm", "mapped");
+    check_transfer(a, ra.base, tb, NB, BL, 0x22, mem, tb + NB * BL);
+
+    assert_int_equal(ftruncate(fd, 0), 0);  /* the target shrinks its file */
+    uint64_t l[] = {1, 2, 3}, r[] = {5, 6, 7}, id;
+    CHECK_OK(kvx_write_blocks(&id, a, "b", l, r, 3));
+    size_t nf = 0;
+    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(nf, 1);
+    CHECK_ERR(kvx_write_blocks(&id, a, "b", l, r, 3), KVX_EPEERBROKEN);
+    CHECK_OK(kvx_remove_remote_peer(a, "b"));
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    munmap(mem, len);
+    close(fd);
+    unlink(path);
+    region_free(&ra);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_auto_picks_shm),
+        cmocka_unit_test(test_backend_lists),
+        cmocka_unit_test(test_fallback_and_strict),
+        cmocka_unit_test(test_mapped_region_alloc),
+        cmocka_unit_test(test_mapped_threads),
+        cmocka_unit_test(test_dev_shm_file_and_truncation),
+    };
+    return cmocka_run_group_tests_name("shm", tests, NULL, NULL);
+}
