@@ -22,7 +22,6 @@ namespace {
 
 constexpr uint64_t kDrainWrId = UINT64_MAX;  // shutdown's marker WR
 constexpr uint64_t kSplitMin = 256 << 10;    // with several QPs, ops of 2x this are spread over them
-constexpr int kMaxAuthRounds = 3;            // fresh challenges accepted before giving up
 constexpr int kCqPollBatch = 32;
 enum { kTagCq = 1, kTagCm = 2 };
 
@@ -79,12 +78,16 @@ void VerbsPeer::setup_channels() {
 }
 
 // HELLO gets a challenge; AUTH with the QP answers it. The target verifies
-// before it creates its own QP, and may challenge again (its challenge expired).
+// before it creates its own QP, and may challenge again (the challenge
+// expired, or was used): we answer until the connect deadline, which ends
+// each wait (KVX_ETIMEDOUT), not after a fixed number of rounds.
 void VerbsPeer::connect_qp(const Dial &d) {
     handshake::Challenge ch = hello(d);
     for (int round = 1;; round++) {
         if (authenticate(d, &ch)) return;
-        if (round >= kMaxAuthRounds) fail(KVX_EAUTH, "%s keeps challenging (%d rounds)", where_.c_str(), round);
+        if (Clock::now() >= d.deadline)
+            fail(KVX_ETIMEDOUT, "%s kept challenging until the connect timeout (%d rounds)", where_.c_str(), round);
+        KVX_LOG(debug, "verbs: %s challenged again (round %d)", where_.c_str(), round);
     }
 }
 
