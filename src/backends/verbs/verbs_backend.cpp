@@ -31,6 +31,7 @@ constexpr size_t kMaxAuthPerEpoch = 1 << 16;
 // Connect requests rdma_cm queues for us before it turns new ones away
 // (ucma clamps it to net.rdma_ucm.max_backlog, 1024 by default).
 constexpr int kListenBacklog = 1024;
+constexpr size_t kDestroyBatch = 64;  // refused ids destroyed together (see on_event)
 enum { kTagSweep = 1 };
 
 constexpr uint16_t kSectionId = 3;
@@ -289,11 +290,24 @@ std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
     return p;
 }
 
+// Refused ids go in batches, after their rejects are on their way: the
+// kernel's destroy waits for the reject to be sent, so destroying each one
+// at once would make every request wait for the sends of all before it.
 void VerbsBackend::on_event(int, uint32_t) {
     CmEvent ev;
-    while (next_cm_event(listen_ch_, &ev))
-        if (on_cm_event(ev)) destroy_cm_id(ev.id);
-    if (errno != EAGAIN && errno != EINTR) KVX_LOG(error, "verbs: rdma_get_cm_event: %s", strerror(errno));
+    std::vector<rdma_cm_id *> done;
+    bool more = true;
+    int err = 0;
+    while (more) {
+        more = next_cm_event(listen_ch_, &ev);
+        if (!more) err = errno;
+        if (more && on_cm_event(ev)) done.push_back(ev.id);
+        if (!more || done.size() >= kDestroyBatch) {
+            for (rdma_cm_id *id : done) destroy_cm_id(id);
+            done.clear();
+        }
+    }
+    if (err != EAGAIN && err != EINTR) KVX_LOG(error, "verbs: rdma_get_cm_event: %s", strerror(err));
 }
 
 bool VerbsBackend::on_cm_event(const CmEvent &ev) {
