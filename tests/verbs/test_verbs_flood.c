@@ -410,9 +410,10 @@ static void test_flood(void **state) {
     region r = region_new(NB, BL, 0);
     kvx_transport *a = vt_transport(&r, NULL, NULL);
     uint64_t ms[100];
-    int ok = legit_adds(a, &c.meta, ms, 20);
-    print_message("no flood: %d of 20 adds within 1 s; latency median %llu ms, max %llu ms\n", ok,
-                  (unsigned long long)ms[10], (unsigned long long)ms[19]);
+    /* the same without a flood, for comparison (emulated RDMA on a shared host) */
+    int ok = legit_adds(a, &c.meta, ms, 100);
+    print_message("no flood: %d of 100 adds within 1 s; latency median %llu ms, p99 %llu ms, max %llu ms\n", ok,
+                  (unsigned long long)ms[50], (unsigned long long)ms[98], (unsigned long long)ms[99]);
     const char *env = getenv("KVX_VERBS_FLOOD_RATE");
     static flood f[FLOODERS];
     pthread_t th[FLOODERS];
