@@ -391,8 +391,9 @@ static uint64_t legit_add(kvx_transport *a, const metablob *m) {
  * per-flooder rate, 0 = as fast as answered). Half the tcp test's 200 new
  * connections a second: in the VM the hostile side's own kernel work
  * (address and route resolution, CM messages) runs on the same two emulated
- * vCPUs as the target and the honest initiator; at 200 a second 89 to 96 of
- * 100 adds made 1 s there, at 100 a second all of them. */
+ * vCPUs as the target and the honest initiator. Measured with the 2-core host
+ * busy (load average 6 to 9): at 200 a second 89 to 96 of 100 adds made 1 s,
+ * at 100 a second all; with the host quiet, all 100 even at 1,600 a second. */
 #define FLOOD_RATE 50
 
 /* n legitimate adds in a row: how many within 1 s; the latencies, sorted, in ms[]. */
@@ -443,7 +444,9 @@ static void test_flood(void **state) {
                   "%ld hostile requests answered meanwhile (%ld a second)\n",
                   ok, (unsigned long long)ms[50], (unsigned long long)ms[98], (unsigned long long)ms[99], during,
                   took ? during * 1000 / (long)took : 0);
-    assert_true(during > 1000); /* the flood really ran */
+    /* the flood really ran: at least half its rate, all the while */
+    int rate = FLOODERS * (env ? atoi(env) : FLOOD_RATE);
+    assert_true(during >= 100 && during * 1000 / (long)(took ? took : 1) >= (rate ? rate / 2 : 100));
     assert_true(ok >= 99);
     /* the added peer still moves bytes */
     CHECK_OK(vt_add(a, "t", &c.meta));
