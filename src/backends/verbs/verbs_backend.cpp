@@ -450,6 +450,7 @@ void VerbsBackend::arm_sweep() {
 // connection holding a QP. It goes; the initiator gave up long ago.
 void VerbsBackend::on_timer(int) {
     sweep_tok_ = 0;
+    on_event(0, 0);  // an ESTABLISHED already queued counts
     const auto now = Clock::now();
     bool pending = false;
     for (auto it = conns_.begin(); it != conns_.end();) {
