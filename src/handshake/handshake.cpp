@@ -7,6 +7,7 @@
 #include <openssl/core_names.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "util/bytes.h"
@@ -232,29 +233,58 @@ int verify(const Identity &me, const Challenge &issued, const Auth &a, Accept *o
     return 0;
 }
 
-ChallengeTable::ChallengeTable(size_t capacity, std::chrono::milliseconds ttl) : capacity_(capacity), ttl_(ttl) {
-    random_fill(reinterpret_cast<uint8_t *>(&next_id_), sizeof next_id_);
+ChallengeCookies::ChallengeCookies(std::chrono::milliseconds ttl, size_t max_used)
+    : ttl_(std::max(ttl, std::chrono::milliseconds(1))), max_used_(max_used), start_(Clock::now()) {
+    for (auto &k : keys_) random_fill(k.data(), k.size());
+    random_fill(reinterpret_cast<uint8_t *>(&counter_), sizeof counter_);
 }
 
-Challenge ChallengeTable::issue() {
-    auto now = Clock::now();
-    while (!entries_.empty() && (entries_.front().expires <= now || entries_.size() >= capacity_))
-        entries_.pop_front();
-    Entry e{new_challenge(&next_id_), now + ttl_};
-    entries_.push_back(e);
-    return e.c;
-}
-
-bool ChallengeTable::take(uint32_t id, Challenge *out) {
-    auto now = Clock::now();
-    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-        if (it->c.challenge_id != id) continue;
-        bool live = it->expires > now;
-        *out = it->c;
-        entries_.erase(it);
-        return live;
+// Moves to the epoch of now; each new epoch gets a fresh key and forgets the
+// ids used two epochs ago.
+void ChallengeCookies::advance() {
+    const uint64_t now = static_cast<uint64_t>((Clock::now() - start_) / ttl_);
+    for (uint64_t e = std::max(epoch_ + 1, now >= 1 ? now - 1 : 0); e <= now && now > epoch_; e++) {
+        random_fill(keys_[e & 1].data(), keys_[e & 1].size());
+        used_[e & 1].clear();
     }
-    return false;
+    epoch_ = std::max(epoch_, now);
+}
+
+Challenge ChallengeCookies::make(uint32_t id) const {
+    uint8_t msg[4 + 16] = {};
+    put_le(msg, id, 4);
+    memcpy(msg + 4, "kvxfer challenge", 16);
+    uint8_t full[EVP_MAX_MD_SIZE];
+    unsigned len = 0;
+    const auto &key = keys_[(id >> kEpochShift) & 1];
+    if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), msg, sizeof msg, full, &len) ||
+        len < kChallengeNonceLen)
+        fail(KVX_EINTERNAL, "HMAC-SHA256 failed");
+    Challenge c;
+    c.challenge_id = id;
+    memcpy(c.nonce.data(), full, kChallengeNonceLen);
+    return c;
+}
+
+Challenge ChallengeCookies::issue() {
+    advance();
+    const uint32_t tag = static_cast<uint32_t>(epoch_ & 0xff);
+    return make(tag << kEpochShift | (counter_++ & ((1u << kEpochShift) - 1)));
+}
+
+bool ChallengeCookies::find(uint32_t id, Challenge *out) {
+    advance();
+    const uint32_t tag = id >> kEpochShift;
+    const bool live = tag == (epoch_ & 0xff) || (epoch_ > 0 && tag == ((epoch_ - 1) & 0xff));
+    if (!live || used_[tag & 1].count(id)) return false;
+    *out = make(id);
+    return true;
+}
+
+bool ChallengeCookies::use(uint32_t id) {
+    auto &used = used_[(id >> kEpochShift) & 1];
+    if (used.size() >= max_used_) return false;
+    return used.insert(id).second;
 }
 
 Auth answer(const Challenge &c, uint64_t instance_id, const wire::Secret &secret, const Fingerprint &ours,

@@ -23,8 +23,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <string>
+#include <unordered_set>
 
 #include "wire/metadata.h"
 
@@ -144,26 +144,37 @@ int on_hello(const Identity &me, const Hello &h);
 // tcp.protection); what: where the request came from, for the log.
 int verify(const Identity &me, const Challenge &issued, const Auth &a, Accept *out, const char *what);
 
-// Outstanding challenges of a connectionless carrier (verbs: the challenge
-// travels in a reject, the AUTH arrives on a new request). Bounded: the
-// oldest is evicted first; expiring; single use, so a replayed AUTH finds nothing.
-class ChallengeTable {
+// Challenges of a connectionless carrier (verbs: the challenge travels in a
+// reject, the AUTH arrives on a new request), with no state per HELLO: the
+// nonce is an HMAC of the challenge id under a key that changes every ttl,
+// and the id names the key's epoch. A flood of HELLOs therefore costs no
+// memory and cannot push out an honest peer's challenge. A challenge lives
+// from ttl to 2 * ttl. Single use: the ids of AUTHs that verified are kept
+// until their key is gone (at most max_used per epoch), so a replayed AUTH
+// finds nothing.
+class ChallengeCookies {
 public:
     using Clock = std::chrono::steady_clock;
-    ChallengeTable(size_t capacity, std::chrono::milliseconds ttl);
+    // Throws Error(KVX_EINTERNAL) when OpenSSL fails.
+    ChallengeCookies(std::chrono::milliseconds ttl, size_t max_used);
     Challenge issue();
-    // The challenge with this id, if still live; removes it.
-    bool take(uint32_t id, Challenge *out);
+    // The challenge with this id, if its epoch is live and it is not used up.
+    bool find(uint32_t id, Challenge *out);
+    // Uses up id (its AUTH verified); false when it was used already or the
+    // epoch has no room left (then the peer gets a fresh challenge).
+    bool use(uint32_t id);
 
 private:
-    struct Entry {
-        Challenge c;
-        Clock::time_point expires;
-    };
-    size_t capacity_;
+    static constexpr int kEpochShift = 24;  // id = epoch tag (8 bits) | counter (24 bits)
+    void advance();
+    Challenge make(uint32_t id) const;
     std::chrono::milliseconds ttl_;
-    std::deque<Entry> entries_;
-    uint32_t next_id_ = 0;
+    size_t max_used_;
+    Clock::time_point start_;
+    uint64_t epoch_ = 0;
+    std::array<std::array<uint8_t, 32>, 2> keys_{};  // by epoch parity: the current and the previous
+    std::array<std::unordered_set<uint32_t>, 2> used_;
+    uint32_t counter_ = 0;
 };
 
 // ---- initiator side

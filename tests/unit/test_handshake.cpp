@@ -234,19 +234,29 @@ void test_derive_keys(void **) {
     }
 }
 
-void test_challenge_table(void **) {
-    ChallengeTable t(4, std::chrono::milliseconds(50));
+void test_challenge_cookies(void **) {
+    ChallengeCookies t(std::chrono::seconds(60), 3);
     Challenge a = t.issue(), b = t.issue();
     assert_true(a.challenge_id != b.challenge_id && a.nonce != b.nonce);
     Challenge got;
-    assert_true(t.take(a.challenge_id, &got));
+    assert_true(t.find(a.challenge_id, &got));
     assert_true(got.nonce == a.nonce);
-    assert_false(t.take(a.challenge_id, &got));  // single use
-    for (int i = 0; i < 4; i++) t.issue();        // capacity 4: b is evicted
-    assert_false(t.take(b.challenge_id, &got));
-    Challenge c = t.issue();
-    std::this_thread::sleep_for(std::chrono::milliseconds(80));
-    assert_false(t.take(c.challenge_id, &got));  // expired
+    assert_true(t.use(a.challenge_id));
+    assert_false(t.find(a.challenge_id, &got));  // single use
+    assert_false(t.use(a.challenge_id));
+    for (int i = 0; i < 100000; i++) t.issue();  // a flood of HELLOs evicts nothing
+    assert_true(t.find(b.challenge_id, &got));
+    assert_true(got.nonce == b.nonce);
+    Challenge c = t.issue(), d = t.issue();
+    assert_true(t.use(b.challenge_id) && t.use(c.challenge_id));
+    assert_false(t.use(d.challenge_id));  // max_used per epoch
+    ChallengeCookies s(std::chrono::milliseconds(100), 3);
+    Challenge e = s.issue();
+    std::this_thread::sleep_for(std::chrono::milliseconds(110));
+    assert_true(s.find(e.challenge_id, &got));  // live for at least ttl
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    assert_false(s.find(e.challenge_id, &got));  // expired: past 2 x ttl
+    assert_false(s.find(e.challenge_id ^ 0x5a000000u, &got));  // an epoch never seen
 }
 
 void test_fingerprint_bytes(void **) {
@@ -268,7 +278,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sizes),          cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_malformed),      cmocka_unit_test(test_verify),
-        cmocka_unit_test(test_initiator_checks), cmocka_unit_test(test_challenge_table),
+        cmocka_unit_test(test_initiator_checks), cmocka_unit_test(test_challenge_cookies),
         cmocka_unit_test(test_fingerprint_bytes), cmocka_unit_test(test_flags), cmocka_unit_test(test_derive_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -137,6 +137,18 @@ void vt_meta_add_mr_addr(metablob *m, int64_t delta) {
     vt_meta_fix_checksum(m);
 }
 
+uint64_t vt_meta_instance(const metablob *m) { return rd(m->bytes + OFF_INSTANCE, 8); }
+
+const uint8_t *vt_meta_secret(const metablob *m) { return m->bytes + OFF_SECRET; }
+
+void vt_meta_endpoint(const metablob *m, uint8_t ip[4], uint16_t *port) {
+    size_t v = vt_meta_verbs_off(m);
+    assert_true(v != 0);
+    assert_int_equal(m->bytes[v], 4);
+    *port = (uint16_t)rd(m->bytes + v + 2, 2);
+    memcpy(ip, m->bytes + v + 4, 4);
+}
+
 void vt_expect_silence(kvx_transport *t, int ms) {
     uint64_t end = now_ms() + (uint64_t)ms;
     while (now_ms() < end) {

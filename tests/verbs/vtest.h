@@ -37,6 +37,10 @@ size_t vt_meta_verbs_off(const metablob *m);  /* 0 when absent */
 void vt_meta_set_port(metablob *m, uint16_t port);
 void vt_meta_set_ipv4(metablob *m, const uint8_t ip[4]);
 void vt_meta_add_mr_addr(metablob *m, int64_t delta);
+/* The target's instance id and secret (32 bytes), and its rdma_cm endpoint (IPv4). */
+uint64_t vt_meta_instance(const metablob *m);
+const uint8_t *vt_meta_secret(const metablob *m);
+void vt_meta_endpoint(const metablob *m, uint8_t ip[4], uint16_t *port);
 
 /* Polls for a while and fails the test if anything at all surfaces. */
 void vt_expect_silence(kvx_transport *t, int ms);

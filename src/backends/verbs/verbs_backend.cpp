@@ -25,8 +25,14 @@ namespace verbs {
 
 namespace {
 
-constexpr size_t kMaxChallenges = 1024;  // outstanding HELLOs; the oldest is evicted first
-constexpr int kListenBacklog = 128;
+// Authentications per challenge epoch (connect_timeout_ms); past this, peers
+// are challenged again until the next epoch.
+constexpr size_t kMaxAuthPerEpoch = 1 << 16;
+// Connect requests rdma_cm queues for us before it turns new ones away
+// (ucma clamps it to net.rdma_ucm.max_backlog, 1024 by default).
+constexpr int kListenBacklog = 1024;
+constexpr size_t kDestroyBatch = 64;  // refused ids destroyed together (see on_event)
+enum { kTagSweep = 1 };
 
 constexpr uint16_t kSectionId = 3;
 constexpr uint8_t kSectionVersion = 0;
@@ -134,9 +140,14 @@ private:
     // Returns true when the event's id must be destroyed.
     bool on_cm_event(const CmEvent &ev);
     bool on_request(const CmEvent &ev);
+    bool on_auth(rdma_cm_id *id, const handshake::Auth &a);
     bool accept(rdma_cm_id *id, const handshake::Accept &acc);
     void refuse(rdma_cm_id *id, int status);
     void challenge(rdma_cm_id *id);
+    void note_refusal(const char *why);
+    // accepted connections that never became established
+    void on_timer(int tag) override;
+    void arm_sweep();
 
     BackendContext ctx_;
     std::shared_ptr<Device> dev_;
@@ -150,8 +161,16 @@ private:
     uint32_t rkey_ = 0;
 
     // Loop thread only (or after the listener is detached).
-    std::unordered_map<rdma_cm_id *, bool> conns_;  // accepted ids -> established
-    std::unique_ptr<handshake::ChallengeTable> challenges_;
+    struct Conn {
+        bool established = false;
+        Clock::time_point deadline;  // to be established by then, or it goes
+    };
+    std::unordered_map<rdma_cm_id *, Conn> conns_;  // accepted ids
+    std::unique_ptr<handshake::ChallengeCookies> challenges_;
+    std::chrono::milliseconds connect_timeout_{0};
+    uint64_t sweep_tok_ = 0;
+    uint64_t refused_ = 0;  // unauthenticated requests refused since the last log line
+    Clock::time_point next_refusal_log_{};
 
     std::mutex mu_;  // guards closed_
     bool closed_ = false;
@@ -247,8 +266,8 @@ void VerbsBackend::start_listening() {
         fail(KVX_EBACKEND, "verbs: rdma_listen on %s: %s", advertised_.str().c_str(), strerror(errno));
     net::set_nonblocking(listen_ch_->fd, "rdma_cm listener channel");
     // The initiator needs two CM round trips within its connect timeout; ours bounds the wait.
-    challenges_ = std::make_unique<handshake::ChallengeTable>(
-        kMaxChallenges, std::chrono::milliseconds(ctx_.options->uint("connect_timeout_ms")));
+    connect_timeout_ = std::chrono::milliseconds(ctx_.options->uint("connect_timeout_ms"));
+    challenges_ = std::make_unique<handshake::ChallengeCookies>(connect_timeout_, kMaxAuthPerEpoch);
     loop_ = ctx_.loop;
     listen_tok_ = loop_->attach(listen_ch_->fd, EPOLLIN, this, 0);
     if (!listen_tok_) fail(KVX_EBACKEND, "verbs: cannot watch the rdma_cm listener");
@@ -271,18 +290,31 @@ std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
     return p;
 }
 
+// Refused ids go in batches, after their rejects are on their way: the
+// kernel's destroy waits for the reject to be sent, so destroying each one
+// at once would make every request wait for the sends of all before it.
 void VerbsBackend::on_event(int, uint32_t) {
     CmEvent ev;
-    while (next_cm_event(listen_ch_, &ev))
-        if (on_cm_event(ev)) destroy_cm_id(ev.id);
-    if (errno != EAGAIN && errno != EINTR) KVX_LOG(error, "verbs: rdma_get_cm_event: %s", strerror(errno));
+    std::vector<rdma_cm_id *> done;
+    bool more = true;
+    int err = 0;
+    while (more) {
+        more = next_cm_event(listen_ch_, &ev);
+        if (!more) err = errno;
+        if (more && on_cm_event(ev)) done.push_back(ev.id);
+        if (!more || done.size() >= kDestroyBatch) {
+            for (rdma_cm_id *id : done) destroy_cm_id(id);
+            done.clear();
+        }
+    }
+    if (err != EAGAIN && err != EINTR) KVX_LOG(error, "verbs: rdma_get_cm_event: %s", strerror(err));
 }
 
 bool VerbsBackend::on_cm_event(const CmEvent &ev) {
     switch (ev.type) {
     case RDMA_CM_EVENT_CONNECT_REQUEST: return on_request(ev);
     case RDMA_CM_EVENT_ESTABLISHED:
-        if (auto it = conns_.find(ev.id); it != conns_.end()) it->second = true;
+        if (auto it = conns_.find(ev.id); it != conns_.end()) it->second.established = true;
         KVX_LOG(debug, "verbs: inbound connection established (qp %u)", ev.id->qp ? ev.id->qp->qp_num : 0);
         return false;
     case RDMA_CM_EVENT_DISCONNECTED:
@@ -314,44 +346,69 @@ void VerbsBackend::challenge(rdma_cm_id *id) {
         KVX_LOG(debug, "verbs: rdma_reject (challenge): %s", strerror(errno));
 }
 
+// Refusals of unauthenticated requests cost no log line each: one a second
+// at most, with the count (a flood must not become a flood of the log).
+void VerbsBackend::note_refusal(const char *why) {
+    refused_++;
+    const auto now = Clock::now();
+    if (now < next_refusal_log_) return;
+    KVX_LOG(warn, "verbs: refused %llu unauthenticated connect request(s); latest: %s",
+            (unsigned long long)refused_, why);
+    refused_ = 0;
+    next_refusal_log_ = now + std::chrono::seconds(1);
+}
+
 // A connect request: HELLO gets a challenge (in a reject); AUTH against a
-// live challenge gets a QP and an ACCEPT. Returns true when the request's id
-// must be destroyed (refused).
+// live challenge gets a QP and an ACCEPT. Nothing is allocated for a request
+// before its AUTH verifies: every other one is rejected at once. Returns true
+// when the request's id must be destroyed (refused).
 bool VerbsBackend::on_request(const CmEvent &ev) {
     rdma_cm_id *id = ev.id;
     handshake::Message m;
     try {
         m = handshake::decode(ev.pdata.data(), ev.pdata.size());
     } catch (const Error &e) {
-        KVX_LOG(warn, "verbs: refused a connect request: %s", e.what());
+        note_refusal(e.what());
         refuse(id, handshake::failure_code(e.code()));
         return true;
     }
     if (m.kind == handshake::Kind::hello) {
-        if (int st = handshake::on_hello(ctx_.identity, m.hello)) refuse(id, st);
-        else challenge(id);
+        if (m.hello.instance_id == ctx_.identity.instance_id) {
+            challenge(id);
+        } else {
+            note_refusal("a HELLO meant for another transport");
+            refuse(id, KVX_ECONNREFUSED);
+        }
         return true;
     }
     if (m.kind != handshake::Kind::auth) {
-        KVX_LOG(warn, "verbs: refused a connect request of kind %u", static_cast<unsigned>(m.kind));
+        note_refusal("a handshake message that is neither HELLO nor AUTH");
+        refuse(id, KVX_EAUTH);
+        return true;
+    }
+    return on_auth(id, m.auth);
+}
+
+bool VerbsBackend::on_auth(rdma_cm_id *id, const handshake::Auth &a) {
+    if (a.instance_id != ctx_.identity.instance_id) {
+        note_refusal("an AUTH meant for another transport");
         refuse(id, KVX_EAUTH);
         return true;
     }
     handshake::Challenge ch;
-    if (m.auth.instance_id != ctx_.identity.instance_id) {
-        KVX_LOG(warn, "verbs: refused an AUTH meant for another transport");
-        refuse(id, KVX_EAUTH);
-        return true;
-    }
-    if (!challenges_->take(m.auth.challenge_id, &ch)) {
-        // Expired or evicted: a fresh challenge lets an honest initiator retry.
-        KVX_LOG(debug, "verbs: AUTH with unknown or expired challenge %u, challenging again", m.auth.challenge_id);
+    if (!challenges_->find(a.challenge_id, &ch)) {
+        // Expired, used or never ours: a fresh challenge lets an honest initiator retry.
+        KVX_LOG(debug, "verbs: AUTH with an unknown, expired or used challenge, challenging again");
         challenge(id);
         return true;
     }
     handshake::Accept acc;
-    if (int st = handshake::verify(ctx_.identity, ch, m.auth, &acc, "an rdma_cm connect request")) {
+    if (int st = handshake::verify(ctx_.identity, ch, a, &acc, "an rdma_cm connect request")) {
         refuse(id, st);
+        return true;
+    }
+    if (!challenges_->use(a.challenge_id)) {
+        challenge(id);
         return true;
     }
     return !accept(id, acc);
@@ -377,9 +434,37 @@ bool VerbsBackend::accept(rdma_cm_id *id, const handshake::Accept &acc) {
         KVX_LOG(warn, "verbs: rdma_accept: %s", strerror(errno));
         return false;
     }
-    conns_[id] = false;
+    // Established within twice the connect timeout (the initiator's whole
+    // budget, and then some), or the sweep tears it down.
+    conns_[id] = Conn{false, Clock::now() + 2 * connect_timeout_};
+    arm_sweep();
     KVX_LOG(info, "verbs: accepted an authenticated connection (qp %u)", id->qp->qp_num);
     return true;
+}
+
+void VerbsBackend::arm_sweep() {
+    if (!sweep_tok_) sweep_tok_ = loop_->add_timer(Clock::now() + connect_timeout_, this, kTagSweep);
+}
+
+// Accepted, never established (no RTU, no first packet): a half-open
+// connection holding a QP. It goes; the initiator gave up long ago.
+void VerbsBackend::on_timer(int) {
+    sweep_tok_ = 0;
+    on_event(0, 0);  // an ESTABLISHED already queued counts
+    const auto now = Clock::now();
+    bool pending = false;
+    for (auto it = conns_.begin(); it != conns_.end();) {
+        if (it->second.established || it->second.deadline > now) {
+            pending |= !it->second.established;
+            ++it;
+            continue;
+        }
+        KVX_LOG(warn, "verbs: an accepted connection (qp %u) never became established: closed",
+                it->first->qp ? it->first->qp->qp_num : 0);
+        destroy_cm_id(it->first);
+        it = conns_.erase(it);
+    }
+    if (pending) arm_sweep();
 }
 
 void VerbsBackend::shutdown() {
@@ -389,9 +474,12 @@ void VerbsBackend::shutdown() {
             closed_ = true;
         }
         // Detached: the loop never calls us again, the passive ids are ours alone.
-        if (loop_) loop_->detach(listen_tok_);
-        for (auto &[id, est] : conns_) {
-            if (est) rdma_disconnect(id);
+        if (loop_) {
+            loop_->detach(listen_tok_);
+            loop_->cancel_timer(sweep_tok_);
+        }
+        for (auto &[id, c] : conns_) {
+            if (c.established) rdma_disconnect(id);
             destroy_cm_id(id);
         }
         conns_.clear();

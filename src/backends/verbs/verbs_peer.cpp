@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <numeric>
+#include <random>
 
 #include "backends/verbs/verbs.h"
 #include "handshake/handshake.h"
@@ -22,9 +23,32 @@ namespace {
 
 constexpr uint64_t kDrainWrId = UINT64_MAX;  // shutdown's marker WR
 constexpr uint64_t kSplitMin = 256 << 10;    // with several QPs, ops of 2x this are spread over them
-constexpr int kMaxAuthRounds = 3;            // fresh challenges accepted before giving up
 constexpr int kCqPollBatch = 32;
+// IB CM reject reason: the REQ's (QP number, CA GUID) matches a connection
+// the target's CM still knows. Concurrent requests from one host that carry
+// the same QP number get it; the request may be retried with another one.
+constexpr int kRejStaleConn = 10;
 enum { kTagCq = 1, kTagCm = 2 };
+
+// A QP number for a HELLO, which has no QP: random (not 0 or 1, the special
+// QPs), so that concurrent HELLOs from this host do not look like one stale
+// connection to the target's CM.
+uint32_t hello_qp_num() {
+    thread_local std::minstd_rand gen{std::random_device{}()};
+    return 2 + static_cast<uint32_t>(gen() % 0xfffffdu);
+}
+
+// A reject by the target's CM itself (no kvxfer message) for a stale
+// connection: worth another try with another QP number.
+bool stale_reject(const CmEvent &e) {
+    if (e.type != RDMA_CM_EVENT_REJECTED || e.status != kRejStaleConn) return false;
+    try {
+        handshake::decode(e.pdata.data(), e.pdata.size());
+    } catch (const Error &) {
+        return true;
+    }
+    return false;
+}
 
 }  // namespace
 
@@ -79,12 +103,16 @@ void VerbsPeer::setup_channels() {
 }
 
 // HELLO gets a challenge; AUTH with the QP answers it. The target verifies
-// before it creates its own QP, and may challenge again (its challenge expired).
+// before it creates its own QP, and may challenge again (the challenge
+// expired, or was used): we answer until the connect deadline, which ends
+// each wait (KVX_ETIMEDOUT), not after a fixed number of rounds.
 void VerbsPeer::connect_qp(const Dial &d) {
     handshake::Challenge ch = hello(d);
     for (int round = 1;; round++) {
         if (authenticate(d, &ch)) return;
-        if (round >= kMaxAuthRounds) fail(KVX_EAUTH, "%s keeps challenging (%d rounds)", where_.c_str(), round);
+        if (Clock::now() >= d.deadline)
+            fail(KVX_ETIMEDOUT, "%s kept challenging until the connect timeout (%d rounds)", where_.c_str(), round);
+        KVX_LOG(debug, "verbs: %s challenged again (round %d)", where_.c_str(), round);
     }
 }
 
@@ -148,22 +176,32 @@ handshake::Challenge VerbsPeer::challenge_in(const CmEvent &e, const char *what)
     return handshake::expect_challenge(e.pdata.data(), e.pdata.size(), where_.c_str());
 }
 
-// HELLO on a cm_id without a QP: the target rejects it with a fresh challenge.
+// HELLO on a cm_id without a QP: the target rejects it with a fresh
+// challenge. Tried again (until the deadline) when the target's CM took it
+// for a stale connection.
 handshake::Challenge VerbsPeer::hello(const Dial &d) {
-    CmId id = resolve(d);
-    handshake::Bytes b;
-    rdma_conn_param cp = conn_param(b.data(), handshake::encode(handshake::Hello{d.meta.instance_id}, b.data()));
-    cp.qp_num = 1;  // no QP exists: the target never accepts a HELLO
-    if (rdma_connect(id.get(), &cp) != 0) fail(KVX_EBACKEND, "%s: rdma_connect: %s", where_.c_str(), strerror(errno));
-    CmEvent e = wait_cm(id.get(), d, "HELLO");
-    if (e.type == RDMA_CM_EVENT_CONNECT_RESPONSE || e.type == RDMA_CM_EVENT_ESTABLISHED)
-        fail(KVX_EAUTH, "%s accepted an unauthenticated HELLO: not a kvxfer verbs target", where_.c_str());
-    if (e.type != RDMA_CM_EVENT_REJECTED) connect_failed(e, "connect");
-    return challenge_in(e, "HELLO");
+    for (;;) {
+        CmId id = resolve(d);
+        handshake::Bytes b;
+        rdma_conn_param cp = conn_param(b.data(), handshake::encode(handshake::Hello{d.meta.instance_id}, b.data()));
+        cp.qp_num = hello_qp_num();  // no QP exists: the target never accepts a HELLO
+        if (rdma_connect(id.get(), &cp) != 0)
+            fail(KVX_EBACKEND, "%s: rdma_connect: %s", where_.c_str(), strerror(errno));
+        CmEvent e = wait_cm(id.get(), d, "HELLO");
+        if (e.type == RDMA_CM_EVENT_CONNECT_RESPONSE || e.type == RDMA_CM_EVENT_ESTABLISHED)
+            fail(KVX_EAUTH, "%s accepted an unauthenticated HELLO: not a kvxfer verbs target", where_.c_str());
+        if (stale_reject(e)) {
+            KVX_LOG(debug, "verbs: %s: HELLO taken for a stale connection, again", where_.c_str());
+            continue;
+        }
+        if (e.type != RDMA_CM_EVENT_REJECTED) connect_failed(e, "connect");
+        return challenge_in(e, "HELLO");
+    }
 }
 
 // AUTH answering *ch on a cm_id with its QP. true: accepted, the QP is ours;
-// false: the target challenged again, *ch is the new challenge.
+// false: the target challenged again, *ch is the new challenge (or the
+// target's CM took the request for a stale connection, *ch unchanged).
 bool VerbsPeer::authenticate(const Dial &d, handshake::Challenge *ch) {
     CmId id = resolve(d);
     ibv_qp_init_attr qa = rc_qp_attr(cq_, cfg_.sq_depth + 1);  // +1: shutdown's drain marker
@@ -175,6 +213,7 @@ bool VerbsPeer::authenticate(const Dial &d, handshake::Challenge *ch) {
     rdma_conn_param cp = conn_param(b.data(), handshake::encode(a, b.data()));
     if (rdma_connect(id.get(), &cp) != 0) fail(KVX_EBACKEND, "%s: rdma_connect: %s", where_.c_str(), strerror(errno));
     CmEvent e = wait_cm(id.get(), d, "AUTH");
+    if (stale_reject(e)) return false;  // *ch is still good: again, with a new QP
     if (e.type == RDMA_CM_EVENT_REJECTED) {
         *ch = challenge_in(e, "AUTH");  // returns only for a new challenge
         return false;
