@@ -38,7 +38,7 @@ static const char usage_text[] =
     "two-host run, over loopback.\n"
     "\n"
     "Transfer options:\n"
-    "  --backend auto|tcp|verbs|shm  kvxfer backend (default auto: verbs if an RDMA\n"
+    "  --backend auto|LIST        kvxfer backends, LIST e.g. tcp or verbs,tcp (default auto: verbs if an RDMA\n"
     "                             device is usable, else tcp)\n"
     "  --block-size N[,N...]      block sizes, e.g. 4K,64K,1M (binary suffixes K M G;\n"
     "                             repeatable; default 4K,64K,1M)\n"
@@ -180,8 +180,16 @@ static void opt_version(struct cli *c, const char *v)
 
 static void opt_backend(struct cli *c, const char *v)
 {
-    if (strcmp(v, "auto") && strcmp(v, "tcp") && strcmp(v, "verbs") && strcmp(v, "shm"))
-        usage_error("--backend: '%s' is not auto, tcp, verbs or shm", v);
+    /* auto, or one name, or a comma-separated list of them (kvx_options_set
+     * "backend" checks the list further) */
+    for (const char *p = v; ; ) {
+        size_t n = strcspn(p, ",");
+        if (!((n == 4 && !strncmp(p, "auto", 4) && p == v && !p[n]) || (n == 3 && !strncmp(p, "tcp", 3)) ||
+              (n == 5 && !strncmp(p, "verbs", 5)) || (n == 3 && !strncmp(p, "shm", 3))))
+            usage_error("--backend: '%s' is not auto or a list of tcp, verbs, shm", v);
+        if (!p[n]) break;
+        p += n + 1;
+    }
     c->o->backend = v;
     c->o->backend_given = true;
 }

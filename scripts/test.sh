@@ -91,7 +91,7 @@ vm() {
     tests/rdma-vm/run-vm.sh -t 1500 -w "$b" -- \
         "cd '$b' && KVX_TEST_BACKEND=verbs ctest --output-on-failure -L 'conformance|verbs' &&
          echo '--- kvxfer-bench choosing among verbs and tcp (the per-peer pick must be verbs; shm, the best same-host path, left out), verified' &&
-         ./kvxfer-bench --no-progress --duration 0.5 --json --option backend=verbs,tcp > bench.json && cat bench.json &&
+         ./kvxfer-bench --no-progress --duration 0.5 --json --backend verbs,tcp > bench.json && cat bench.json &&
          [ \$(grep -c '\"backend\":\"verbs\".*\"verified\":\"yes\"' bench.json) = 3 ]"
 }
 
