@@ -187,7 +187,9 @@ static void test_timeout_abort(void **state) {
     size_t nf = 0;
     assert_int_equal(wait_ids(a, NULL, ids, n, 20000, &nf, NULL), n);
     printf("timeout: %zu submitted, %zu failed\n", n, nf);
-    assert_true(nf > 0);
+    /* The timeout fired: transfers failed, or (the first one finished just as
+     * the watchdog declared the stall) the peer broke before a second submit. */
+    assert_true(nf > 0 || n < T);
     vt_expect_silence(a, 200);
     uint64_t id;
     VT_ERR(kvx_write_blocks(&id, a, "b", l, r, 1), KVX_EPEERBROKEN);
