@@ -20,6 +20,7 @@
 
 #include "bench.h"
 #include "ctl.h"
+#include "report.h"
 
 #define PEER_ID "target"
 #define POLL_CAP 256
@@ -469,31 +470,6 @@ static uint8_t *expect(uint8_t want, struct rbuf *r, const char *what)
 
 /* ------------------------------------------------------------ one block size */
 
-/* The library's own view of the measured phase: the difference of two
- * kvx_get_stats() readings of the target peer, taken when nothing is
- * outstanding (both phases drain), so its counts must equal the bench's.
- * Its latencies run from inside kvx_write_blocks until the library learnt
- * the bytes landed; the bench's from before the call until kvx_poll reported
- * the id: shorter by at most the call and the wait to be polled. */
-struct libview {
-    const char *agrees;                  /* "yes", "no", "n/a" (no telemetry) */
-    uint64_t transfers, bytes, failed;
-    double p50, p99;                     /* us */
-};
-
-struct result {
-    const char *backend;                  /* the path the library picked for the target */
-    const char *path;                     /* and how (shm: mapped / process_vm_writev), or "" */
-    uint64_t block_size, batch, blocks, inflight, bytes, transfers, failed;
-    double seconds, gbps, xps, p50, p99, p999, max_us;
-    double floor_p50, floor_p99;          /* us: what the library's may be at least */
-    const char *verified;
-    struct libview lib;
-    char problem[600];
-};
-
-static const char *pattern_name(enum bench_pattern p) { return p == PATTERN_SEQ ? "seq" : "random"; }
-
 /* Append text to res->problem ("a; b"), truncating what does not fit. */
 static void add_problem(struct result *res, const char *text)
 {
@@ -693,67 +669,6 @@ static void register_with_target(const struct size_run *sr)
     free(expect(CTL_OK, &r, "PEER"));
 }
 
-/* kvx_get_stats() of the target peer; false if the library has no telemetry. */
-static bool lib_snapshot(kvx_transport *t, kvx_stats *s)
-{
-    kvx_stats init = KVX_STATS_INIT;
-    *s = init;
-    int rc = kvx_get_stats(s, t, PEER_ID);
-    if (rc == KVX_ENOTSUP)
-        return false;
-    if (rc)
-        die_kvx("kvx_get_stats", rc);
-    return true;
-}
-
-/* Lower bound of latency bucket i (the formula of kvx_stats in kvxfer.h). */
-static uint64_t bucket_lo(size_t i) { return i < 8 ? i : (uint64_t)(8 + i % 8) << (i / 8 - 1); }
-
-/* The per_mille-th latency of a histogram of n samples, in us: the midpoint
- * of its bucket, as the library computes its own percentiles. */
-static double hist_pct_us(const uint64_t *b, uint64_t n, unsigned per_mille)
-{
-    uint64_t rank = (n * per_mille + 999) / 1000, seen = 0;
-    if (n == 0)
-        return 0;
-    if (rank == 0)
-        rank = 1;
-    for (size_t i = 0; i < KVX_STATS_LATENCY_BUCKETS; i++) {
-        seen += b[i];
-        if (seen < rank)
-            continue;
-        if (i + 1 == KVX_STATS_LATENCY_BUCKETS)
-            return (double)bucket_lo(i) / 1e3;
-        return (double)(bucket_lo(i) + (bucket_lo(i + 1) - bucket_lo(i)) / 2) / 1e3;
-    }
-    return 0;
-}
-
-/* Per transfer the library's latency lies between the bench's sample and
- * the sample's floor, so its percentiles lie between theirs; the library
- * reports a bucket's midpoint, which is off by less than a bucket (12.5 %). */
-static bool latency_agrees(double lib, double bench, double floor)
-{
-    return lib <= bench * 1.125 + 1 && lib >= floor / 1.125 - 1;
-}
-
-static void lib_view(const kvx_stats *a, const kvx_stats *b, const struct result *res, struct libview *v)
-{
-    uint64_t diff[KVX_STATS_LATENCY_BUCKETS], n = 0;
-    for (size_t i = 0; i < KVX_STATS_LATENCY_BUCKETS; i++)
-        n += diff[i] = b->latency_buckets[i] - a->latency_buckets[i];
-    v->transfers = b->transfers_done - a->transfers_done;
-    v->bytes = b->bytes_done - a->bytes_done;
-    v->failed = (b->transfers_failed - a->transfers_failed) + (b->transfers_cancelled - a->transfers_cancelled);
-    v->p50 = hist_pct_us(diff, n, 500);
-    v->p99 = hist_pct_us(diff, n, 990);
-    bool same = v->transfers == res->transfers && v->bytes == res->bytes && n == res->transfers;
-    v->agrees = same && latency_agrees(v->p50, res->p50, res->floor_p50) &&
-                        latency_agrees(v->p99, res->p99, res->floor_p99)
-                    ? "yes"
-                    : "no";
-}
-
 /* Throughput and latency of the measured phase; failures of both phases. */
 static void summarize(struct engine *e, uint64_t warm_failed, uint64_t warm_first_failed,
                       struct result *res)
@@ -792,12 +707,12 @@ static void measure(const struct size_run *sr, struct engine *e, struct result *
         run_phase(e, false, now_ns() + (uint64_t)(o->warmup * 1e9), 0, sr->label, sr->progress);
     uint64_t warm_failed = e->n_failed, warm_first_failed = e->first_failed;
     kvx_stats before, after;
-    bool lib = lib_snapshot(sr->t, &before);
+    bool lib = lib_snapshot(sr->t, PEER_ID, &before);
     run_phase(e, true, o->total ? 0 : now_ns() + (uint64_t)(o->duration * 1e9), o->total, sr->label,
               sr->progress);
     summarize(e, warm_failed, warm_first_failed, res);
     res->lib.agrees = "n/a";
-    if (lib && lib_snapshot(sr->t, &after))
+    if (lib && lib_snapshot(sr->t, PEER_ID, &after))
         lib_view(&before, &after, res, &res->lib);
     if (strcmp(res->lib.agrees, "no") == 0) {
         char msg[400];
@@ -848,58 +763,6 @@ static void run_size(const struct bench_opts *o, uint32_t run, uint64_t bs, uint
     register_with_target(&sr);
     measure(&sr, &e, res);
     finish_run(&sr, &e, res);
-}
-
-/* ------------------------------------------------------------ output */
-
-static void print_header(void)
-{
-    printf("%8s  %-7s %5s  %-7s %8s %9s %10s %9s %9s  %-8s | %9s %9s %9s  %s\n", "block", "backend",
-           "batch", "pattern", "blocks", "GB/s", "xfers/s", "p50_us", "p99_us", "verified", "lib_GB/s",
-           "lib_p50", "lib_p99", "agree");
-}
-
-static void print_row(const struct bench_opts *o, const struct result *r)
-{
-    char sz[32];
-    fmt_size(sz, sizeof sz, r->block_size);
-    double lib_gbps = r->seconds > 0 ? (double)r->lib.bytes / r->seconds / 1e9 : 0;
-    printf("%8s  %-7s %5llu  %-7s %8llu %9.3f %10.0f %9.1f %9.1f  %-8s | %9.3f %9.1f %9.1f  %s\n", sz,
-           r->backend, (unsigned long long)r->batch, pattern_name(o->pattern), (unsigned long long)r->blocks,
-           r->gbps, r->xps, r->p50, r->p99, r->verified, lib_gbps, r->lib.p50, r->lib.p99, r->lib.agrees);
-    fflush(stdout);
-}
-
-static void print_json(const struct bench_opts *o, const struct result *r)
-{
-    /* Every string printed here is from a fixed set or the library's backend
-     * name; escape anyway so the line stays valid JSON whatever it holds. */
-    char be[64];
-    size_t j = 0;
-    for (const char *s = r->backend; *s && j + 7 < sizeof be; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            be[j++] = '\\', be[j++] = (char)c;
-        else if (c < 0x20)
-            j += (size_t)snprintf(be + j, sizeof be - j, "\\u%04x", c);
-        else
-            be[j++] = (char)c;
-    }
-    be[j] = '\0';
-    printf("{\"backend\":\"%s\",\"path\":\"%s\",\"block_size\":%llu,\"batch\":%llu,\"pattern\":\"%s\","
-           "\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f,\"xfers_per_s\":%.1f,"
-           "\"p50_us\":%.2f,\"p99_us\":%.2f,\"verified\":\"%s\","
-           "\"blocks\":%llu,\"inflight\":%llu,\"transfers\":%llu,\"failed\":%llu,"
-           "\"p999_us\":%.2f,\"max_us\":%.2f,\"lib_transfers\":%llu,\"lib_bytes\":%llu,"
-           "\"lib_failed\":%llu,\"lib_p50_us\":%.2f,\"lib_p99_us\":%.2f,\"lib_agrees\":\"%s\"}\n",
-           be, r->path ? r->path : "", (unsigned long long)r->block_size, (unsigned long long)r->batch,
-           pattern_name(o->pattern), (unsigned long long)r->bytes, r->seconds, r->gbps, r->xps,
-           r->p50, r->p99, r->verified, (unsigned long long)r->blocks,
-           (unsigned long long)r->inflight, (unsigned long long)r->transfers,
-           (unsigned long long)r->failed, r->p999, r->max_us, (unsigned long long)r->lib.transfers,
-           (unsigned long long)r->lib.bytes, (unsigned long long)r->lib.failed, r->lib.p50, r->lib.p99,
-           r->lib.agrees);
-    fflush(stdout);
 }
 
 int run_initiator(const struct bench_opts *o, int ctl_fd, const char *target_desc)

@@ -327,15 +327,22 @@ void Transport::remove_peer(const std::string &id) {
                 peer->backend, (unsigned long long)left);
 }
 
-void Transport::peer_backend(const std::string &id, const char **backend, const char **path) const {
-    std::lock_guard<std::mutex> lk(mu_);
+// The registered peer id (mu_ held); KVX_ECLOSED, or KVX_ENOENT naming a
+// registration still connecting.
+const std::shared_ptr<Transport::Peer> &Transport::registered_locked(const std::string &id) const {
     check_open_locked();
     auto it = peers_.find(id);
     if (it == peers_.end())
         fail(KVX_ENOENT, "peer '%s' is not registered%s", id.c_str(),
              registrations_.pending_locked(id) ? " (its registration is still connecting)" : "");
-    *backend = it->second->backend;
-    *path = it->second->link->path();
+    return it->second;
+}
+
+void Transport::peer_backend(const std::string &id, const char **backend, const char **path) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    const std::shared_ptr<Peer> &peer = registered_locked(id);
+    *backend = peer->backend;
+    *path = peer->link->path();
 }
 
 uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *local, const uint64_t *remote,
@@ -344,12 +351,7 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
     std::shared_ptr<Peer> peer;
     {
         std::lock_guard<std::mutex> lk(mu_);
-        check_open_locked();
-        auto it = peers_.find(peer_id);
-        if (it == peers_.end())
-            fail(KVX_ENOENT, "peer '%s' is not registered%s", peer_id.c_str(),
-                 registrations_.pending_locked(peer_id) ? " (its registration is still connecting)" : "");
-        peer = it->second;
+        peer = registered_locked(peer_id);
     }
     if (peer->timed_out.load() || peer->link->broken()) {
         {

@@ -93,6 +93,7 @@ private:
     };
     using CompletionsMap = std::map<std::string, Completions>;
 
+    const std::shared_ptr<Peer> &registered_locked(const std::string &id) const;
     void complete(Peer &peer, uint64_t id, int status);
     void finish_locked(uint64_t id, Peer &peer, int status);
     // Removes ids from the completion queues (cancel of finished, unpolled ids):

@@ -132,50 +132,71 @@ static uint64_t measure_us(kvx_transport *a, region *r) {
     return best < 500 ? 500 : best;
 }
 
+/* What every group of trials shares: a target child, our transport with
+ * the peer added, the window the freeze or remove lands in, two snapshots. */
+typedef struct rig {
+    child_target c;
+    region r;
+    kvx_transport *a;
+    uint64_t window_us;
+    uint8_t *before, *after;
+    totals t;
+} rig;
+
+static void rig_start(rig *g, const char *const *child_opts, kvx_options *opts, unsigned seed) {
+    memset(g, 0, sizeof *g);
+    child_start_opts(&g->c, NB, BL, NULL, child_opts, 0);
+    g_frozen = g->c.pid;
+    g->r = region_new(NB, BL, 0);
+    g->a = transport_new(&g->r, NULL, opts);
+    add_peer(g->a, "t", &g->c.meta);
+    g->window_us = measure_us(g->a, &g->r);
+    g->before = malloc((size_t)N * BL);
+    g->after = malloc((size_t)N * BL);
+    srand(seed);
+}
+
+/* The totals, that the trials caught transfers in flight, the canaries. */
+static void rig_finish(rig *g, const char *what, int trials) {
+    print_totals(what, &g->t);
+    /* the trials exercised what they claim: failures at random points */
+    assert_true(g->t.with_failures >= trials / 10);
+    uint64_t written[N];
+    for (uint64_t i = 0; i < N; i++) written[i] = i;
+    assert_true(child_untouched(&g->c, written, N)); /* canaries: nothing outside the transfers' blocks */
+    kvx_transport_destroy(g->a);
+    assert_int_equal(child_stop(&g->c), 0);
+    g_frozen = 0;
+    free(g->before);
+    free(g->after);
+    region_free(&g->r);
+}
+
 static void freeze_trials(const char *protection, int trials) {
     const char *opt[] = {protection, NULL};
-    child_target c;
-    child_start_opts(&c, NB, BL, NULL, opt, 0);
-    g_frozen = c.pid;
-    region r = region_new(NB, BL, 0);
     char timeout[64];
     snprintf(timeout, sizeof timeout, "transfer_timeout_ms=%d", TIMEOUT);
-    kvx_transport *a = transport_new(&r, NULL, test_options(timeout, protection, NULL));
-    add_peer(a, "t", &c.meta);
-    const uint64_t window_us = measure_us(a, &r);
-    uint8_t *before = malloc((size_t)N * BL), *after = malloc((size_t)N * BL);
-    totals t = {0};
-    srand(12345);
+    rig g;
+    rig_start(&g, opt, test_options(timeout, protection, NULL), 12345);
     for (int k = 0; k < trials; k++) {
         uint32_t seed = 100 + (uint32_t)k;
         uint64_t ids[N];
         uint8_t st[N];
         size_t nf = 0;
-        submit_all(a, &r, seed, ids);
-        usleep((useconds_t)((uint64_t)rand() % window_us));
-        child_freeze(&c);
-        assert_int_equal(wait_ids(a, NULL, ids, N, 20 * TIMEOUT, &nf, st), N);
-        snapshot(&c, before);  /* everything reported: from here on nothing of the failed ones may land */
-        CHECK_OK(kvx_remove_remote_peer(a, "t"));
-        assert_int_equal(kill(c.pid, SIGCONT), 0);
-        account(&t, &c, before, after, st, seed);
-        add_peer(a, "t", &c.meta);
+        submit_all(g.a, &g.r, seed, ids);
+        usleep((useconds_t)((uint64_t)rand() % g.window_us));
+        child_freeze(&g.c);
+        assert_int_equal(wait_ids(g.a, NULL, ids, N, 20 * TIMEOUT, &nf, st), N);
+        snapshot(&g.c, g.before); /* everything reported: from here on nothing of the failed ones may land */
+        CHECK_OK(kvx_remove_remote_peer(g.a, "t"));
+        assert_int_equal(kill(g.c.pid, SIGCONT), 0);
+        account(&g.t, &g.c, g.before, g.after, st, seed);
+        add_peer(g.a, "t", &g.c.meta);
     }
-    print_message("freeze window: %llu us\n", (unsigned long long)window_us);
+    print_message("freeze window: %llu us\n", (unsigned long long)g.window_us);
     char what[96];
     snprintf(what, sizeof what, "freeze, fail, remove, resume (%s)", protection);
-    print_totals(what, &t);
-    /* the trials exercised what they claim: failures at random points */
-    assert_true(t.with_failures >= trials / 10);
-    uint64_t written[N];
-    for (uint64_t i = 0; i < N; i++) written[i] = i;
-    assert_true(child_untouched(&c, written, N)); /* canaries: nothing outside the transfers' blocks */
-    kvx_transport_destroy(a);
-    assert_int_equal(child_stop(&c), 0);
-    g_frozen = 0;
-    free(before);
-    free(after);
-    region_free(&r);
+    rig_finish(&g, what, trials);
 }
 
 static void test_freeze_aead(void **state) {
@@ -191,39 +212,23 @@ static void test_freeze_cleartext(void **state) {
 static void test_remove_in_flight(void **state) {
     (void)state;
     enum { TRIALS = 200 };
-    child_target c;
-    child_start(&c, NB, BL, NULL);
-    region r = region_new(NB, BL, 0);
-    kvx_transport *a = transport_new(&r, NULL, NULL);
-    add_peer(a, "t", &c.meta);
-    const uint64_t window_us = measure_us(a, &r);
-    uint8_t *before = malloc((size_t)N * BL), *after = malloc((size_t)N * BL);
-    totals t = {0};
-    srand(54321);
+    rig g;
+    rig_start(&g, NULL, NULL, 54321);
     for (int k = 0; k < TRIALS; k++) {
         uint32_t seed = 1000 + (uint32_t)k;
         uint64_t ids[N];
         uint8_t st[N];
         size_t nf = 0;
-        submit_all(a, &r, seed, ids);
-        usleep((useconds_t)((uint64_t)rand() % window_us));
-        CHECK_OK(kvx_remove_remote_peer(a, "t"));
+        submit_all(g.a, &g.r, seed, ids);
+        usleep((useconds_t)((uint64_t)rand() % g.window_us));
+        CHECK_OK(kvx_remove_remote_peer(g.a, "t"));
         /* remove reported every transfer still in flight, failed */
-        assert_int_equal(wait_ids(a, NULL, ids, N, 0 + 1000, &nf, st), N);
-        snapshot(&c, before);
-        account(&t, &c, before, after, st, seed);
-        add_peer(a, "t", &c.meta);
+        assert_int_equal(wait_ids(g.a, NULL, ids, N, 1000, &nf, st), N);
+        snapshot(&g.c, g.before);
+        account(&g.t, &g.c, g.before, g.after, st, seed);
+        add_peer(g.a, "t", &g.c.meta);
     }
-    print_totals("remove while in flight", &t);
-    assert_true(t.with_failures >= TRIALS / 10);
-    uint64_t written[N];
-    for (uint64_t i = 0; i < N; i++) written[i] = i;
-    assert_true(child_untouched(&c, written, N));
-    kvx_transport_destroy(a);
-    assert_int_equal(child_stop(&c), 0);
-    free(before);
-    free(after);
-    region_free(&r);
+    rig_finish(&g, "remove while in flight", TRIALS);
 }
 
 int main(void) {
