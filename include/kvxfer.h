@@ -362,7 +362,10 @@ KVX_API int kvx_add_remote_peer(kvx_transport *t, const char *peer_id, const voi
  * are reset before they are reported failed), within the per-backend bound of
  * docs/semantics.md: tcp at most the one chunk (256 KiB) the target is copying
  * as the reset reaches it; shm nothing; verbs only what the NIC had already
- * transmitted when its queue pairs went to the error state.
+ * transmitted when its queue pairs went to the error state. On tcp, with
+ * transfers in flight, it returns one round trip of the connection after the
+ * reset (at least 1 ms, at most 200 ms): the reset travels behind the bytes
+ * already sent and must reach the target before the failures are reported.
  * A registration of peer_id still in progress (kvx_add_remote_peer_async())
  * is cancelled too: it reports FAILED with KVX_ECANCELED and never publishes.
  * The peer's statistics (kvx_get_stats()) are forgotten.

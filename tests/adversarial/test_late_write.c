@@ -11,7 +11,8 @@
  *     the blocks of failed transfers must not have changed. 200 trials with
  *     tcp.protection=aead (the default) and 100 with none.
  *   - remove: the same transfers, the peer removed at a random point while
- *     they are in flight (no freeze): 200 trials.
+ *     they are in flight (no freeze): 200 trials on loopback, 60 over a
+ *     link with a queue (network namespaces, a token bucket).
  * Counts the blocks (and bytes) of failed transfers that changed after the
  * failure was reported, and asserts the bound; blocks outside the transfers
  * never change. */
@@ -26,18 +27,22 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "netns.h"
 
 #define NB 32                   /* blocks per region; transfers use 0..N-1 */
 #define BL (1u << 20)
 #define N 16                    /* transfers per trial, one block each */
 #define TIMEOUT 150             /* transfer_timeout_ms: the stall that fails them */
 #define CHUNK (256u << 10)      /* the target's landing unit */
-/* The asserted bound: two chunks per trial. One is the documented bound and
- * all that a quiet machine ever showed; one trial in about 500 under heavy
- * CPU load showed 522,243 bytes (two chunks) and is not yet explained (see
- * docs/semantics.md). Each trial's figure is printed. */
-#define BOUND (2 * CHUNK)
+/* The asserted bound, per trial: the one chunk the target was landing when
+ * the reset reached it. The initiator reports a failure only after its
+ * reset has had time to arrive (a round trip and its deviation, at least
+ * 1 ms): before it did, a busy host (its softirq late) or a link with a
+ * queue let the target land what was still in flight, up to 522,243 bytes
+ * (two chunks) in one trial in about 500 under heavy load. */
+#define BOUND CHUNK
 
+static useconds_t g_drain_us = 30000; /* how long the target may take to land what it holds */
 static pid_t g_frozen; /* killed at exit: a failed assertion never leaves it stopped */
 static void kill_frozen(void) {
     if (g_frozen > 0) kill(g_frozen, SIGKILL);
@@ -72,7 +77,7 @@ static void submit_all(kvx_transport *a, region *r, uint32_t seed, uint64_t *ids
  * blocks of failed transfers changed, and that done ones hold their bytes. */
 static void account(totals *t, const child_target *c, const uint8_t *before, uint8_t *after, const uint8_t *status,
                     uint32_t seed) {
-    usleep(30000); /* the resumed target's loop drains its sockets */
+    usleep(g_drain_us); /* the (resumed) target's loop drains its sockets */
     snapshot(c, after);
     uint64_t late = 0;
     int nf = 0, blocks = 0;
@@ -94,8 +99,7 @@ static void account(totals *t, const child_target *c, const uint8_t *before, uin
     t->trials_with_late += late > 0;
     t->late_bytes += late;
     if (late > t->max_late_bytes) t->max_late_bytes = late;
-    if (late > CHUNK) print_message("trial %d: %llu late bytes, more than one chunk\n", t->trials, (unsigned long long)late);
-    if (late > BOUND || blocks > 3)
+    if (late > BOUND || blocks > 2)
         fail_msg("trial %d: %llu bytes in %d blocks of failed transfers landed after the failure was reported",
                  t->trials, (unsigned long long)late, blocks);
 }
@@ -143,9 +147,12 @@ typedef struct rig {
     totals t;
 } rig;
 
-static void rig_start(rig *g, const char *const *child_opts, kvx_options *opts, unsigned seed) {
+/* ns: the namespace our side runs in, the child started in the current one
+ * (NULL: both here). */
+static void rig_start_in(rig *g, const char *const *child_opts, kvx_options *opts, unsigned seed, const char *ns) {
     memset(g, 0, sizeof *g);
     child_start_opts(&g->c, NB, BL, NULL, child_opts, 0);
+    if (ns) netns_enter(ns);
     g_frozen = g->c.pid;
     g->r = region_new(NB, BL, 0);
     g->a = transport_new(&g->r, NULL, opts);
@@ -154,6 +161,10 @@ static void rig_start(rig *g, const char *const *child_opts, kvx_options *opts, 
     g->before = malloc((size_t)N * BL);
     g->after = malloc((size_t)N * BL);
     srand(seed);
+}
+
+static void rig_start(rig *g, const char *const *child_opts, kvx_options *opts, unsigned seed) {
+    rig_start_in(g, child_opts, opts, seed, NULL);
 }
 
 /* The totals, that the trials caught transfers in flight, the canaries. */
@@ -209,34 +220,75 @@ static void test_freeze_cleartext(void **state) {
     freeze_trials("tcp.protection=none", 100);
 }
 
-static void test_remove_in_flight(void **state) {
-    (void)state;
-    enum { TRIALS = 200 };
-    rig g;
-    rig_start(&g, NULL, NULL, 54321);
-    for (int k = 0; k < TRIALS; k++) {
-        uint32_t seed = 1000 + (uint32_t)k;
+/* Trials of removing the peer at a random point of the transfers. */
+static void remove_trials(rig *g, int trials, uint32_t seed0) {
+    for (int k = 0; k < trials; k++) {
+        uint32_t seed = seed0 + (uint32_t)k;
         uint64_t ids[N];
         uint8_t st[N];
         size_t nf = 0;
-        submit_all(g.a, &g.r, seed, ids);
-        usleep((useconds_t)((uint64_t)rand() % g.window_us));
-        CHECK_OK(kvx_remove_remote_peer(g.a, "t"));
+        submit_all(g->a, &g->r, seed, ids);
+        usleep((useconds_t)((uint64_t)rand() % g->window_us));
+        CHECK_OK(kvx_remove_remote_peer(g->a, "t"));
         /* remove reported every transfer still in flight, failed */
-        assert_int_equal(wait_ids(g.a, NULL, ids, N, 1000, &nf, st), N);
-        snapshot(&g.c, g.before);
-        account(&g.t, &g.c, g.before, g.after, st, seed);
-        add_peer(g.a, "t", &g.c.meta);
+        assert_int_equal(wait_ids(g->a, NULL, ids, N, 1000, &nf, st), N);
+        snapshot(&g->c, g->before);
+        account(&g->t, &g->c, g->before, g->after, st, seed);
+        add_peer(g->a, "t", &g->c.meta);
     }
-    rig_finish(&g, "remove while in flight", TRIALS);
+}
+
+static void test_remove_in_flight(void **state) {
+    (void)state;
+    rig g;
+    rig_start(&g, NULL, NULL, 54321);
+    remove_trials(&g, 200, 1000);
+    rig_finish(&g, "remove while in flight", 200);
+}
+
+/* The remove trials again over a link with a queue: the two sides in
+ * network namespaces joined by a veth pair, the target's side receiving
+ * through a token bucket (800 Mbit/s, up to 30 ms queued). The reset sent at
+ * the remove waits in that queue behind the bytes already sent, and the
+ * target, which keeps reading, lands them until the reset arrives: the
+ * initiator must report only after a reset has had time to get there.
+ * Needs root, iproute2 and tc (skipped without). */
+static void test_remove_slow_link(void **state) {
+    (void)state;
+    enum { TRIALS = 60 };
+    netns_pair ns;
+    if (!netns_usable("late_write", "tc -V >/dev/null 2>&1")) skip();
+    if (netns_pair_make(&ns, "latewr", 215, "tc -V >/dev/null 2>&1") != 0) fail_msg("making the namespaces failed");
+    /* the queue sits on the target's side of the link, as in a switch: the
+     * initiator's own queues (TCP small queues) hold little of what is in
+     * flight; its congestion window decides */
+    assert_int_equal(netns_sh(&ns,
+                              "ip netns exec %s sh -c 'ip link add kvxifb type ifb && ip link set kvxifb up && "
+                              "tc qdisc add dev %s handle ffff: ingress && "
+                              "tc filter add dev %s parent ffff: protocol all u32 match u32 0 0 action mirred egress redirect dev kvxifb && "
+                              "tc qdisc add dev kvxifb root tbf rate 800mbit burst 64kb latency 30ms'",
+                              ns.b, ns.dev_b, ns.dev_b),
+                     0);
+    g_drain_us = 200000;
+    netns_enter(ns.b);
+    rig g;
+    rig_start_in(&g, NULL, NULL, 777, ns.a);
+    remove_trials(&g, TRIALS, 5000);
+    /* Without the wait for the reset, 5 to 7 trials in 40 landed bytes
+     * here, up to 347,607 (more than a chunk); with it, none. */
+    rig_finish(&g, "remove while in flight, 800 Mbit/s link, queue at the target", TRIALS);
+    assert_true(g.t.trials_with_late <= 2);
+    g_drain_us = 30000;
 }
 
 int main(void) {
     atexit(kill_frozen);
+    if (getenv("KVX_TEST_FILTER")) cmocka_set_test_filter(getenv("KVX_TEST_FILTER")); /* e.g. "*slow*" */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_freeze_aead),
         cmocka_unit_test(test_freeze_cleartext),
         cmocka_unit_test(test_remove_in_flight),
+        cmocka_unit_test(test_remove_slow_link),
     };
     return cmocka_run_group_tests_name("adversarial_late_write", tests, NULL, NULL);
 }

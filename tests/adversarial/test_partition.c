@@ -18,85 +18,32 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "netns.h"
 
 #define NB 64
 #define BL (1u << 20)
 #define TIMEOUT_MS 2000
 #define BURST 512
 
-static char ns_a[32], ns_b[32];
-
-static int sh(const char *fmt, ...) {
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    if (rc != 0) print_message("partition: '%s' exited %d\n", cmd, rc);
-    return rc;
-}
-
-static void enter(const char *ns) {
-    char path[96];
-    snprintf(path, sizeof path, "/var/run/netns/%s", ns);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    assert_true(fd >= 0);
-    assert_int_equal(setns(fd, CLONE_NEWNET), 0);
-    close(fd);
-}
-
-static void cleanup(void) {
-    if (!ns_a[0]) return;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", ns_a, ns_b);
-    if (system(cmd) != 0) fprintf(stderr, "partition: cleanup of %s, %s failed\n", ns_a, ns_b);
-}
+static netns_pair g_ns;
 
 static int setup(void **state) {
     (void)state;
-    if (geteuid() != 0 || system("ip netns list >/dev/null 2>&1 && nft --version >/dev/null 2>&1") != 0) {
-        fprintf(stderr, "partition: needs root, iproute2 and nftables: skipped\n");
-        exit(77);
-    }
-    snprintf(ns_a, sizeof ns_a, "kvxpa%d", (int)getpid());
-    snprintf(ns_b, sizeof ns_b, "kvxpb%d", (int)getpid());
-    atexit(cleanup);
-    setenv("KVX_TEST_LISTEN", "0.0.0.0:0", 1);  /* the target advertises its veth address */
-    int p = (int)getpid() % 250 + 1;  /* 10.213.P.0/24: only inside our own namespaces */
-    if (sh("ip netns add %s && ip netns add %s", ns_a, ns_b) ||
-        sh("ip link add va%d netns %s type veth peer name vb%d netns %s", p, ns_a, p, ns_b) ||
-        sh("ip -n %s addr add 10.213.%d.1/24 dev va%d && ip -n %s link set va%d up && ip -n %s link set lo up", ns_a,
-           p, p, ns_a, p, ns_a) ||
-        sh("ip -n %s addr add 10.213.%d.2/24 dev vb%d && ip -n %s link set vb%d up && ip -n %s link set lo up", ns_b,
-           p, p, ns_b, p, ns_b))
-        return -1;
-    return 0;
+    return netns_pair_make(&g_ns, "partition", 213, "nft --version >/dev/null 2>&1");
 }
 
-static void cut_link_down(int p) { assert_int_equal(sh("ip -n %s link set va%d down", ns_a, p), 0); }
-static void heal_link_down(int p) { assert_int_equal(sh("ip -n %s link set va%d up", ns_a, p), 0); }
-static void cut_drop(int p) {
-    (void)p;
-    assert_int_equal(sh("ip netns exec %s nft add table inet kvxcut && "
-                        "ip netns exec %s nft add chain inet kvxcut in '{ type filter hook input priority 0; policy drop; }' && "
-                        "ip netns exec %s nft add chain inet kvxcut out '{ type filter hook output priority 0; policy drop; }'",
-                        ns_a, ns_a, ns_a),
-                     0);
-}
-static void heal_drop(int p) {
-    (void)p;
-    assert_int_equal(sh("ip netns exec %s nft delete table inet kvxcut", ns_a), 0);
-}
+static void cut_link_down(void) { assert_int_equal(netns_sh(&g_ns, "ip -n %s link set %s down", g_ns.a, g_ns.dev_a), 0); }
+static void heal_link_down(void) { assert_int_equal(netns_sh(&g_ns, "ip -n %s link set %s up", g_ns.a, g_ns.dev_a), 0); }
+static void cut_drop(void) { netns_drop_all(&g_ns, g_ns.a); }
+static void heal_drop(void) { netns_pass_all(&g_ns, g_ns.a); }
 
 /* One cut: a burst in flight, the cut, every id surfaces, failures within the
  * bound; then the link heals and a re-added peer moves verified bytes. */
-static void partition(void (*cut)(int), void (*heal)(int), const char *what) {
-    int p = (int)getpid() % 250 + 1;
-    enter(ns_b);
+static void partition(void (*cut)(void), void (*heal)(void), const char *what) {
+    netns_enter(g_ns.b);
     child_target c;
     child_start(&c, NB, BL, NULL);
-    enter(ns_a);
+    netns_enter(g_ns.a);
     region r = region_new(NB, BL, 0);
     for (uint64_t i = 0; i < NB; i++) fill_block(r.base + i * BL, BL, i, 3);
     kvx_transport *a = transport_new(&r, NULL, test_options("transfer_timeout_ms=2000", NULL));
@@ -107,7 +54,7 @@ static void partition(void (*cut)(int), void (*heal)(int), const char *what) {
         CHECK_OK(kvx_write_blocks(&ids[i], a, "t", &l, &rm, 1));
     }
     usleep(20000);
-    cut(p);
+    cut();
     uint64_t t_cut = now_ms();
     size_t nf = 0;
     assert_int_equal(wait_ids(a, "t", ids, BURST, 10 * TIMEOUT_MS, &nf, NULL), BURST);
@@ -116,14 +63,14 @@ static void partition(void (*cut)(int), void (*heal)(int), const char *what) {
                   nf, BURST, (unsigned long long)ms, TIMEOUT_MS);
     assert_true(nf > 0);
     assert_true(ms <= TIMEOUT_MS + TIMEOUT_MS / 10);
-    heal(p);
+    heal();
     CHECK_OK(kvx_remove_remote_peer(a, "t"));
     add_peer(a, "t", &c.meta);
     uint64_t l = 5, rm = 6, id;
     CHECK_OK(kvx_write_blocks(&id, a, "t", &l, &rm, 1));
     assert_int_equal(wait_ids(a, "t", &id, 1, 30000, &nf, NULL), 1);
     assert_int_equal(nf, 0);
-    enter(ns_a);
+    netns_enter(g_ns.a);
     assert_true(child_verify(&c, 6, 5, 3));
     kvx_transport_destroy(a);
     assert_int_equal(child_stop(&c), 0);

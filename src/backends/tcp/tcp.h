@@ -241,8 +241,10 @@ private:
     bool read_acks(Stream &s);
     void take_acks(Stream &s, uint8_t *buf, size_t have, size_t *used, CompletionBatch &done);
     void want_writable(Stream &s, bool on);
-    void fail_on_loop(int status, CompletionBatch &victims);
+    uint32_t fail_on_loop(int status, CompletionBatch &victims);
+    static void settle(uint32_t us);
     void fail_now(int status);
+    static constexpr std::chrono::microseconds kSettleMin{1000}, kSettleMax{200000};
 
     EventLoop *loop_;
     Region region_;

@@ -289,8 +289,9 @@ void TcpPeer::take_acks(Stream &s, uint8_t *buf, size_t have, size_t *used, Comp
 }
 
 // Loop thread (or inline once the loop is stopped): breaks the peer and
-// collects every pending part's transfer as failed.
-void TcpPeer::fail_on_loop(int status, CompletionBatch &victims) {
+// collects every pending part's transfer as failed. Returns how long the
+// resets may take to reach the target (0: no stream had bytes in flight).
+uint32_t TcpPeer::fail_on_loop(int status, CompletionBatch &victims) {
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (!broken_.exchange(true)) break_status_.store(status);
@@ -298,7 +299,9 @@ void TcpPeer::fail_on_loop(int status, CompletionBatch &victims) {
         for (auto &p : queue_) victims.fail(*p.op, status);
         queue_.clear();
     }
+    uint32_t settle_us = 0;
     for (auto &s : streams_) {
+        const bool in_flight = !s->awaiting.empty() || !s->writer.idle();
         for (auto &a : s->awaiting) victims.fail(*a.op, status);
         s->awaiting.clear();
         s->writer.clear();
@@ -306,19 +309,33 @@ void TcpPeer::fail_on_loop(int status, CompletionBatch &victims) {
         s->token = 0;
         // A reset, not a FIN: what the kernel still holds for this stream is
         // dropped, and the target lands nothing more of it (docs/semantics.md).
-        net::abort_close(s->fd);
+        const uint32_t us = net::abort_close(s->fd);
+        if (in_flight) settle_us = std::max({settle_us, us, 1u});
     }
+    return settle_us;
+}
+
+// The resets travel behind the bytes already sent, and a target that keeps
+// reading lands those until its kernel sees the reset: the failures are
+// reported once a reset has had time to get there (a round trip and its
+// deviation, at least kSettleMin for a busy host's late softirq, at most
+// kSettleMax).
+void TcpPeer::settle(uint32_t us) {
+    if (us == 0) return;
+    std::this_thread::sleep_for(std::clamp(std::chrono::microseconds(us), kSettleMin, kSettleMax));
 }
 
 void TcpPeer::fail_now(int status) {
     CompletionBatch victims;
-    fail_on_loop(status, victims);
+    fail_on_loop(status, victims);  // the connection broke: the target already knows
     victims.deliver(*sink_);
 }
 
 void TcpPeer::abort(int status) {
     CompletionBatch victims;
-    loop_->call([&] { fail_on_loop(status, victims); });
+    uint32_t us = 0;
+    loop_->call([&] { us = fail_on_loop(status, victims); });
+    settle(us);
     victims.deliver(*sink_);
 }
 
@@ -330,10 +347,12 @@ void TcpPeer::shutdown() {
             alive_.reset();
         }
         CompletionBatch victims;
+        uint32_t us = 0;
         loop_->call([&] {
-            fail_on_loop(KVX_ECONNRESET, victims);
+            us = fail_on_loop(KVX_ECONNRESET, victims);
             for (auto &s : streams_) s->fd = net::Fd();
         });
+        settle(us);
         victims.deliver(*sink_);
     });
 }
