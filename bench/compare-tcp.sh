@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# Compare kvxfer's tcp backend with iperf3 on loopback, in one run:
-#   iperf3, one TCP stream, DURATION seconds        (the "what TCP can do" line)
-#   openssl speed -evp aes-128-gcm, 1 MiB buffers, one core (the "what the
-#                               AEAD can do" line for tcp.protection=aead)
-#   kvxfer-bench --backend tcp: 1M and 64K blocks (batch 1, seq)
+# Compare kvxfer's tcp backend with the best of its references on loopback:
+#   iperf3 with 1 and with 2 streams, DURATION seconds  (what TCP can do)
+#   openssl speed -evp aes-128-gcm, 1 MiB buffers, one core (what the AEAD
+#                               can do: the reference of tcp.protection=aead
+#                               is min(best iperf3, openssl))
+#   kvxfer-bench --backend tcp, tcp.protection=none and =aead:
+#                               1M and 64K blocks (batch 1, seq),
 #                               4K blocks (batch 16, random)
-# and print: block size, kvxfer GB/s, iperf3 GB/s, ratio kvxfer/iperf3.
+# Every kind is measured once per round, the kinds interleaved, REPEAT
+# rounds (default 3); bench/rounds.py prints median and min-max of each and
+# the per-round ratios of kvxfer to the best reference configuration.
 # GB/s is 10^9 bytes of payload per second on both sides.
 #
 # Usage: bench/compare-tcp.sh [extra kvxfer-bench options, e.g. --option tcp.streams=2]
 # Environment: KVXFER_BENCH (default: build/kvxfer-bench of this checkout),
-#              DURATION seconds per measurement (default 3).
+#              DURATION seconds per measurement (default 3), REPEAT (default 3),
+#              WARMUP seconds of unmeasured transfers per size (default 2: the
+#              first pass over fresh memory is slow on some VMs),
+#              PROTECTION: the tcp.protection values to run (default "none aead"),
+#              KVXFER_BENCH_BEFORE: another build's kvxfer-bench, run in the same
+#              rounds as kind "before" (no tcp.protection option: cleartext in
+#              builds that predate it), for before/after comparisons.
 # Only loopback (127.0.0.1) is used. iperf3 is installed with apt-get if missing.
 set -euo pipefail
 
@@ -18,12 +28,14 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$root/bench/common.sh"
 bench=${KVXFER_BENCH:-$root/build/kvxfer-bench}
 duration=${DURATION:-3}
+repeat=${REPEAT:-3}
 me=compare-tcp.sh
 
 die() { echo "$me: $*" >&2; exit 1; }
 
 [[ -x $bench ]] || die "kvxfer-bench not found at $bench (build it, or set KVXFER_BENCH)"
 [[ $duration =~ ^[0-9]+$ && $duration -ge 1 ]] || die "DURATION must be a whole number of seconds >= 1"
+[[ $repeat =~ ^[0-9]+$ && $repeat -ge 1 ]] || die "REPEAT must be a whole number >= 1"
 
 if ! command -v iperf3 >/dev/null 2>&1; then
     [[ $(id -u) -eq 0 ]] || die "iperf3 is missing: apt-get install -y iperf3"
@@ -55,7 +67,7 @@ free_port() {
 }
 
 # True once something listens on 127.0.0.1:$1. Reads /proc instead of probing:
-# a probe connection would use up the one-off (-1) iperf3 server.
+# a probe connection would count as a test run of the iperf3 server.
 listening() {
     local hex
     hex=$(printf '%04X' "$1")
@@ -63,7 +75,7 @@ listening() {
 }
 
 port=$(free_port)
-iperf3 -s -1 -B 127.0.0.1 -p "$port" >"$tmp/iperf-server.log" 2>&1 &
+iperf3 -s -B 127.0.0.1 -p "$port" >"$tmp/iperf-server.log" 2>&1 &
 iperf_pid=$!
 for _ in $(seq 100); do
     listening "$port" && break
@@ -72,36 +84,51 @@ for _ in $(seq 100); do
 done
 listening "$port" || die "iperf3 server did not listen on 127.0.0.1:$port"
 
-echo "$me: iperf3, 1 stream, ${duration} s ..." >&2
-iperf3 -c 127.0.0.1 -p "$port" -t "$duration" -J >"$tmp/iperf.json" ||
-    die "iperf3 client failed: $(head -c 2000 "$tmp/iperf.json")"
-wait "$iperf_pid" 2>/dev/null || true
-iperf_pid=
-
-echo "$me: kvxfer-bench --backend tcp ..." >&2
-kvx_bench_runs "$bench" tcp "$duration" "$tmp/kvxfer.json" "$@"
-
-iperf_gbps=$("$py" -c '
+# iperf3 STREAMS ROUND: one reference line
+iperf() {
+    iperf3 -c 127.0.0.1 -p "$port" -t "$duration" -P "$1" -J >"$tmp/iperf.json" ||
+        die "iperf3 client failed: $(head -c 2000 "$tmp/iperf.json")"
+    "$py" -c '
 import json, sys
 ip = json.load(open(sys.argv[1]))
 if "error" in ip:
     sys.exit("compare-tcp.sh: iperf3: " + str(ip["error"]))
 s = ip["end"].get("sum_received") or ip["end"]["sum_sent"]
-print(s["bits_per_second"] / 8 / 1e9)' "$tmp/iperf.json")
-"$py" "$root/bench/ratios.py" iperf3 "*=$iperf_gbps" "$tmp/kvxfer.json"
+print(json.dumps({"round": int(sys.argv[2]), "family": "iperf3", "kind": "iperf3 -P %s" % sys.argv[3],
+                  "block_size": 0, "gb_per_s": s["bits_per_second"] / 8 / 1e9}))' "$tmp/iperf.json" "$2" "$1" >>"$tmp/all.jsonl"
+}
 
-# The AEAD's single-core speed; a protected 1 MiB transfer is measured against
-# min(iperf3, openssl): it cannot beat either.
-echo "$me: openssl speed -evp aes-128-gcm, 1 MiB, ${duration} s ..." >&2
-ossl_gbps=$(openssl speed -evp aes-128-gcm -bytes 1048576 -seconds "$duration" -mr 2>/dev/null |
-    "$py" -c '
-import sys
+# The AEAD's single-core speed at 1 MiB buffers.
+aead() {
+    openssl speed -evp aes-128-gcm -bytes 1048576 -seconds "$duration" -mr 2>/dev/null | "$py" -c '
+import json, sys
 for line in sys.stdin:
-    if line.startswith("+F:"):
-        print(float(line.strip().split(":")[-1]) / 1e9)  # -mr: bytes per second
+    if line.startswith("+F:"):  # -mr: bytes per second
+        print(json.dumps({"round": int(sys.argv[1]), "family": "openssl", "kind": "openssl aes-128-gcm 1 core",
+                          "block_size": 0, "gb_per_s": float(line.strip().split(":")[-1]) / 1e9}))
         break
 else:
-    sys.exit("compare-tcp.sh: no result from openssl speed")')
-ref=$("$py" -c 'import sys; print(min(float(sys.argv[1]), float(sys.argv[2])))' "$iperf_gbps" "$ossl_gbps")
-echo "openssl aes-128-gcm 1 MiB, 1 core: $ossl_gbps GB/s; min(iperf3, openssl) = $ref GB/s"
-"$py" "$root/bench/ratios.py" "min(iperf3,ossl)" "*=$ref" "$tmp/kvxfer.json"
+    sys.exit("compare-tcp.sh: no result from openssl speed")' "$1" >>"$tmp/all.jsonl"
+}
+
+protections=${PROTECTION:-none aead}
+vs=()
+for round in $(seq "$repeat"); do
+    echo "$me: round $round of $repeat: iperf3 -P 1, -P 2, openssl, kvxfer ($protections)" >&2
+    iperf 1 "$round"
+    iperf 2 "$round"
+    aead "$round"
+    for prot in $protections; do
+        kvx_bench_runs "$bench" tcp "$duration" "$tmp/kvx.json" --option "tcp.protection=$prot" "$@"
+        kvx_tag "kvxfer $prot" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
+        if ((round == 1)); then
+            if [[ $prot == aead ]]; then vs+=(--vs "kvxfer $prot=iperf3,openssl"); else vs+=(--vs "kvxfer $prot=iperf3"); fi
+        fi
+    done
+    if [[ -n ${KVXFER_BENCH_BEFORE:-} ]]; then
+        kvx_bench_runs "$KVXFER_BENCH_BEFORE" tcp "$duration" "$tmp/kvx.json" "$@"
+        kvx_tag "before" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
+        ((round > 1)) || vs+=(--vs "before=iperf3")
+    fi
+done
+"$py" "$root/bench/rounds.py" "$tmp/all.jsonl" "${vs[@]}"

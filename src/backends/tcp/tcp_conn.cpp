@@ -46,6 +46,7 @@ ssize_t readv_into_region(int fd, const iovec *iov, size_t cnt) {
 constexpr size_t kChunk = 256 << 10;
 constexpr size_t kChunkIovs = 64;
 constexpr size_t kPiece = 64 << 10;
+constexpr size_t kLowat = 128 << 10;
 // Payload that waited this long in the socket while the loop did not read it
 // (the process was frozen or starved) is probed before it lands.
 constexpr auto kStaleAfter = std::chrono::milliseconds(20);  // sealed: decrypted between two checks for a reset
@@ -294,11 +295,30 @@ TcpConn::Next TcpConn::payload_landed(size_t r, size_t want) {
     iovec *iov = iov_.data() + iov_at_;
     const size_t left = net::advance_iov(iov, iov_.size() - iov_at_, r);
     iov_at_ = static_cast<size_t>(iov - iov_.data());
-    if (left > 0) return r < want ? Next::wait : Next::more;  // short: the socket is drained
+    if (left > 0) {
+        if (r >= want) return Next::more;
+        // Short: the socket is drained. Sleep until a good part of the
+        // rest is there, not for every segment that arrives.
+        size_t rest = 0;
+        for (size_t i = 0; i < left && rest < kLowat; i++) rest += iov[i].iov_len;
+        wake_at(rest);
+        return Next::wait;
+    }
+    wake_at(1);
     if (!rx_) return frame_done();
     have_ = 0;
     state_ = State::payload_tag;
     return Next::more;
+}
+
+// The loop wakes this connection for reading once `bytes` (at most kLowat)
+// have arrived (SO_RCVLOWAT; a reset or close wakes it regardless). Never
+// more than the rest of the frame's payload: nothing else may follow before
+// the ack.
+void TcpConn::wake_at(size_t bytes) {
+    const int want = static_cast<int>(std::min(bytes, kLowat));
+    if (want == lowat_) return;
+    if (::setsockopt(fd_.get(), SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0) lowat_ = want;
 }
 
 // True when the oldest byte waiting in the socket arrived before `since`
