@@ -22,7 +22,7 @@ build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: deps build
-	$(BUILD)/kvxfer-bench
+	$(BUILD)/kvxfer-bench --cold 256M
 
 # Every test: unit + conformance + fingerprint corpus + fuzz replay, then the
 # suite under ASan+UBSan, the threaded tests under TSan, the fuzzers for a

@@ -37,6 +37,7 @@ struct bench_opts {
     double duration;              /* seconds per size, used when total == 0 */
     uint64_t total;               /* bytes per size, 0: use duration */
     double warmup;                /* seconds, not measured */
+    uint64_t cold;                /* bytes measured right after connecting, 0: none */
     bool verify;
     bool json;
     bool progress;                /* only honoured when stderr is a tty */

@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Compare kvxfer's verbs backend with perftest's ib_write_bw on the same
-# Soft-RoCE device, in one boot of the project's VM (tests/rdma-vm):
-#   ib_write_bw over rdma_cm (-R), 4 KiB, 64 KiB and 1 MiB messages
+# Compare kvxfer's verbs backend with the best configuration of perftest's
+# ib_write_bw on the same Soft-RoCE device, in one boot of the project's VM
+# (tests/rdma-vm):
+#   ib_write_bw, 4 KiB, 64 KiB and 1 MiB messages (8000, 2000, 200 of them:
+#     its duration mode, -D, reports next to nothing at 1 MiB on rxe), in
+#     every configuration of IB_CONFIGS (default: rdma_cm setup (-R) and
+#     out-of-band setup (-x 1), each with 1 and 2 QPs, and out-of-band with
+#     --tx-depth 512)
 #   kvxfer-bench --backend verbs: 1 MiB and 64 KiB blocks (batch 1, seq),
 #                                  4 KiB blocks (batch 16, random indexes)
-# and print: block size, kvxfer GB/s, ib_write_bw GB/s, ratio kvxfer/ib_write_bw.
+# Every kind runs once per round, interleaved, REPEAT rounds (default 3);
+# bench/rounds.py prints medians, min-max, and kvxfer's per-round ratio to
+# the best ib_write_bw configuration at each size.
 # GB/s is 10^9 bytes of payload per second on both sides. Inside the VM every
 # byte is copied by an emulated CPU (TCG): only the ratios mean anything.
 #
 # Usage: bench/compare-verbs.sh [BUILD_DIR] [extra kvxfer-bench options]
 #        (default BUILD_DIR: build; the VM sees it read-write, the tree read-only)
-# Environment: DURATION seconds per kvxfer measurement (default 3).
+# Environment: DURATION seconds per measurement (default 3), REPEAT (default 3),
+#              WARMUP (kvxfer, default 2), IB_CONFIGS ("|"-separated
+#              ib_write_bw argument sets).
 # On a host with a real RDMA NIC, run the inside half directly:
 #        KVX_VM_ADDR=<the NIC's IP> KVX_VM_DEV=mlx5_0 bench/compare-verbs.sh --inside BUILD_DIR
 set -euo pipefail
@@ -27,8 +36,8 @@ if [[ ${1:-} != --inside ]]; then
     build=$(cd "$build" && pwd)
     extra=""
     [[ $# -gt 0 ]] && extra=$(printf ' %q' "$@")
-    exec "$root/tests/rdma-vm/run-vm.sh" -t 900 -w "$build" -- \
-        "DURATION=${DURATION:-3} bash '$root/bench/compare-verbs.sh' --inside '$build'$extra"
+    exec "$root/tests/rdma-vm/run-vm.sh" -t 2400 -w "$build" -- \
+        "DURATION=${DURATION:-3} REPEAT=${REPEAT:-3} WARMUP=${WARMUP:-2} IB_CONFIGS='${IB_CONFIGS:-}' bash '$root/bench/compare-verbs.sh' --inside '$build'$extra"
 fi
 
 # ------------------------------------------------------------ inside the VM
@@ -44,33 +53,42 @@ trap 'rm -rf "$tmp"' EXIT
 # Is an rdma_cm listener on port $1 up yet?
 cm_listening() { rdma res show cm_id 2>/dev/null | grep -q "state LISTEN .*:$1 "; }
 
-# ib_write_bw SIZE ITERS PORT -> prints "SIZE AVG_MB_PER_S"
+# write_bw ROUND SIZE ITERS PORT ARGS...: one server/client pair, one
+# reference line ("kind" = the arguments) into all.jsonl
 write_bw() {
-    local size=$1 iters=$2 port=$3 spid
-    local args=(-d "$dev" -F -R -s "$size" -n "$iters" -p "$port")
+    local round=$1 size=$2 iters=$3 port=$4 spid
+    shift 4
+    local cm=0
+    [[ " $* " == *" -R "* ]] && cm=1
+    local args=(-d "$dev" -F -s "$size" -n "$iters" -p "$port" "$@")
     timeout 300 ib_write_bw "${args[@]}" >"$tmp/srv.$port" 2>&1 &
     spid=$!
     for _ in $(seq 200); do
-        cm_listening "$port" && break
+        if ((cm)); then cm_listening "$port" && break; else [[ -n $(ss -Hltn "sport = :$port" 2>/dev/null) ]] && break; fi
         kill -0 "$spid" 2>/dev/null || break
         sleep 0.05
     done
-    cm_listening "$port" || { cat "$tmp/srv.$port" >&2; die "ib_write_bw server did not listen"; }
     timeout 300 ib_write_bw "${args[@]}" "$addr" >"$tmp/cli.$port" 2>&1 ||
-        { cat "$tmp/cli.$port" "$tmp/srv.$port" >&2; die "ib_write_bw client ($size B) failed"; }
-    wait "$spid" || die "ib_write_bw server ($size B) failed"
-    awk -v s="$size" '$1 == s && NF >= 5 { print s, $4; exit }' "$tmp/cli.$port"
+        { cat "$tmp/cli.$port" "$tmp/srv.$port" >&2; die "ib_write_bw client ($size B, $*) failed"; }
+    wait "$spid" || die "ib_write_bw server ($size B, $*) failed"
+    awk -v s="$size" -v r="$round" -v k="ib_write_bw $*" '$1 == s && NF >= 5 && $4 > 0 {
+        printf "{\"round\": %d, \"family\": \"ib_write_bw\", \"kind\": \"%s\", \"block_size\": %d, \"gb_per_s\": %f}\n", r, k, s, $4 / 1000; exit }' \
+        "$tmp/cli.$port" >>"$tmp/all.jsonl"
 }
 
-echo "$me: ib_write_bw on $dev ($addr) ..." >&2
-{
-    write_bw 4096 4000 18611
-    write_bw 65536 1000 18612
-    write_bw 1048576 200 18613
-} >"$tmp/ibwbw.txt"
-
-echo "$me: kvxfer-bench --backend verbs ..." >&2
-kvx_bench_runs "$build/kvxfer-bench" verbs "$duration" "$tmp/kvx.json" "$@"
-
-ref=$(awk '{ printf "%s%s=%s", (NR > 1 ? "," : ""), $1, $2 / 1000 }' "$tmp/ibwbw.txt")  # MB/s -> GB/s
-python3 "$root/bench/ratios.py" ib_write_bw "$ref" "$tmp/kvx.json"
+IFS='|' read -r -a configs <<<"${IB_CONFIGS:-"-R|-R -q 2|-x 1|-x 1 -q 2|-x 1 --tx-depth 512"}"
+repeat=${REPEAT:-3}
+port=18611
+for round in $(seq "$repeat"); do
+    echo "$me: round $round of $repeat: ib_write_bw on $dev ($addr), ${#configs[@]} configurations; kvxfer-bench" >&2
+    for cfg in "${configs[@]}"; do
+        for si in 4096:8000 65536:2000 1048576:200; do
+            # shellcheck disable=SC2086 # cfg is a list of arguments
+            write_bw "$round" "${si%:*}" "${si#*:}" "$port" $cfg
+            port=$((port + 1))
+        done
+    done
+    kvx_bench_runs "$build/kvxfer-bench" verbs "$duration" "$tmp/kvx.json" "$@"
+    kvx_tag "kvxfer verbs" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
+done
+python3 "$root/bench/rounds.py" "$tmp/all.jsonl"

@@ -698,11 +698,17 @@ static void summarize(struct engine *e, uint64_t warm_failed, uint64_t warm_firs
                  (unsigned long long)(warm_first_failed ? warm_first_failed : e->first_failed));
 }
 
-/* 4. warm up (connections, caches), then measure */
+/* 4. optionally measure cold, warm up (connections, caches), then measure */
 static void measure(const struct size_run *sr, struct engine *e, struct result *res)
 {
     const struct bench_opts *o = sr->o;
     engine_init(e, o, sr->t, sr->nblocks, sr->bs, sr->batch, sr->seed ^ 0x72616e646f6dull);
+    res->cold_gbps = 0;
+    if (o->cold) { /* the peer was added just now: nothing has moved yet */
+        run_phase(e, true, 0, o->cold, sr->label, sr->progress);
+        if (e->t_last > e->t_start)
+            res->cold_gbps = (double)e->bytes / ((double)(e->t_last - e->t_start) / 1e9) / 1e9;
+    }
     if (o->warmup > 0)
         run_phase(e, false, now_ns() + (uint64_t)(o->warmup * 1e9), 0, sr->label, sr->progress);
     uint64_t warm_failed = e->n_failed, warm_first_failed = e->first_failed;

@@ -56,6 +56,9 @@ static const char usage_text[] =
     "  --duration SECS            measured time per block size (default 3)\n"
     "  --total BYTES              measure this many bytes per size instead (4G, ...)\n"
     "  --warmup SECS              unmeasured transfers before each size (default 0.2)\n"
+    "  --cold BYTES               also measure the first BYTES right after the peer\n"
+    "                             is added (before the warmup): cold GB/s and its\n"
+    "                             ratio to the steady rate that follows\n"
     "  --verify / --no-verify     check the data (default on), see below\n"
     "  --option KEY=VALUE         kvx_options_set() KEY VALUE, repeatable, e.g.\n"
     "                             --option tcp.streams=2 (local mode: both sides)\n"
@@ -254,6 +257,12 @@ static void opt_duration(struct cli *c, const char *v)
     c->have_duration = true;
 }
 
+static void opt_cold(struct cli *c, const char *v)
+{
+    if (parse_size(v, &c->o->cold) < 0 || c->o->cold == 0)
+        usage_error("--cold: '%s' is not a size like 512M", v);
+}
+
 static void opt_total(struct cli *c, const char *v)
 {
     if (parse_size(v, &c->o->total) < 0 || c->o->total == 0)
@@ -327,6 +336,7 @@ static const struct cli_option cli_options[] = {
     {"--pattern", true, opt_pattern},
     {"--duration", true, opt_duration},
     {"--total", true, opt_total},
+    {"--cold", true, opt_cold},
     {"--warmup", true, opt_warmup},
     {"--verify", false, opt_verify},
     {"--no-verify", false, opt_no_verify},

@@ -82,6 +82,11 @@ void print_row(const struct bench_opts *o, const struct result *r)
     printf("%8s  %-7s %5llu  %-7s %8llu %9.3f %10.0f %9.1f %9.1f  %-8s | %9.3f %9.1f %9.1f  %s\n", sz,
            r->backend, (unsigned long long)r->batch, pattern_name(o->pattern), (unsigned long long)r->blocks,
            r->gbps, r->xps, r->p50, r->p99, r->verified, lib_gbps, r->lib.p50, r->lib.p99, r->lib.agrees);
+    if (o->cold) {
+        fmt_size(sz, sizeof sz, o->cold);
+        printf("%8s  cold: the first %s after connecting at %.3f GB/s, %.2f x the steady rate\n", "",
+               sz, r->cold_gbps, r->gbps > 0 ? r->cold_gbps / r->gbps : 0.0);
+    }
     fflush(stdout);
 }
 
@@ -106,13 +111,14 @@ void print_json(const struct bench_opts *o, const struct result *r)
            "\"p50_us\":%.2f,\"p99_us\":%.2f,\"verified\":\"%s\","
            "\"blocks\":%llu,\"inflight\":%llu,\"transfers\":%llu,\"failed\":%llu,"
            "\"p999_us\":%.2f,\"max_us\":%.2f,\"lib_transfers\":%llu,\"lib_bytes\":%llu,"
-           "\"lib_failed\":%llu,\"lib_p50_us\":%.2f,\"lib_p99_us\":%.2f,\"lib_agrees\":\"%s\"}\n",
+           "\"lib_failed\":%llu,\"lib_p50_us\":%.2f,\"lib_p99_us\":%.2f,\"lib_agrees\":\"%s\","
+           "\"cold_bytes\":%llu,\"cold_gb_per_s\":%.4f}\n",
            be, r->path ? r->path : "", (unsigned long long)r->block_size, (unsigned long long)r->batch,
            pattern_name(o->pattern), (unsigned long long)r->bytes, r->seconds, r->gbps, r->xps,
            r->p50, r->p99, r->verified, (unsigned long long)r->blocks,
            (unsigned long long)r->inflight, (unsigned long long)r->transfers,
            (unsigned long long)r->failed, r->p999, r->max_us, (unsigned long long)r->lib.transfers,
            (unsigned long long)r->lib.bytes, (unsigned long long)r->lib.failed, r->lib.p50, r->lib.p99,
-           r->lib.agrees);
+           r->lib.agrees, (unsigned long long)o->cold, r->cold_gbps);
     fflush(stdout);
 }

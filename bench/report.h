@@ -29,6 +29,7 @@ struct result {
     uint64_t block_size, batch, blocks, inflight, bytes, transfers, failed;
     double seconds, gbps, xps, p50, p99, p999, max_us;
     double floor_p50, floor_p99;          /* us: what the library's may be at least */
+    double cold_gbps;                     /* --cold: the first bytes after connecting */
     const char *verified;
     struct libview lib;
     char problem[600];
