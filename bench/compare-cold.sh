@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Cold start: how fast the first bytes after kvx_add_remote_peer move,
+# against the steady rate that follows, beside what a plain TCP stream over
+# loopback does cold on the same machine (kvxfer-cold-ref: a fresh region,
+# every page touched from user space first, recv() into it), in one run:
+#   kvxfer-bench --backend tcp --cold 512M, 64K and 1M blocks (256 MiB regions)
+#   kvxfer-cold-ref, the same block sizes, region and bytes
+# REPEAT rounds (default 3), interleaved; printed: cold GB/s, steady GB/s and
+# cold/steady for both, median (min-max).
+#
+# Usage: bench/compare-cold.sh [extra kvxfer-bench options]
+# Environment: KVXFER_BENCH, KVXFER_COLD_REF (default: this checkout's build/),
+#              REPEAT (default 3), DURATION (steady seconds, default 2).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$root/bench/common.sh"
+bench=${KVXFER_BENCH:-$root/build/kvxfer-bench}
+ref=${KVXFER_COLD_REF:-$root/build/kvxfer-cold-ref}
+repeat=${REPEAT:-3}
+duration=${DURATION:-2}
+me=compare-cold.sh
+die() { echo "$me: $*" >&2; exit 1; }
+[[ -x $bench ]] || die "kvxfer-bench not found at $bench (build it, or set KVXFER_BENCH)"
+[[ -x $ref ]] || die "kvxfer-cold-ref not found at $ref (build it, or set KVXFER_COLD_REF)"
+[[ $repeat =~ ^[0-9]+$ && $repeat -ge 1 ]] || die "REPEAT must be a whole number >= 1"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+
+for round in $(seq "$repeat"); do
+    echo "$me: round $round of $repeat" >&2
+    "$bench" --backend tcp --json --no-progress --block-size 64K,1M --cold 512M --warmup 0 \
+        --duration "$duration" "$@" >"$tmp/kvx.json" || die "kvxfer-bench failed: $(cat "$tmp/kvx.json")"
+    kvx_tag "kvxfer tcp" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
+    for bs in 64K 1M; do
+        "$ref" "$bs" 256M 512M | kvx_tag "plain tcp" "$round" >>"$tmp/all.jsonl"
+    done
+done
+
+/usr/bin/python3 - "$tmp/all.jsonl" <<'PY'
+import json, statistics, sys
+by = {}
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    by.setdefault((r["kind"], r["block_size"]), []).append((r["cold_gb_per_s"], r["gb_per_s"]))
+def f(v):
+    return "%6.2f (%.2f-%.2f)" % (statistics.median(v), min(v), max(v))
+print("the first 512 MiB after connecting (cold) vs the same again right after (steady); median (min-max) of %d rounds"
+      % max(len(v) for v in by.values()))
+print("%-11s %5s %22s %22s %22s" % ("kind", "block", "cold GB/s", "steady GB/s", "cold/steady"))
+for (kind, bs), v in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    print("%-11s %5s %22s %22s %22s" % (kind, "%dK" % (bs >> 10) if bs < 1 << 20 else "%dM" % (bs >> 20),
+          f([c for c, _ in v]), f([s for _, s in v]), f([c / s for c, s in v if s > 0])))
+PY

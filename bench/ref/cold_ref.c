@@ -1,0 +1,135 @@
+/*
+ * kvxfer-cold-ref: the reference line of bench/compare-cold.sh. What a plain
+ * TCP stream over loopback does cold on this machine, with no library in the
+ * way: two fresh regions of REGION_BYTES (every page touched from user space
+ * first, as kvxfer-bench does with both of its regions); one writer thread
+ * sends from the first, cycling over it, and the reader recv()s into the
+ * second in BLOCK_SIZE pieces, cycling over it. The first BYTES after connecting are timed ("cold"), then
+ * the same amount again ("steady"). Prints one JSON line:
+ * {"block_size":N,"region":N,"bytes":N,"cold_gb_per_s":G,"gb_per_s":G}.
+ *
+ *   kvxfer-cold-ref BLOCK_SIZE REGION_BYTES BYTES
+ *
+ * On the development VM the first kernel write into each page of a region is
+ * far slower than the next ones, whoever makes it; this line shows how much
+ * of kvxfer's cold start is that.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+struct writer {
+    int fd;
+    const char *src;
+    size_t src_len, total;
+};
+
+static void *write_all(void *arg) {
+    struct writer *w = arg;
+    for (size_t sent = 0, at = 0; sent < w->total;) {
+        size_t n = w->src_len - at < (1u << 20) ? w->src_len - at : (1u << 20);
+        if (n > w->total - sent) n = w->total - sent;
+        ssize_t r = write(w->fd, w->src + at, n);
+        if (r <= 0) {
+            perror("kvxfer-cold-ref: write");
+            exit(1);
+        }
+        sent += (size_t)r;
+        at = (at + (size_t)r) % w->src_len;
+    }
+    return NULL;
+}
+
+/* Receives bytes into the region, block by block, cycling; seconds taken. */
+static double receive(int fd, char *region, size_t region_len, size_t block, size_t bytes, size_t *at) {
+    double t0 = now_s();
+    for (size_t got = 0; got < bytes;) {
+        size_t want = block - (*at % block);
+        if (want > bytes - got) want = bytes - got;
+        ssize_t r = read(fd, region + *at, want);
+        if (r <= 0) {
+            perror("kvxfer-cold-ref: read");
+            exit(1);
+        }
+        got += (size_t)r;
+        *at = (*at + (size_t)r) % region_len;
+    }
+    return now_s() - t0;
+}
+
+static size_t parse_size(const char *s) {
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    switch (*end) {
+    case 'G': v <<= 10; /* fall through */
+    case 'M': v <<= 10; /* fall through */
+    case 'K': v <<= 10; end++; break;
+    default: break;
+    }
+    if (*end || v == 0) {
+        fprintf(stderr, "kvxfer-cold-ref: '%s' is not a size like 64K\n", s);
+        exit(2);
+    }
+    return (size_t)v;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: kvxfer-cold-ref BLOCK_SIZE REGION_BYTES BYTES\n");
+        return 2;
+    }
+    size_t block = parse_size(argv[1]), region_len = parse_size(argv[2]), bytes = parse_size(argv[3]);
+    if (region_len % block) {
+        fprintf(stderr, "kvxfer-cold-ref: the region is not a whole number of blocks\n");
+        return 2;
+    }
+    size_t src_len = region_len;
+    char *src = mmap(NULL, src_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *region = mmap(NULL, region_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (src == MAP_FAILED || region == MAP_FAILED) {
+        perror("kvxfer-cold-ref: mmap");
+        return 1;
+    }
+    memset(src, 0x5a, src_len);
+    memset(region, 0xa5, region_len); /* touched from user space, as the bench's target does */
+
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    struct writer w = {.src = src, .src_len = src_len, .total = 2 * bytes};
+    w.fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (l < 0 || w.fd < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1) ||
+        getsockname(l, (struct sockaddr *)&a, &alen) || connect(w.fd, (struct sockaddr *)&a, sizeof a)) {
+        perror("kvxfer-cold-ref: loopback socket");
+        return 1;
+    }
+    int fd = accept(l, NULL, NULL);
+    if (fd < 0) {
+        perror("kvxfer-cold-ref: accept");
+        return 1;
+    }
+    pthread_t t;
+    pthread_create(&t, NULL, write_all, &w);
+    size_t at = 0;
+    double cold = receive(fd, region, region_len, block, bytes, &at);
+    double steady = receive(fd, region, region_len, block, bytes, &at);
+    pthread_join(t, NULL);
+    printf("{\"block_size\":%zu,\"region\":%zu,\"bytes\":%zu,\"cold_gb_per_s\":%.4f,\"gb_per_s\":%.4f}\n", block,
+           region_len, bytes, (double)bytes / cold / 1e9, (double)bytes / steady / 1e9);
+    return 0;
+}
