@@ -247,7 +247,7 @@ func Kvx_go_peer_backend(arg1 []byte, arg2 []byte, arg3 uintptr, arg4 string) (_
 }
 
 const KVX_VERSION_MAJOR int = 0
-const KVX_VERSION_MINOR int = 2
+const KVX_VERSION_MINOR int = 3
 const KVX_VERSION_PATCH int = 0
 
 func _swig_getKVX_VERSION_NUMBER() (_swig_ret int) {

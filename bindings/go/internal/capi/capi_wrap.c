@@ -288,7 +288,7 @@ intgo _wrap_KVX_VERSION_NUMBER_capi_a8d96b80b52f90df() {
   intgo _swig_go_result;
   
   
-  result = (int)((0*10000+2*100+0));
+  result = (int)((0*10000+3*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
