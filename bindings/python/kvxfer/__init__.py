@@ -24,10 +24,9 @@ from ._errors import (ArgumentError, ClosedError, Error, ErrorCode, ErrorInfo, P
                       TransportError, error_scope, strerror)
 from . import _transport
 from ._transport import CANCEL_MODES, PollResult, Transport, config_fingerprint, latency_bucket_bounds
-from ._region import alloc_region
 
 __all__ = [
-    "Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds", "alloc_region",
+    "Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds",
     "Error", "RequestError", "ArgumentError", "PeerError", "TransportError", "ClosedError",
     "ErrorCode", "ErrorInfo", "Scope", "strerror", "error_scope",
     "library_version", "library_version_number", "HEADER_VERSION_NUMBER", "DataTransport",
