@@ -39,18 +39,4 @@ for round in $(seq "$repeat"); do
     done
 done
 
-/usr/bin/python3 - "$tmp/all.jsonl" <<'PY'
-import json, statistics, sys
-by = {}
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    by.setdefault((r["kind"], r["block_size"]), []).append((r["cold_gb_per_s"], r["gb_per_s"]))
-def f(v):
-    return "%6.2f (%.2f-%.2f)" % (statistics.median(v), min(v), max(v))
-print("the first 512 MiB after connecting (cold) vs the same again right after (steady); median (min-max) of %d rounds"
-      % max(len(v) for v in by.values()))
-print("%-11s %5s %22s %22s %22s" % ("kind", "block", "cold GB/s", "steady GB/s", "cold/steady"))
-for (kind, bs), v in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-    print("%-11s %5s %22s %22s %22s" % (kind, "%dK" % (bs >> 10) if bs < 1 << 20 else "%dM" % (bs >> 20),
-          f([c for c, _ in v]), f([s for _, s in v]), f([c / s for c, s in v if s > 0])))
-PY
+/usr/bin/python3 "$root/bench/rounds.py" --cold "$tmp/all.jsonl"

@@ -112,7 +112,11 @@ else:
 }
 
 protections=${PROTECTION:-none aead}
-vs=()
+vs=()  # what each kvxfer kind is measured against
+for prot in $protections; do
+    if [[ $prot == aead ]]; then vs+=(--vs "kvxfer $prot=iperf3,openssl"); else vs+=(--vs "kvxfer $prot=iperf3"); fi
+done
+[[ -z ${KVXFER_BENCH_BEFORE:-} ]] || vs+=(--vs "before=iperf3")
 for round in $(seq "$repeat"); do
     echo "$me: round $round of $repeat: iperf3 -P 1, -P 2, openssl, kvxfer ($protections)" >&2
     iperf 1 "$round"
@@ -121,14 +125,10 @@ for round in $(seq "$repeat"); do
     for prot in $protections; do
         kvx_bench_runs "$bench" tcp "$duration" "$tmp/kvx.json" --option "tcp.protection=$prot" "$@"
         kvx_tag "kvxfer $prot" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
-        if ((round == 1)); then
-            if [[ $prot == aead ]]; then vs+=(--vs "kvxfer $prot=iperf3,openssl"); else vs+=(--vs "kvxfer $prot=iperf3"); fi
-        fi
     done
     if [[ -n ${KVXFER_BENCH_BEFORE:-} ]]; then
         kvx_bench_runs "$KVXFER_BENCH_BEFORE" tcp "$duration" "$tmp/kvx.json" "$@"
         kvx_tag "before" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
-        ((round > 1)) || vs+=(--vs "before=iperf3")
     fi
 done
 "$py" "$root/bench/rounds.py" "$tmp/all.jsonl" "${vs[@]}"

@@ -2,6 +2,7 @@
 """Summarise interleaved rounds of kvxfer and reference-tool measurements.
 
 Usage: rounds.py FILE [--vs KIND=FAMILY[,FAMILY...]]...
+       rounds.py --cold FILE
 
 FILE holds JSON lines, one per measurement, each with:
   round       the round it was taken in (runs of every kind interleave
@@ -21,6 +22,10 @@ family); with several, the reference of a round is the smallest of their
 best configurations (e.g. min(iperf3, openssl) for an encrypted stream).
 The ratio printed is the median of the per-round ratios (kvxfer in round r
 over the reference in round r) with their min-max.
+
+--cold: every line has cold_gb_per_s (the first bytes after connecting) and
+gb_per_s (steady, right after); printed per kind and block size: both, and
+cold/steady, each as median (min-max) over the rounds.
 """
 import json
 import statistics
@@ -98,7 +103,30 @@ class Rounds:
                                                            fmt(list(per.values())), names[:38], ratio))
 
 
+def print_cold(rows):
+    by = {}
+    for r in rows:
+        by.setdefault((r["block_size"], r["kind"]), []).append((r["cold_gb_per_s"], r["gb_per_s"]))
+    print("the first bytes after connecting (cold) vs the same again right after (steady), GB/s: median (min-max)")
+    print("  %-12s %5s %24s %24s %24s" % ("kind", "block", "cold", "steady", "cold/steady"))
+    for (bs, kind), v in sorted(by.items()):
+        print("  %-12s %5s %24s %24s %24s" % (kind, size_name(bs), fmt([c for c, _ in v]), fmt([g for _, g in v]),
+                                             fmt([c / g for c, g in v if g > 0])))
+
+
+def read_rows(path):
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.lstrip().startswith("{")]
+    if not rows:
+        sys.exit("rounds.py: no measurements in %s" % path)
+    print("%d rounds, every kind measured once per round, interleaved" % len({x["round"] for x in rows}))
+    return rows
+
+
 def main(argv):
+    if len(argv) == 3 and argv[1] == "--cold":
+        print_cold(read_rows(argv[2]))
+        return
     if len(argv) < 2:
         sys.exit(__doc__)
     vs = {}
@@ -109,13 +137,8 @@ def main(argv):
         kind, _, fams = args[1].partition("=")
         vs[kind] = fams.split(",")
         args = args[2:]
-    with open(argv[1]) as f:
-        rows = [json.loads(line) for line in f if line.lstrip().startswith("{")]
-    if not rows:
-        sys.exit("rounds.py: no measurements in %s" % argv[1])
+    rows = read_rows(argv[1])
     r = Rounds(rows)
-    n = len({x["round"] for x in rows})
-    print("%d rounds, every kind measured once per round, interleaved" % n)
     r.print_anchors()
     r.print_kvx(vs)
 

@@ -146,15 +146,18 @@ void set_nodelay(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-uint32_t abort_close(Fd &fd) {
-    if (!fd) return 0;
-    tcp_info ti{};
-    socklen_t len = sizeof ti;
-    const bool rtt = getsockopt(fd.get(), IPPROTO_TCP, TCP_INFO, &ti, &len) == 0;
+void abort_close(Fd &fd) {
+    if (!fd) return;
     const linger lg{1, 0};  // on, 0 s: close() sends RST and drops the send queue
     setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     fd = Fd();
-    return rtt ? ti.tcpi_rtt + 4 * ti.tcpi_rttvar : 0;
+}
+
+uint32_t reset_travel_us(int fd) {
+    tcp_info ti{};
+    socklen_t len = sizeof ti;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return 0;
+    return ti.tcpi_rtt + 4 * ti.tcpi_rttvar;
 }
 
 int pending_error(int fd) {

@@ -75,12 +75,13 @@ int write_full_by(int fd, const void *buf, size_t n, Clock::time_point deadline)
 void set_nodelay(int fd);
 // Closes a stream socket with a reset: unsent bytes are discarded (never
 // delivered later) and the peer sees ECONNRESET, even while it still has
-// received bytes it has not read. fd is empty afterwards. Returns how long
-// the reset may take to reach the peer: it travels behind every byte already
-// sent, so a peer that keeps reading lands those meanwhile. The figure is the
-// smoothed round trip plus four deviations (TCP_INFO), in microseconds; 0 for
-// an empty fd or a socket without TCP_INFO.
-uint32_t abort_close(Fd &fd);
+// received bytes it has not read. fd is empty afterwards.
+void abort_close(Fd &fd);
+// How long a reset sent on this TCP socket now may take to reach the peer:
+// it travels behind every byte already sent, and a peer that keeps reading
+// lands those meanwhile. The smoothed round trip plus four deviations
+// (TCP_INFO), in microseconds; 0 when the socket has no TCP_INFO.
+uint32_t reset_travel_us(int fd);
 // The socket's pending error (ECONNRESET once a reset arrived), 0 for none.
 // Clears it.
 int pending_error(int fd);

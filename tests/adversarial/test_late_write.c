@@ -42,7 +42,6 @@
  * (two chunks) in one trial in about 500 under heavy load. */
 #define BOUND CHUNK
 
-static useconds_t g_drain_us = 30000; /* how long the target may take to land what it holds */
 static pid_t g_frozen; /* killed at exit: a failed assertion never leaves it stopped */
 static void kill_frozen(void) {
     if (g_frozen > 0) kill(g_frozen, SIGKILL);
@@ -52,6 +51,19 @@ typedef struct totals {
     int trials, with_failures, failed, late_blocks, trials_with_late;
     uint64_t late_bytes, max_late_bytes;
 } totals;
+
+/* What every group of trials shares: a target child, our transport with
+ * the peer added, the window the freeze or remove lands in, two snapshots,
+ * how long the target may take to land what it still holds. */
+typedef struct rig {
+    child_target c;
+    region r;
+    kvx_transport *a;
+    uint64_t window_us;
+    useconds_t drain_us;
+    uint8_t *before, *after;
+    totals t;
+} rig;
 
 /* The target's blocks 0..N-1, read from its memory. */
 static void snapshot(const child_target *c, uint8_t *out) {
@@ -75,10 +87,11 @@ static void submit_all(kvx_transport *a, region *r, uint32_t seed, uint64_t *ids
 
 /* After the report (snapshot before) and the target's resumption: which
  * blocks of failed transfers changed, and that done ones hold their bytes. */
-static void account(totals *t, const child_target *c, const uint8_t *before, uint8_t *after, const uint8_t *status,
-                    uint32_t seed) {
-    usleep(g_drain_us); /* the (resumed) target's loop drains its sockets */
-    snapshot(c, after);
+static void account(rig *g, const uint8_t *status, uint32_t seed) {
+    totals *t = &g->t;
+    const uint8_t *before = g->before, *after = g->after;
+    usleep(g->drain_us); /* the (resumed) target's loop drains its sockets */
+    snapshot(&g->c, g->after);
     uint64_t late = 0;
     int nf = 0, blocks = 0;
     for (size_t i = 0; i < N; i++) {
@@ -136,21 +149,11 @@ static uint64_t measure_us(kvx_transport *a, region *r) {
     return best < 500 ? 500 : best;
 }
 
-/* What every group of trials shares: a target child, our transport with
- * the peer added, the window the freeze or remove lands in, two snapshots. */
-typedef struct rig {
-    child_target c;
-    region r;
-    kvx_transport *a;
-    uint64_t window_us;
-    uint8_t *before, *after;
-    totals t;
-} rig;
-
 /* ns: the namespace our side runs in, the child started in the current one
  * (NULL: both here). */
-static void rig_start_in(rig *g, const char *const *child_opts, kvx_options *opts, unsigned seed, const char *ns) {
+static void rig_start(rig *g, const char *const *child_opts, kvx_options *opts, unsigned seed, const char *ns) {
     memset(g, 0, sizeof *g);
+    g->drain_us = 30000;
     child_start_opts(&g->c, NB, BL, NULL, child_opts, 0);
     if (ns) netns_enter(ns);
     g_frozen = g->c.pid;
@@ -161,10 +164,6 @@ static void rig_start_in(rig *g, const char *const *child_opts, kvx_options *opt
     g->before = malloc((size_t)N * BL);
     g->after = malloc((size_t)N * BL);
     srand(seed);
-}
-
-static void rig_start(rig *g, const char *const *child_opts, kvx_options *opts, unsigned seed) {
-    rig_start_in(g, child_opts, opts, seed, NULL);
 }
 
 /* The totals, that the trials caught transfers in flight, the canaries. */
@@ -188,7 +187,7 @@ static void freeze_trials(const char *protection, int trials) {
     char timeout[64];
     snprintf(timeout, sizeof timeout, "transfer_timeout_ms=%d", TIMEOUT);
     rig g;
-    rig_start(&g, opt, test_options(timeout, protection, NULL), 12345);
+    rig_start(&g, opt, test_options(timeout, protection, NULL), 12345, NULL);
     for (int k = 0; k < trials; k++) {
         uint32_t seed = 100 + (uint32_t)k;
         uint64_t ids[N];
@@ -201,7 +200,7 @@ static void freeze_trials(const char *protection, int trials) {
         snapshot(&g.c, g.before); /* everything reported: from here on nothing of the failed ones may land */
         CHECK_OK(kvx_remove_remote_peer(g.a, "t"));
         assert_int_equal(kill(g.c.pid, SIGCONT), 0);
-        account(&g.t, &g.c, g.before, g.after, st, seed);
+        account(&g, st, seed);
         add_peer(g.a, "t", &g.c.meta);
     }
     print_message("freeze window: %llu us\n", (unsigned long long)g.window_us);
@@ -233,7 +232,7 @@ static void remove_trials(rig *g, int trials, uint32_t seed0) {
         /* remove reported every transfer still in flight, failed */
         assert_int_equal(wait_ids(g->a, NULL, ids, N, 1000, &nf, st), N);
         snapshot(&g->c, g->before);
-        account(&g->t, &g->c, g->before, g->after, st, seed);
+        account(g, st, seed);
         add_peer(g->a, "t", &g->c.meta);
     }
 }
@@ -241,7 +240,7 @@ static void remove_trials(rig *g, int trials, uint32_t seed0) {
 static void test_remove_in_flight(void **state) {
     (void)state;
     rig g;
-    rig_start(&g, NULL, NULL, 54321);
+    rig_start(&g, NULL, NULL, 54321, NULL);
     remove_trials(&g, 200, 1000);
     rig_finish(&g, "remove while in flight", 200);
 }
@@ -258,7 +257,7 @@ static void test_remove_slow_link(void **state) {
     enum { TRIALS = 60 };
     netns_pair ns;
     if (!netns_usable("late_write", "tc -V >/dev/null 2>&1")) skip();
-    if (netns_pair_make(&ns, "latewr", 215, "tc -V >/dev/null 2>&1") != 0) fail_msg("making the namespaces failed");
+    if (netns_pair_make(&ns, "latewr", 215) != 0) fail_msg("making the namespaces failed");
     /* the queue sits on the target's side of the link, as in a switch: the
      * initiator's own queues (TCP small queues) hold little of what is in
      * flight; its congestion window decides */
@@ -269,16 +268,15 @@ static void test_remove_slow_link(void **state) {
                               "tc qdisc add dev kvxifb root tbf rate 800mbit burst 64kb latency 30ms'",
                               ns.b, ns.dev_b, ns.dev_b),
                      0);
-    g_drain_us = 200000;
     netns_enter(ns.b);
     rig g;
-    rig_start_in(&g, NULL, NULL, 777, ns.a);
+    rig_start(&g, NULL, NULL, 777, ns.a);
+    g.drain_us = 200000; /* the queue drains at 800 Mbit/s */
     remove_trials(&g, TRIALS, 5000);
     /* Without the wait for the reset, 5 to 7 trials in 40 landed bytes
      * here, up to 347,607 (more than a chunk); with it, none. */
     rig_finish(&g, "remove while in flight, 800 Mbit/s link, queue at the target", TRIALS);
     assert_true(g.t.trials_with_late <= 2);
-    g_drain_us = 30000;
 }
 
 int main(void) {

@@ -42,8 +42,7 @@ int netns_usable(const char *tag, const char *needs) {
     return 0;
 }
 
-int netns_pair_make(netns_pair *n, const char *tag, int net, const char *needs) {
-    if (!netns_usable(tag, needs)) exit(77);
+int netns_pair_make(netns_pair *n, const char *tag, int net) {
     memset(n, 0, sizeof *n);
     n->tag = tag;
     const int pid = (int)getpid(), p = pid % 250 + 1;

@@ -1,8 +1,8 @@
 /* Two network namespaces joined by a veth pair, made by a test and removed at
  * its exit: "two hosts" for tests that cut, drop or slow a link. Nothing
  * outside the namespaces is touched; the addresses (10.<net>.<p>.1 in a,
- * .2 in b, p from the pid) exist only inside them. Needs root and iproute2;
- * netns_pair_make() exits 77 (skipped) without them. */
+ * .2 in b, p from the pid) exist only inside them. Needs root and iproute2:
+ * check with netns_usable() first. */
 #ifndef KVX_TEST_NETNS_H
 #define KVX_TEST_NETNS_H
 
@@ -16,18 +16,17 @@ typedef struct netns_pair {
  * check needs (or NULL) passes; otherwise says why on stderr, returns 0. */
 int netns_usable(const char *tag, const char *needs);
 /* Makes the pair (tag: short name, also in the namespace names; net: the
- * second octet of the 10.x.y.0/24 used). Sets KVX_TEST_LISTEN so a target
- * child advertises its veth address. needs: an extra shell check that must
- * pass (e.g. "nft --version"), or NULL; exits 77 (skipped) when
- * !netns_usable(). 0 on success. */
-int netns_pair_make(netns_pair *n, const char *tag, int net, const char *needs);
+ * second octet of the 10.x.y.0/24 used), removed at exit. Sets
+ * KVX_TEST_LISTEN so a target child advertises its veth address. 0 on
+ * success. */
+int netns_pair_make(netns_pair *n, const char *tag, int net);
 /* Moves the calling thread into namespace ns (asserts). */
 void netns_enter(const char *ns);
 /* Runs a shell command made from fmt; prints it with its exit status when
  * that is not 0, and returns the status. */
 int netns_sh(const netns_pair *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Every table and chain added with nft by netns_drop_all() goes; the link
- * passes again. */
+/* An nft table in namespace ns that drops every packet in and out (a silent
+ * partition: no reset, no error); netns_pass_all() deletes it again. */
 void netns_drop_all(const netns_pair *n, const char *ns);
 void netns_pass_all(const netns_pair *n, const char *ns);
 

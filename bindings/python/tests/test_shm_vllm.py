@@ -50,4 +50,3 @@ def test_dev_shm_mmap_takes_the_mapped_path(shm_file):
             want = bytes([local[remote.index(i)] + 1]) * BL if i in remote else b"\x22" * BL
             assert got == want, "block %d" % i
     del dst_view
-

@@ -301,7 +301,9 @@ uint32_t TcpPeer::fail_on_loop(int status, CompletionBatch &victims) {
     }
     uint32_t settle_us = 0;
     for (auto &s : streams_) {
-        const bool in_flight = !s->awaiting.empty() || !s->writer.idle();
+        // Bytes in flight: wait for the reset (at least kSettleMin: the 1).
+        if (s->fd && (!s->awaiting.empty() || !s->writer.idle()))
+            settle_us = std::max({settle_us, net::reset_travel_us(s->fd.get()), 1u});
         for (auto &a : s->awaiting) victims.fail(*a.op, status);
         s->awaiting.clear();
         s->writer.clear();
@@ -309,8 +311,7 @@ uint32_t TcpPeer::fail_on_loop(int status, CompletionBatch &victims) {
         s->token = 0;
         // A reset, not a FIN: what the kernel still holds for this stream is
         // dropped, and the target lands nothing more of it (docs/semantics.md).
-        const uint32_t us = net::abort_close(s->fd);
-        if (in_flight) settle_us = std::max({settle_us, us, 1u});
+        net::abort_close(s->fd);
     }
     return settle_us;
 }
@@ -348,10 +349,7 @@ void TcpPeer::shutdown() {
         }
         CompletionBatch victims;
         uint32_t us = 0;
-        loop_->call([&] {
-            us = fail_on_loop(KVX_ECONNRESET, victims);
-            for (auto &s : streams_) s->fd = net::Fd();
-        });
+        loop_->call([&] { us = fail_on_loop(KVX_ECONNRESET, victims); });  // resets and closes every stream
         settle(us);
         victims.deliver(*sink_);
     });
