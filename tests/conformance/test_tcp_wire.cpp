@@ -1,8 +1,15 @@
 // tcp backend, seen from a hostile client: a connection without the secret, a
 // connection with another fingerprint, and authenticated frames pointing
-// outside the region are all closed before a byte reaches the region.
+// outside the region are all closed before a byte reaches the region. And
+// from a client that sends a payload in awkward pieces: it still lands.
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <cstring>
 #include <vector>
@@ -57,20 +64,21 @@ kvx::handshake::Message read_message(int fd, kvx::net::Clock::time_point deadlin
 
 // Connects and runs the handshake with the given secret and fingerprint;
 // returns the fd and the server's verdict (0 or the refusal status).
-int handshake(const Target &tg, const std::array<uint8_t, 32> &secret, const char *fp, int *status) {
+int handshake(const kvx::wire::AgentMetadata &meta, const std::array<uint8_t, 32> &secret, const char *fp,
+              int *status) {
     namespace hs = kvx::handshake;
     auto deadline = kvx::net::Clock::now() + std::chrono::seconds(5);
     kvx::net::Fd fd;
-    const kvx::wire::Section *sec = tg.meta.find(2);
+    const kvx::wire::Section *sec = meta.find(2);
     assert_non_null(sec);
     assert_int_equal(kvx::net::connect_by(kvx::tcp::decode_section(*sec).back(), deadline, &fd), 0);
     hs::Bytes b{};
-    assert_int_equal(kvx::net::write_full_by(fd.get(), b.data(), hs::encode(hs::Hello{tg.meta.instance_id}, b.data()),
+    assert_int_equal(kvx::net::write_full_by(fd.get(), b.data(), hs::encode(hs::Hello{meta.instance_id}, b.data()),
                                              deadline), 0);
     hs::Message m = read_message(fd.get(), deadline);
     assert_int_equal(static_cast<int>(m.kind), static_cast<int>(hs::Kind::challenge));
     const hs::Challenge ch = m.challenge;
-    hs::Auth a = hs::answer(ch, tg.meta.instance_id, secret, hs::fingerprint_bytes(fp ? fp : ""));
+    hs::Auth a = hs::answer(ch, meta.instance_id, secret, hs::fingerprint_bytes(fp ? fp : ""));
     assert_int_equal(kvx::net::write_full_by(fd.get(), b.data(), hs::encode(a, b.data()), deadline), 0);
     m = read_message(fd.get(), deadline);
     *status = m.kind == hs::Kind::refuse ? m.refuse.status : 0;
@@ -79,9 +87,8 @@ int handshake(const Target &tg, const std::array<uint8_t, 32> &secret, const cha
     return fd.release();
 }
 
-// Sends one frame with the given segments and payload; returns 0 if the server
-// acknowledged it, -1 if it closed the connection.
-int send_frame(int fd, const std::vector<kvx::tcp::Segment> &segs, uint64_t total, const std::vector<uint8_t> &payload) {
+// A frame's head (asking for an ack of seq 77) for the given segments.
+std::vector<uint8_t> frame_head(const std::vector<kvx::tcp::Segment> &segs, uint64_t total) {
     std::vector<uint8_t> buf(kvx::tcp::kFrameHeaderLen + segs.size() * kvx::tcp::kSegLen);
     kvx::tcp::FrameHeader h;
     h.flags = kvx::tcp::kFlagAck;
@@ -91,20 +98,32 @@ int send_frame(int fd, const std::vector<kvx::tcp::Segment> &segs, uint64_t tota
     kvx::tcp::encode_frame_header(h, buf.data());
     for (size_t i = 0; i < segs.size(); i++)
         kvx::tcp::encode_segment(segs[i], buf.data() + kvx::tcp::kFrameHeaderLen + i * kvx::tcp::kSegLen);
-    buf.insert(buf.end(), payload.begin(), payload.end());
-    auto deadline = kvx::net::Clock::now() + std::chrono::seconds(5);
-    kvx::net::write_full_by(fd, buf.data(), buf.size(), deadline);  // may fail half-way once the server closes
+    return buf;
+}
+
+// 0 if the server acknowledged seq 77, -1 if it closed the connection.
+int read_ack(int fd, kvx::net::Clock::time_point deadline) {
     uint8_t ack[kvx::tcp::kAckLen];
     if (kvx::net::read_full_by(fd, ack, sizeof ack, deadline) != 0) return -1;
     kvx::tcp::Ack a = kvx::tcp::decode_ack(ack);
     return a.seq == 77 && a.status == 0 ? 0 : -1;
 }
 
+// Sends one frame with the given segments and payload; returns 0 if the server
+// acknowledged it, -1 if it closed the connection.
+int send_frame(int fd, const std::vector<kvx::tcp::Segment> &segs, uint64_t total, const std::vector<uint8_t> &payload) {
+    std::vector<uint8_t> buf = frame_head(segs, total);
+    buf.insert(buf.end(), payload.begin(), payload.end());
+    auto deadline = kvx::net::Clock::now() + std::chrono::seconds(5);
+    kvx::net::write_full_by(fd, buf.data(), buf.size(), deadline);  // may fail half-way once the server closes
+    return read_ack(fd, deadline);
+}
+
 void test_valid_frame_lands(void **) {
     Target tg;
     target_up(tg, nullptr);
     int st = 1;
-    int fd = handshake(tg, tg.meta.secret, nullptr, &st);
+    int fd = handshake(tg.meta, tg.meta.secret, nullptr, &st);
     assert_int_equal(st, 0);
     std::vector<uint8_t> payload(2 * kBL, 0xEE);
     assert_int_equal(send_frame(fd, {{kBL, kBL}, {5 * kBL, kBL}}, 2 * kBL, payload), 0);
@@ -122,7 +141,7 @@ void test_forged_without_secret(void **) {
     std::array<uint8_t, 32> wrong = tg.meta.secret;
     wrong[0] ^= 1;
     int st = 0;
-    int fd = handshake(tg, wrong, nullptr, &st);
+    int fd = handshake(tg.meta, wrong, nullptr, &st);
     assert_int_equal(st, KVX_EAUTH);
     std::vector<uint8_t> payload(kBL, 0xEE);
     assert_int_equal(send_frame(fd, {{0, kBL}}, kBL, payload), -1);
@@ -135,7 +154,7 @@ void test_wrong_fingerprint(void **) {
     Target tg;
     target_up(tg, "{\"model\":\"a\"}");
     int st = 0;
-    int fd = handshake(tg, tg.meta.secret, "0123456789abcdef", &st);
+    int fd = handshake(tg.meta, tg.meta.secret, "0123456789abcdef", &st);
     assert_int_equal(st, KVX_EFINGERPRINT);
     std::vector<uint8_t> payload(kBL, 0xEE);
     assert_int_equal(send_frame(fd, {{0, kBL}}, kBL, payload), -1);
@@ -148,7 +167,7 @@ void bad_frame(const std::vector<kvx::tcp::Segment> &segs, uint64_t total) {
     Target tg;
     target_up(tg, nullptr);
     int st = 1;
-    int fd = handshake(tg, tg.meta.secret, nullptr, &st);
+    int fd = handshake(tg.meta, tg.meta.secret, nullptr, &st);
     assert_int_equal(st, 0);
     std::vector<uint8_t> payload(total < (1u << 20) ? total : 0, 0xEE);
     assert_int_equal(send_frame(fd, segs, total, payload), -1);
@@ -167,6 +186,75 @@ void test_frame_outside_region(void **) {
     bad_frame({{0, kBL}}, 2 * kBL);                           // total exceeds segments
 }
 
+uint16_t port_of(const sockaddr_storage &a) {
+    return ntohs(a.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6 &>(a).sin6_port
+                                         : reinterpret_cast<const sockaddr_in &>(a).sin_port);
+}
+
+// Bytes the target's kernel holds on the other end of fd that the target has
+// not read yet (its Recv-Q, as ss shows it); -1 when ss does not show it.
+long target_unread(int fd) {
+    sockaddr_storage me{}, peer{};
+    socklen_t l1 = sizeof me, l2 = sizeof peer;
+    assert_int_equal(getsockname(fd, reinterpret_cast<sockaddr *>(&me), &l1), 0);
+    assert_int_equal(getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &l2), 0);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "ss -tnH state established '( sport = :%u and dport = :%u )' 2>/dev/null",
+             port_of(peer), port_of(me));
+    FILE *f = popen(cmd, "r");
+    long q = -1;
+    if (f && fscanf(f, "%ld", &q) != 1) q = -1;
+    if (f) pclose(f);
+    return q;
+}
+
+// Waits (at most 10 s) until fd's sent bytes are all acknowledged by the
+// target's kernel and, if `read`, also read by the target.
+void settle(int fd, bool read) {
+    const uint64_t end = now_ms() + 10000;
+    for (int unacked = 1; now_ms() < end; usleep(1000)) {
+        assert_int_equal(ioctl(fd, SIOCOUTQ, &unacked), 0);
+        if (unacked == 0 && (!read || target_unread(fd) == 0)) return;
+    }
+    fail_msg("the target's end did not %s the bytes within 10 s", read ? "read" : "receive");
+}
+
+// A payload that reaches the target in awkward pieces: a short read (which
+// makes the target wait for a good part of the rest), then exactly one read
+// chunk (256 KiB) at once, found whole after the target was frozen, then a
+// small tail. The target must wake for the tail: a wait left set for more
+// than the rest of the frame stalled it until the initiator's timeout.
+void test_tail_after_whole_chunk(void **) {
+    if (system("ss -V >/dev/null 2>&1") != 0) skip();
+    constexpr uint64_t kFirst = 4096, kChunk = 256 << 10, kTail = 4096, bl = kFirst + kChunk + kTail;
+    const char *opts[] = {"backend=tcp", "tcp.protection=none", nullptr};
+    child_target c;
+    child_start_opts(&c, 2, bl, nullptr, opts, 0);
+    const kvx::wire::AgentMetadata meta = kvx::wire::decode_metadata(c.meta.bytes, c.meta.len);
+    int st = 1;
+    int fd = handshake(meta, meta.secret, nullptr, &st);
+    assert_int_equal(st, 0);
+    std::vector<uint8_t> payload(bl);
+    fill_block(payload.data(), bl, 0, 9);
+    auto deadline = kvx::net::Clock::now() + std::chrono::seconds(10);
+    assert_int_equal(send_frame(fd, {{0, bl}}, bl, payload), 0);  // the target's buffers grow
+    std::vector<uint8_t> first = frame_head({{bl, bl}}, bl);
+    first.insert(first.end(), payload.begin(), payload.begin() + kFirst);
+    assert_int_equal(kvx::net::write_full_by(fd, first.data(), first.size(), deadline), 0);
+    settle(fd, true);
+    child_freeze(&c);
+    assert_int_equal(kvx::net::write_full_by(fd, payload.data() + kFirst, kChunk, deadline), 0);
+    settle(fd, false);
+    assert_int_equal(kill(c.pid, SIGCONT), 0);
+    settle(fd, true);
+    usleep(300 * 1000);  // past the target's probe of bytes that waited (at most 200 ms): it now waits for more
+    assert_int_equal(kvx::net::write_full_by(fd, payload.data() + kFirst + kChunk, kTail, deadline), 0);
+    assert_int_equal(read_ack(fd, deadline), 0);
+    assert_true(child_verify(&c, 1, 0, 9));
+    close(fd);
+    assert_int_equal(child_stop(&c), 0);
+}
+
 }  // namespace
 
 int main() {
@@ -175,6 +263,7 @@ int main() {
         cmocka_unit_test(test_forged_without_secret),
         cmocka_unit_test(test_wrong_fingerprint),
         cmocka_unit_test(test_frame_outside_region),
+        cmocka_unit_test(test_tail_after_whole_chunk),
     };
     return cmocka_run_group_tests_name("tcp_wire", tests, nullptr, nullptr);
 }

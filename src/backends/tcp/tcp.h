@@ -77,6 +77,7 @@ private:
     Next read_payload();
     bool decrypt_chunk(const iovec *chunk, size_t n);
     Next payload_landed(size_t r, size_t want);
+    Next drained();
     bool waited_since(Clock::time_point since);
     Next stale_landing(const iovec *chunk, size_t cnt);
     Next read_tag();

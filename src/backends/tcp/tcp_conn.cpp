@@ -285,7 +285,7 @@ TcpConn::Next TcpConn::read_payload() {
     if (now - last_landed_ > kStaleAfter && waited_since(now - kStaleAfter)) return stale_landing(chunk, cnt);
     last_landed_ = now;
     ssize_t r = readv_into_region(fd_.get(), chunk, cnt);
-    if (r <= 0) return r < 0 ? Next::close : Next::wait;
+    if (r <= 0) return r < 0 ? Next::close : drained();
     if (rx_ && !decrypt_chunk(chunk, static_cast<size_t>(r))) return Next::close;
     return payload_landed(static_cast<size_t>(r), chunk_len(chunk, cnt));
 }
@@ -295,20 +295,25 @@ TcpConn::Next TcpConn::payload_landed(size_t r, size_t want) {
     iovec *iov = iov_.data() + iov_at_;
     const size_t left = net::advance_iov(iov, iov_.size() - iov_at_, r);
     iov_at_ = static_cast<size_t>(iov - iov_.data());
-    if (left > 0) {
-        if (r >= want) return Next::more;
-        // Short: the socket is drained. Sleep until a good part of the
-        // rest is there, not for every segment that arrives.
-        size_t rest = 0;
-        for (size_t i = 0; i < left && rest < kLowat; i++) rest += iov[i].iov_len;
-        wake_at(rest);
-        return Next::wait;
-    }
+    if (left > 0) return r >= want ? Next::more : drained();
     wake_at(1);
     if (!rx_) return frame_done();
     have_ = 0;
     state_ = State::payload_tag;
     return Next::more;
+}
+
+// Mid-payload, the socket is drained (a short read, or none at all after a
+// read that took a whole chunk): sleep until a good part of the rest is
+// there, not for every segment that arrives. The mark is set on every such
+// wait: one left from an earlier, larger rest would wait for bytes that
+// never come (the frame's tail is smaller), and the transfer would stall.
+TcpConn::Next TcpConn::drained() {
+    const iovec *iov = iov_.data() + iov_at_;
+    size_t rest = 0;
+    for (size_t i = 0; i < iov_.size() - iov_at_ && rest < kLowat; i++) rest += iov[i].iov_len;
+    wake_at(rest);
+    return Next::wait;
 }
 
 // The loop wakes this connection for reading once `bytes` (at most kLowat)
@@ -353,7 +358,7 @@ TcpConn::Next TcpConn::stale_landing(const iovec *chunk, size_t cnt) {
     std::vector<uint8_t> &aside = server_.scratch();
     aside.resize(chunk_len(chunk, cnt));
     ssize_t r = outcome(::recv(fd_.get(), aside.data(), aside.size(), 0));
-    if (r <= 0) return r < 0 ? Next::close : Next::wait;
+    if (r <= 0) return r < 0 ? Next::close : drained();
     tcp_info ti{};
     socklen_t len = sizeof ti;
     const int rtt_us = ::getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 ? int(ti.tcpi_rtt) : 0;
