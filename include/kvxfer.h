@@ -237,7 +237,11 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        processes of the same user (SO_PEERCRED); 1: any
  *                        user that authenticates (docs/security.md).
  *   shm.private          how a peer writes into a region that is not in a
- *                        shareable mapping: "auto" (default: the kernel's
+ *                        shareable mapping (one writable MAP_SHARED mapping
+ *                        of a file: kvx_region_alloc()'s, a file reopened by
+ *                        its path such as /dev/shm's, or a memfd or deleted
+ *                        file this process holds a read-write descriptor
+ *                        of, as Python's mmap does): "auto" (default: the kernel's
  *                        process_vm_writev) or "off" (no shm for such a
  *                        region: the peer falls back to the next path).
  * @return 0, KVX_EINVAL (NULL argument, unknown key, malformed value: the

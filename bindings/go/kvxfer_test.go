@@ -821,9 +821,9 @@ func TestPeerBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// AllocRegion memory is private to the process: the kernel copies.
-	if backend != "shm" || path != "process_vm_writev" {
-		t.Errorf("PeerBackend = %q, %q; want shm, process_vm_writev", backend, path)
+	// AllocRegion memory is a shareable mapping: the writer maps it and copies.
+	if backend != "shm" || path != "mapped" {
+		t.Errorf("PeerBackend = %q, %q; want shm, mapped", backend, path)
 	}
 	_, _, err = a.PeerBackend("nobody")
 	isErr(t, err, kvxfer.ErrUnknownPeer, kvxfer.ScopeRequest, "nobody")

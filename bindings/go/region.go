@@ -5,8 +5,9 @@ import (
 	"math"
 	"math/bits"
 	"sync"
-	"syscall"
 	"unsafe"
+
+	"kvxfer.dev/kvxfer/internal/capi"
 )
 
 // Region is the local block memory a Transport shares with its peers:
@@ -16,8 +17,9 @@ import (
 // open, long after any call into the C library has returned. cgo forbids C
 // from keeping pointers into Go-managed memory (the garbage collector does
 // not know about them), so a Region is never a Go-heap []byte: AllocRegion
-// maps it with mmap, outside the Go heap, and NewTransport refuses any other
-// memory.
+// allocates it outside the Go heap (kvx_region_alloc: a sealed memory file
+// mapped shared, which a same-host peer's shm backend maps and copies into
+// directly), and NewTransport refuses any other memory.
 //
 // The Bytes and Block slices stay valid until Free. Reading them while a
 // transfer into the region may be in flight races with the network (the Go
@@ -39,8 +41,8 @@ type Region struct {
 // NewTransport accepts exactly the memory this package mapped.
 var mappings sync.Map // uintptr -> *Region
 
-// AllocRegion maps a zero-filled region of numBlocks x blockLen bytes
-// (anonymous, private mmap, outside the Go heap). Both must be >= 1.
+// AllocRegion allocates a zero-filled region of numBlocks x blockLen bytes
+// outside the Go heap (kvx_region_alloc). Both must be >= 1.
 func AllocRegion(numBlocks, blockLen uint64) (*Region, error) {
 	const op = "AllocRegion"
 	if numBlocks == 0 || blockLen == 0 {
@@ -50,14 +52,13 @@ func AllocRegion(numBlocks, blockLen uint64) (*Region, error) {
 	if hi != 0 || size > math.MaxInt {
 		return nil, newError(op, CodeOverflow, fmt.Sprintf("region of %d x %d bytes is too large", numBlocks, blockLen))
 	}
-	mem, err := syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	if err != nil {
-		code := CodeNoMemory
-		if err == syscall.EINVAL {
-			code = CodeInvalid
-		}
-		return nil, newError(op, code, fmt.Sprintf("mmap of %d bytes: %v", size, err))
+	addr := []uint64{0}
+	if err := call(op, func() int { return capi.Kvx_go_region_alloc(addr, size, 0) }); err != nil {
+		return nil, err
 	}
+	// C's memory, kept until Free and never moved: its address is read back
+	// as a pointer (the word C wrote), not converted from an integer.
+	mem := unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr[0]))), size)
 	r := &Region{mem: mem, numBlocks: numBlocks, blockLen: blockLen}
 	mappings.Store(sliceAddr(mem), r)
 	return r, nil
@@ -109,7 +110,7 @@ func (r *Region) Addr() uintptr {
 	return sliceAddr(r.mem)
 }
 
-// Free unmaps the region. It fails with ErrBusy while a transport over it
+// Free releases the region (kvx_region_free). It fails with ErrBusy while a transport over it
 // is open (close the transport first: after Close nothing writes into the
 // region any more). Freeing twice is a no-op. Slices obtained from Bytes or
 // Block must not be used afterwards.
@@ -123,11 +124,8 @@ func (r *Region) Free() error {
 		return newError("Region.Free", CodeBusy, fmt.Sprintf("region is used by %d open transport(s); close them first", r.users))
 	}
 	mappings.Delete(sliceAddr(r.mem))
-	err := syscall.Munmap(r.mem)
+	capi.Kvx_go_region_free(uint64(sliceAddr(r.mem)))
 	r.mem = nil
-	if err != nil {
-		return newError("Region.Free", CodeInternal, "munmap: "+err.Error())
-	}
 	return nil
 }
 

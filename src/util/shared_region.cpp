@@ -1,5 +1,6 @@
 #include "util/shared_region.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -85,22 +86,61 @@ bool covering_mapping(uintptr_t lo, uintptr_t hi, MapLine *first, std::string *w
     return false;
 }
 
-bool open_mapped_file(const MapLine &m, uintptr_t lo, uint64_t len, Backing *out, std::string *why) {
-    const std::string deleted = " (deleted)";
-    if (m.path.empty() || m.path[0] != '/' ||
-        (m.path.size() >= deleted.size() && m.path.compare(m.path.size() - deleted.size(), deleted.size(), deleted) == 0)) {
-        *why = strfmt("the region's file %s cannot be opened by name", m.path.empty() ? "(none)" : m.path.c_str());
+// True when st is the file of maps line m, large enough for [offset, offset + len).
+bool is_mapped_file(const struct stat &st, const MapLine &m, uint64_t offset, uint64_t len) {
+    return S_ISREG(st.st_mode) && st.st_ino == m.inode && major(st.st_dev) == m.maj && minor(st.st_dev) == m.min &&
+           static_cast<uint64_t>(st.st_size) >= offset + len;
+}
+
+// A file with no name to open it by (a memfd, a deleted file): a descriptor
+// of it that this process holds open for reading and writing, duplicated.
+// Python's mmap keeps one for its mapping; so do most owners of a memfd.
+bool open_fd_of(const MapLine &m, uint64_t offset, uint64_t len, Backing *out, std::string *why) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) {
+        *why = strfmt("the region's file %s has no name to open it by, and /proc/self/fd cannot be read: %s",
+                      m.path.c_str(), strerror(errno));
         return false;
     }
+    int found = -1;
+    while (dirent *e = readdir(d)) {
+        char *end = nullptr;
+        const long fd = strtol(e->d_name, &end, 10);
+        struct stat st;
+        if (end == e->d_name || *end != '\0' || fd == dirfd(d) || fstat(static_cast<int>(fd), &st) != 0) continue;
+        const int fl = fcntl(static_cast<int>(fd), F_GETFL);
+        if (fl != -1 && (fl & O_ACCMODE) == O_RDWR && is_mapped_file(st, m, offset, len)) {
+            found = static_cast<int>(fd);
+            break;
+        }
+    }
+    if (found >= 0) out->fd = net::Fd(fcntl(found, F_DUPFD_CLOEXEC, 0));
+    closedir(d);
+    if (!out->fd) {
+        *why = found < 0 ? strfmt("the region's file %s has no name to open it by, and this process holds no "
+                                  "descriptor of it open for writing",
+                                  m.path.c_str())
+                         : strfmt("cannot duplicate the descriptor of %s: %s", m.path.c_str(), strerror(errno));
+        return false;
+    }
+    out->offset = offset;
+    out->what = strfmt("%s (an open descriptor)", m.path.c_str());
+    return true;
+}
+
+bool open_mapped_file(const MapLine &m, uintptr_t lo, uint64_t len, Backing *out, std::string *why) {
+    const std::string deleted = " (deleted)";
+    const uint64_t offset = m.offset + (lo - m.start);
+    if (m.path.empty() || m.path[0] != '/' ||
+        (m.path.size() >= deleted.size() && m.path.compare(m.path.size() - deleted.size(), deleted.size(), deleted) == 0))
+        return open_fd_of(m, offset, len, out, why);
     net::Fd fd(open(m.path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY));
     struct stat st;
     if (!fd || fstat(fd.get(), &st) != 0) {
         *why = strfmt("cannot open %s: %s", m.path.c_str(), strerror(errno));
         return false;
     }
-    const uint64_t offset = m.offset + (lo - m.start);
-    if (!S_ISREG(st.st_mode) || st.st_ino != m.inode || major(st.st_dev) != m.maj || minor(st.st_dev) != m.min ||
-        static_cast<uint64_t>(st.st_size) < offset + len) {
+    if (!is_mapped_file(st, m, offset, len)) {
         *why = strfmt("%s is not the file mapped at the region (replaced or shrunk)", m.path.c_str());
         return false;
     }

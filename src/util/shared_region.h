@@ -25,7 +25,9 @@ struct Backing {
     std::string what;  // for the log: "memfd (kvx_region_alloc)", the file's path
 };
 // True with *out when the whole range lies in one shareable file mapped
-// MAP_SHARED at consecutive offsets; false with *why otherwise.
+// MAP_SHARED at consecutive offsets, and the file can be had: a region of
+// alloc(), a file reopened by its path, or (a memfd, a deleted file) a
+// descriptor of it this process holds open read-write; false with *why.
 bool find_backing(const void *base, uint64_t len, Backing *out, std::string *why);
 
 }  // namespace kvx::shared

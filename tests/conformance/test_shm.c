@@ -1,8 +1,10 @@
 /* The multi-backend transport and the shm backend on one host: which path a
  * peer gets (auto, restricted lists, fallback, strict), the mapped path over
  * kvx_region_alloc() and over a /dev/shm file (vLLM's case) with canaries,
- * a transfer split over copy threads, and a target that truncates its file
- * under a writer (SIGBUS must not kill the writer). */
+ * a transfer split over copy threads, a target that truncates its file
+ * under a writer (SIGBUS must not kill the writer), and the application's
+ * own memfd. */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/sha.h>
@@ -253,6 +255,45 @@ static void test_dev_shm_file_and_truncation(void **state) {
     region_free(&ra);
 }
 
+/* The application's own memfd (Python's mmap of one, say): found through
+ * the read-write descriptor the process holds, with no option; once that
+ * descriptor is closed the region is private memory as far as kvxfer can
+ * tell, and the kernel path is taken. */
+static void test_app_memfd(void **state) {
+    (void)state;
+    int fd = memfd_create("kvxfer-test-app", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    const size_t len = NB * BL + 2 * GUARD_LEN;
+    assert_int_equal(ftruncate(fd, (off_t)len), 0);
+    uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(mem != MAP_FAILED);
+    uint8_t *tb = guarded(mem, NB * BL, 0x22);
+    region ra = region_new(NB, BL, 1);
+    kvx_transport *a = make(ra.base, NB, BL, opts("shm", NULL));
+    kvx_transport *b = make(tb, NB, BL, opts("shm", NULL));
+    connect_ab(a, b);
+    expect_path(a, "b", "shm", "mapped");
+    check_transfer(a, ra.base, tb, NB, BL, 0x22, mem, tb + NB * BL);
+    CHECK_OK(kvx_remove_remote_peer(a, "b"));
+    kvx_transport_destroy(b);
+
+    char self[64];  /* a read-only descriptor of it does not do */
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    int ro = open(self, O_RDONLY | O_CLOEXEC);
+    assert_true(ro >= 0);
+    close(fd);
+    memset(tb, 0x22, NB * BL);
+    b = make(tb, NB, BL, opts("shm", NULL));
+    connect_ab(a, b);
+    expect_path(a, "b", "shm", "process_vm_writev");
+    check_transfer(a, ra.base, tb, NB, BL, 0x22, mem, tb + NB * BL);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    close(ro);
+    munmap(mem, len);
+    region_free(&ra);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auto_picks_shm),
@@ -261,6 +302,7 @@ int main(void) {
         cmocka_unit_test(test_mapped_region_alloc),
         cmocka_unit_test(test_mapped_threads),
         cmocka_unit_test(test_dev_shm_file_and_truncation),
+        cmocka_unit_test(test_app_memfd),
     };
     return cmocka_run_group_tests_name("shm", tests, NULL, NULL);
 }

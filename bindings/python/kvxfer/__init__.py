@@ -24,9 +24,10 @@ from ._errors import (ArgumentError, ClosedError, Error, ErrorCode, ErrorInfo, P
                       TransportError, error_scope, strerror)
 from . import _transport
 from ._transport import CANCEL_MODES, PollResult, Transport, config_fingerprint, latency_bucket_bounds
+from ._region import alloc_region
 
 __all__ = [
-    "Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds",
+    "Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds", "alloc_region",
     "Error", "RequestError", "ArgumentError", "PeerError", "TransportError", "ClosedError",
     "ErrorCode", "ErrorInfo", "Scope", "strerror", "error_scope",
     "library_version", "library_version_number", "HEADER_VERSION_NUMBER", "DataTransport",

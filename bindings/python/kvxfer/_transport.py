@@ -742,6 +742,7 @@ class Transport:
             return
         self._closed = True
         rc = _native.kvxpy_close(h)
+        self._view = None  # the region's owner may now close or resize it (mmap.close())
         if rc:
             raise self._error(rc)
 

@@ -50,3 +50,30 @@ def test_dev_shm_mmap_takes_the_mapped_path(shm_file):
             want = bytes([local[remote.index(i)] + 1]) * BL if i in remote else b"\x22" * BL
             assert got == want, "block %d" % i
     del dst_view
+
+
+def test_alloc_region_takes_the_mapped_path():
+    m = kvxfer.alloc_region(NB * BL)
+    assert len(m) == NB * BL and m[:16] == bytes(16)
+    src_mem, src_view = region(NB, BL)
+    dst_view = memoryview(m).cast("B", (NB, BL))
+    with kvxfer.Transport(src_view) as src, kvxfer.Transport(dst_view) as dst:
+        connect(src, dst)
+        assert src.peer_backend("dst") == ("shm", "mapped")
+        src_mem[3 * BL:4 * BL] = b"\x33" * BL
+        tid = src.write_blocks("dst", [3], [7])
+        states, extra = wait_for(src, [tid])
+        assert states == {tid: "done"} and not extra
+        assert bytes(m[7 * BL:8 * BL]) == b"\x33" * BL
+        assert bytes(m[6 * BL:7 * BL]) == bytes(BL) and bytes(m[8 * BL:9 * BL]) == bytes(BL)
+        with pytest.raises(BufferError):
+            m.close()  # the transport's region is a view of it
+    del dst_view
+    m.close()
+
+
+def test_alloc_region_rejects_bad_sizes():
+    for bad in (0, -1, 1.5, True, "4096"):
+        with pytest.raises(ValueError) as e:
+            kvxfer.alloc_region(bad)
+        assert "nbytes=" in str(e.value)

@@ -82,10 +82,11 @@ KVX_SLICE(kvx_stats, uint64)
 /* kvx_peer_backend hands out static C strings, which a raw Go layer cannot
  * read: this wrapper copies them into two caller buffers of
  * KVX_GO_NAME_LEN bytes each (NUL-terminated). Region memory of
- * kvx_region_alloc() has no Go owner here (Go regions come from region.go). */
+ * kvx_region_alloc() travels as an address (region.go makes the slice). */
 %ignore kvx_peer_backend;
 %ignore kvx_region_alloc;
 %ignore kvx_region_free;
+%apply uint64_t *KVX_SLICE { uint64_t *out_addr };
 %apply char *KVX_SLICE { char *out_backend, char *out_path };
 %constant size_t KVX_GO_NAME_LEN = 32;
 %inline %{
@@ -98,6 +99,13 @@ int kvx_go_peer_backend(char *out_backend, char *out_path, kvx_transport *t, con
     }
     return rc;
 }
+int kvx_go_region_alloc(uint64_t *out_addr, uint64_t size, unsigned flags) {
+    void *p = NULL;
+    int rc = kvx_region_alloc(&p, size, flags);
+    out_addr[0] = (uint64_t)(uintptr_t)p;
+    return rc;
+}
+void kvx_go_region_free(uint64_t addr) { kvx_region_free((void *)(uintptr_t)addr); }
 %}
 
 %include "kvxfer.h"
