@@ -37,12 +37,14 @@
 
 mod error;
 mod options;
+mod region;
 mod registration;
 mod stats;
 mod transport;
 
 pub use error::{strerror, Error, ErrorKind, Result, Scope};
 pub use options::Options;
+pub use region::SharedRegion;
 pub use registration::PendingPeer;
 pub use stats::{latency_bucket_bounds, Stats, LATENCY_BUCKETS};
 pub use transport::{CancelMode, PollResult, Transport};

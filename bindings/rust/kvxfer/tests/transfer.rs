@@ -313,3 +313,39 @@ fn version() {
         format!("{}.{}.{}", n / 10000, n / 100 % 100, n % 100)
     );
 }
+
+/// A SharedRegion target: a same-host writer maps it and copies directly
+/// ("mapped"); the blocks land, the others keep their bytes.
+#[test]
+fn shared_region_takes_the_mapped_path() {
+    let opts = Options::new().backend("shm");
+    let mut dst = kvxfer::SharedRegion::new((8 * BL) as usize, false).unwrap();
+    assert!(dst.iter().all(|&b| b == 0));
+    dst.fill(0x22);
+    let a = Transport::new(region(8, BL, src_byte), 8, BL, None, &opts).unwrap();
+    Transport::scope(&mut dst, 8, BL, None, &opts, |b| {
+        connect(&a, "b", b).unwrap();
+        assert_eq!(a.peer_backend("b").unwrap(), ("shm", "mapped"));
+        let id = a.write_blocks("b", &[1, 2], &[6, 3]).unwrap();
+        let res = wait_all(&a, Some("b"), &[id]);
+        assert_eq!(res.done, vec![id]);
+        a.remove_remote_peer("b").unwrap();
+    })
+    .unwrap();
+    for i in 0..8u64 {
+        let blk = &dst[(i * BL) as usize..((i + 1) * BL) as usize];
+        let from = match i {
+            6 => Some(1),
+            3 => Some(2),
+            _ => None,
+        };
+        for (j, &byte) in blk.iter().enumerate() {
+            assert_eq!(
+                byte,
+                from.map_or(0x22, |f| src_byte(f, j)),
+                "block {i} byte {j}"
+            );
+        }
+    }
+    assert!(kvxfer::SharedRegion::new(0, false).is_err());
+}
