@@ -12,6 +12,8 @@
 #                take the same path), shm.threads=1
 #   shm mapped 2 the same with shm.threads=2 (4 MiB only)
 #   shm private  --backend shm, the target's region private: process_vm_writev
+#   shm staged   the same with shm.private=staged: through the target's staging
+#                ring (the path of a writer the kernel refuses; two copies)
 #   tcp          --backend tcp over 127.0.0.1
 #
 # Usage: bench/compare-shm.sh [extra kvxfer-bench options]
@@ -69,6 +71,7 @@ for round in $(seq "$repeat"); do
     "$bench" --json --no-progress --duration "$duration" --warmup "$warmup" --block-size 4M --batch 1 --pattern seq \
         --backend shm --target-region shared --option shm.threads=2 "$@" | tag "shm mapped 2"
     kv "shm private" --backend shm --option shm.threads=1 "$@"
+    kv "shm staged" --backend shm --option shm.threads=1 --option shm.private=staged "$@"
     kv "tcp" --backend tcp "$@"
 done
 
@@ -87,7 +90,7 @@ def cell(kind, bs, pat):
 def fmt(c):
     return "%6.2f (%5.2f-%5.2f)" % c[:3] if c else "%19s" % "-"
 sizes = [(4 << 20, "seq"), (1 << 20, "seq"), (64 << 10, "seq"), (4 << 10, "random")]
-kinds = ["memcpy", "shm mapped", "shm mapped 2", "shm private", "tcp"]
+kinds = ["memcpy", "shm mapped", "shm mapped 2", "shm private", "shm staged", "tcp"]
 print("GB/s, median (min-max) of %d rounds; 4K = random, batch 16; others seq, batch 1" % max(len(v) for v in by.values()))
 print("%-10s" % "block" + "".join("%21s" % k for k in kinds))
 for bs, pat in sizes:
@@ -99,7 +102,8 @@ for bs, pat in sizes:
     name = "%dK" % (bs >> 10) if bs < (1 << 20) else "%dM" % (bs >> 20)
     m = cell("memcpy", bs, pat)
     parts = []
-    for k, ref in (("shm mapped", "memcpy"), ("shm mapped 2", "memcpy"), ("shm private", "memcpy"), ("shm mapped", "tcp")):
+    for k, ref in (("shm mapped", "memcpy"), ("shm mapped 2", "memcpy"), ("shm private", "memcpy"),
+                   ("shm staged", "memcpy"), ("shm mapped", "tcp"), ("shm staged", "tcp")):
         a, b = cell(k, bs, pat), cell(ref, bs, pat)
         if a and b and b[0] > 0:
             parts.append("%s/%s %.2f" % (k, ref, a[0] / b[0]))

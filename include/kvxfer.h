@@ -242,8 +242,14 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        its path such as /dev/shm's, or a memfd or deleted
  *                        file this process holds a read-write descriptor
  *                        of, as Python's mmap does): "auto" (default: the kernel's
- *                        process_vm_writev) or "off" (no shm for such a
- *                        region: the peer falls back to the next path).
+ *                        process_vm_writev, or, for a writer the kernel
+ *                        refuses (ptrace rules: Yama ptrace_scope, a target
+ *                        that is not dumpable), a staging ring: the writer
+ *                        copies into a shared ring of 8 slots of 1 MiB and
+ *                        this transport's thread copies from it into the
+ *                        region), "staged" (always the ring) or "off" (no
+ *                        shm for such a region: the peer falls back to the
+ *                        next path).
  * @return 0, KVX_EINVAL (NULL argument, unknown key, malformed value: the
  *         message names the key and value), KVX_ENOMEM.
  */
@@ -384,9 +390,10 @@ KVX_API int kvx_remove_remote_peer(kvx_transport *t, const char *peer_id);
  *                  static storage, never freed.
  * @param out_path  NULL, or receives how that backend moves the bytes, when
  *                  it has several ways: for shm "mapped" (the peer's region
- *                  is mapped here and copied into directly) or
+ *                  is mapped here and copied into directly),
  *                  "process_vm_writev" (the kernel copies into the peer's
- *                  private memory); "" otherwise. Static storage.
+ *                  private memory) or "staged" (through the peer's staging
+ *                  ring, see option shm.private); "" otherwise. Static storage.
  * @param t, peer_id  a transport and one of its registered peers.
  * The choice is made once, when the peer is added (option backend and
  * peer_backend_fallback), and holds until it is removed.

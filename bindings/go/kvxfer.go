@@ -217,7 +217,8 @@ func (t *Transport) Backend() string { return t.backend }
 // PeerBackend says which path a registered peer's transfers take: the
 // backend ("shm", "verbs", "tcp") and, for shm, how ("mapped": the peer's
 // region is mapped here and copied into directly; "process_vm_writev": the
-// kernel copies into the peer's private memory; "" for other backends).
+// kernel copies into the peer's private memory; "staged": through the
+// peer's staging ring, see shm.private; "" for other backends).
 // Backend() names the transport's most preferred backend; a transport
 // serves on several and picks one per peer when it is added.
 //

@@ -2,16 +2,22 @@
  * peer gets (auto, restricted lists, fallback, strict), the mapped path over
  * kvx_region_alloc() and over a /dev/shm file (vLLM's case) with canaries,
  * a transfer split over copy threads, a target that truncates its file
- * under a writer (SIGBUS must not kill the writer), and the application's
- * own memfd. */
+ * under a writer (SIGBUS must not kill the writer), the application's own
+ * memfd, and private memory through a staging ring (asked for, and taken
+ * when the kernel refuses process_vm_writev). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/sha.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -294,6 +300,152 @@ static void test_app_memfd(void **state) {
     region_free(&ra);
 }
 
+/* shm.private=staged: private memory written through the target's staging
+ * ring (8 slots of 1 MiB). Small blocks with canaries, then 1 MiB + 4 KiB
+ * blocks (pieces that do not fill a slot) over two copy threads, 12 MiB in
+ * one transfer: the ring is reused while the transfer runs. */
+static void test_staged_ring(void **state) {
+    (void)state;
+    region rb = region_new(NB, BL, 0x22);
+    region ra = region_new(NB, BL, 1);
+    kvx_transport *a = make(ra.base, NB, BL, opts("shm", NULL));
+    kvx_transport *b = make(rb.base, NB, BL, opts("shm", "shm.private=staged"));
+    connect_ab(a, b);
+    expect_path(a, "b", "shm", "staged");
+    check_transfer(a, ra.base, rb.base, NB, BL, 0x22, rb.base - GUARD_LEN, rb.base + NB * BL);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    region_free(&ra);
+    region_free(&rb);
+
+    enum { TNB = 16, TBL = (1 << 20) + 4096 };
+    ra = region_new(TNB, TBL, 1);
+    rb = region_new(TNB, TBL, 0x33);
+    a = make(ra.base, TNB, TBL, opts("shm", "shm.threads=2"));
+    b = make(rb.base, TNB, TBL, opts("shm", "shm.private=staged"));
+    connect_ab(a, b);
+    expect_path(a, "b", "shm", "staged");
+    for (uint64_t i = 0; i < TNB; i++) fill_block(ra.base + i * TBL, TBL, i, 6);
+    uint64_t l[12], r[12], id;
+    for (int i = 0; i < 12; i++) l[i] = 15 - i, r[i] = 2 + i;
+    CHECK_OK(kvx_write_blocks(&id, a, "b", l, r, 12));
+    size_t nf = 0;
+    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(nf, 0);
+    for (uint64_t i = 0; i < TNB; i++) {
+        if (i >= 2 && i < 14) assert_true(block_matches(rb.base + i * TBL, TBL, 17 - i, 6));
+        else assert_true(block_is(rb.base + i * TBL, TBL, 0x33));
+    }
+    assert_true(region_guards_ok(&rb));
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    region_free(&ra);
+    region_free(&rb);
+}
+
+/* Failed means it never lands, through the ring too: the target (a child)
+ * is frozen with a transfer's slots posted and its COPY messages queued
+ * (and more transfers queued behind them: kvx_write_blocks() never waits);
+ * the writer removes the peer (its transfers fail, its slots are withdrawn);
+ * the target resumes, reads the queued COPYs, and copies none of them. */
+static void test_staged_withdrawn_never_land(void **state) {
+    (void)state;
+    enum { TNB = 8, TBL = 1 << 20 };
+    const char *topts[] = {"backend=shm", "shm.private=staged", NULL};
+    child_target c;
+    child_start_opts(&c, TNB, TBL, NULL, topts, 0);
+    region ra = region_new(TNB, TBL, 1);
+    for (uint64_t i = 0; i < TNB; i++) fill_block(ra.base + i * TBL, TBL, i, 4);
+    kvx_transport *a = make(ra.base, TNB, TBL, opts("shm", "transfer_timeout_ms=3000"));
+    add_peer(a, "t", &c.meta);
+    expect_path(a, "t", "shm", "staged");
+    uint64_t l[] = {0, 1, 2}, r[] = {5, 6, 7}, id, one = 3, three = 3;
+    CHECK_OK(kvx_write_blocks(&id, a, "t", &one, &three, 1));  /* the ring works before the freeze */
+    size_t nf = 0;
+    assert_int_equal(wait_ids(a, "t", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(nf, 0);
+    child_freeze(&c);
+    /* More than the ring holds (8 slots of 1 MiB): every call returns at once,
+     * queued or posted; none waits for the frozen target (a wait would last
+     * until the stall timeout, and the transfers would have failed by the
+     * poll below). */
+    for (int k = 0; k < 4; k++) CHECK_OK(kvx_write_blocks(&id, a, "t", l, r, 3));
+    size_t nd = 0, nfl = 0;
+    uint64_t got[8];
+    CHECK_OK(kvx_poll(&nd, &nfl, a, "t", got, 4, got + 4, 4));
+    assert_int_equal(nd + nfl, 0);
+    CHECK_OK(kvx_remove_remote_peer(a, "t"));
+    assert_int_equal(kill(c.pid, SIGCONT), 0);
+    assert_true(child_verify(&c, 3, 3, 4));
+    assert_true(child_untouched(&c, &three, 1));  /* blocks 5, 6, 7 kept their fill */
+    kvx_transport_destroy(a);
+    assert_int_equal(child_stop(&c), 0);
+    region_free(&ra);
+}
+
+/* Drops CAP_SYS_PTRACE from this process's effective set: process_vm_writev
+ * into a process that is not dumpable then fails with EPERM, as it does for
+ * a non-root writer. 0 or -1. */
+static int drop_ptrace_cap(void) {
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    if (syscall(SYS_capget, &h, d) != 0) return -1;
+    d[CAP_SYS_PTRACE / 32].effective &= ~(1u << (CAP_SYS_PTRACE % 32));
+    return (int)syscall(SYS_capset, &h, d);
+}
+
+/* The kernel refuses the writer (the target is not dumpable, the writer has
+ * no CAP_SYS_PTRACE): with the default shm.private=auto the writer takes a
+ * staging ring instead of falling back to tcp. The writer is a child forked
+ * before any transport exists here; it reports by exit code. */
+static void test_staged_when_the_kernel_refuses(void **state) {
+    (void)state;
+    int to_child[2];
+    assert_int_equal(pipe(to_child), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(to_child[1]);
+        metablob m;
+        if (drop_ptrace_cap() != 0 || read_full(to_child[0], &m, sizeof m) != 0) _exit(10);
+        region ra = region_new(NB, BL, 1);
+        for (uint64_t i = 0; i < NB; i++) fill_block(ra.base + i * BL, BL, i, 8);
+        kvx_transport *a = NULL;
+        const char *b = "", *path = "";
+        uint64_t l[] = {4, 5, 9}, r[] = {10, 11, 60}, id, got[4];
+        size_t nd = 0, nfl = 0;
+        if (kvx_transport_create(&a, ra.base, NB, BL, NULL, opts("shm", NULL)) != 0) _exit(11);
+        if (kvx_add_remote_peer(a, "b", m.bytes, m.len, m.base, m.nb, m.bl) != 0) _exit(12);
+        if (kvx_peer_backend(&b, &path, a, "b") != 0 || strcmp(path, "staged") != 0) _exit(13);
+        if (kvx_write_blocks(&id, a, "b", l, r, 3) != 0) _exit(14);
+        for (int i = 0; i < 20000 && nd + nfl == 0; i++) {
+            if (kvx_poll(&nd, &nfl, a, "b", got, 4, got + 2, 2) != 0) _exit(15);
+            usleep(1000);
+        }
+        _exit(nd == 1 && nfl == 0 && got[0] == id ? 0 : 16);  /* the child's transport dies with it */
+    }
+    close(to_child[0]);
+    region rb = region_new(NB, BL, 0x22);
+    kvx_transport *b = make(rb.base, NB, BL, opts("shm", NULL));
+    static metablob m;
+    get_meta(b, &m);
+    assert_int_equal(prctl(PR_SET_DUMPABLE, 0), 0);
+    assert_int_equal(write_full(to_child[1], &m, sizeof m), 0);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_int_equal(prctl(PR_SET_DUMPABLE, 1), 0);
+    close(to_child[1]);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    for (uint64_t i = 0; i < NB; i++) {
+        if (i == 10 || i == 11 || i == 60) assert_true(block_matches(rb.base + i * BL, BL, i == 60 ? 9 : i - 6, 8));
+        else assert_true(block_is(rb.base + i * BL, BL, 0x22));
+    }
+    assert_true(region_guards_ok(&rb));
+    kvx_transport_destroy(b);
+    region_free(&rb);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auto_picks_shm),
@@ -303,6 +455,9 @@ int main(void) {
         cmocka_unit_test(test_mapped_threads),
         cmocka_unit_test(test_dev_shm_file_and_truncation),
         cmocka_unit_test(test_app_memfd),
+        cmocka_unit_test(test_staged_ring),
+        cmocka_unit_test(test_staged_withdrawn_never_land),
+        cmocka_unit_test(test_staged_when_the_kernel_refuses),
     };
     return cmocka_run_group_tests_name("shm", tests, NULL, NULL);
 }

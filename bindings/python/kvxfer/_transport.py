@@ -492,7 +492,8 @@ class Transport:
         """(backend, path) of a registered peer: the backend its transfers
         take ("shm", "verbs", "tcp") and, for shm, how ("mapped": our writer
         maps the peer's region and copies into it; "process_vm_writev": the
-        kernel copies into the peer's private memory); path is "" for the
+        kernel copies into the peer's private memory; "staged": through the
+        peer's staging ring, see option shm.private); path is "" for the
         others. Raises the library's error (e.g. KVX_ENOENT for an unknown
         or still-connecting peer, KVX_ECLOSED)."""
         h = self._handle()

@@ -61,12 +61,20 @@ private:
     bool step(const uint8_t *msg, size_t n);
     bool on_auth(const uint8_t *msg, size_t n);
     bool check_credentials();
+    bool on_stage();
+    bool on_copy(const CtlMsg &m);
 
     ShmServer &server_;
     net::Fd fd_;
     uint64_t token_ = 0, timer_ = 0;
     State state_ = State::hello;
     handshake::Challenge challenge_;
+    // Staged writer: the ring we made for it (mapped here), and its geometry.
+    uint8_t *ring_ = nullptr;
+    uint32_t slots_ = 0, slot_len_ = 0;
+
+public:
+    ~ShmConn();
 };
 
 class ShmServer {
@@ -80,6 +88,7 @@ public:
     // For ShmConn, on the loop thread.
     const BackendContext &ctx() const { return ctx_; }
     Mode mode() const { return info_.mode; }
+    Mode grant_mode() const { return info_.mode == Mode::kernel && staged_ ? Mode::staged : info_.mode; }
     int backing_fd() const { return backing_.fd.get(); }
     uint64_t backing_offset() const { return backing_.offset; }
     bool allow_other_users() const { return allow_others_; }
@@ -98,6 +107,7 @@ private:
     SectionInfo info_;
     shared::Backing backing_;
     bool allow_others_ = false;
+    bool staged_ = false;  // shm.private=staged: private memory is written through a staging ring
     net::Fd listen_fd_;
     Listener listener_{*this};
     uint64_t listen_tok_ = 0;
@@ -120,6 +130,12 @@ struct Link {
     uint64_t remote_size = 0;
     Mode mode = Mode::none;
     bool sealed = false;         // mapped: the file cannot shrink (F_SEAL_SHRINK): no SIGBUS to fear
+    // staged: the target's ring, mapped here; COPY goes out on sock (the
+    // ShmPeer's socket, open while anything copies).
+    uint8_t *ring = nullptr;
+    size_t ring_len = 0;
+    uint32_t slots = 0, slot_len = 0;
+    int sock = -1;
     CompletionSink *sink = nullptr;
     std::string peer_id;
 
@@ -130,8 +146,28 @@ struct Link {
     int status = 0;              // why it stopped
     size_t active = 0;           // copy threads inside this link (copying or reporting)
     std::unordered_map<uint64_t, OpRef> ops;  // submitted, not reported
+    // staged: parts waiting for slots (the stager posts them in order), and
+    // per slot the ticket posted and not yet answered (0 = free) and its part.
+    struct Staged {
+        Part part;
+        size_t run = 0;         // where posting goes on: runs[run], byte off
+        uint64_t off = 0;
+        uint32_t outstanding = 0;  // pieces posted and not answered
+        bool started = false, all_posted = false;
+    };
+    std::deque<std::shared_ptr<Staged>> stage_queue;
+    std::vector<std::shared_ptr<Staged>> owner;
+    std::vector<uint64_t> in_flight;
+    uint32_t free_slots = 0;
+    uint64_t next_ticket = 1;
 
     ~Link();
+    void unmap();  // the peer's region or ring, once nothing copies
+    // staged: COPIED for slot/ticket (status 1: the target skipped it).
+    void answered(uint32_t slot, uint64_t ticket, uint32_t status);
+    // staged: takes back the posted slots the target has not begun to copy,
+    // and waits (bounded) for one it is copying.
+    void withdraw(const std::vector<std::pair<uint32_t, uint64_t>> &posted);
     // Stops the link with status (the first one wins), waits for the copy
     // threads to let go, then fails what it had: a failure is reported only
     // once nothing of the link is copying. Idempotent.
@@ -168,6 +204,12 @@ private:
 // Copies one part; 0 or a KVX_E* code (the target faulted or went away).
 int copy_part(Link &l, const Part &p);
 
+// staged: the link's stager thread. Posts queued parts into free slots of the
+// ring (copy, ticket, COPY) until the link stops; answers complete them
+// (Link::answered, on the loop thread). Never waits for the peer while
+// holding anything a caller of kvx_write_blocks() needs.
+void stage_loop(Link &l);
+
 class ShmPeer final : public BackendPeer {
 public:
     ShmPeer(std::shared_ptr<Link> link, net::Fd sock, CopyPool &pool, EventLoop *loop);
@@ -191,6 +233,7 @@ private:
     net::Fd sock_;
     CopyPool &pool_;
     EventLoop *loop_;
+    std::thread stager_;  // staged only
     Watch watch_{*this};
     uint64_t token_ = 0;
     std::once_flag shutdown_once_;

@@ -14,8 +14,9 @@ constexpr OptionSpec kOptions[] = {
     {"shm.allow_other_users", OptType::uint, 0, 1, "0",
      "0 = serve only writers of our own user (SO_PEERCRED); 1 = any user that authenticates"},
     {"shm.private", OptType::choice, 0, 0, "auto",
-     "a region outside a shareable mapping: auto = writers use process_vm_writev; off = no shm path for it",
-     "auto,off"},
+     "a region outside a shareable mapping: auto = writers use process_vm_writev, or a staging ring the target "
+     "copies from when the kernel refuses it; staged = always the ring; off = no shm path for it",
+     "auto,staged,off"},
 };
 
 class ShmBackend final : public Backend {

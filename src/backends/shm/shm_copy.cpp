@@ -1,7 +1,7 @@
 // The writer's data path: copy threads, the copy of one part (into the
-// mapping, or through process_vm_writev), and the SIGBUS guard that turns a
-// fault in the peer's mapping (the target truncated its file) into a failed
-// transfer instead of a dead process.
+// mapping, through process_vm_writev, or through the target's staging ring),
+// and the SIGBUS guard that turns a fault in the peer's mapping (the target
+// truncated its file) into a failed transfer instead of a dead process.
 #include <sys/mman.h>
 #include <sys/uio.h>
 
@@ -107,6 +107,14 @@ int copy_kernel(Link &l, const Part &p) {
 
 }  // namespace
 
+void Link::unmap() {
+    if (map_base) munmap(map_base, map_len);
+    if (ring) munmap(ring, ring_len);
+    map_base = nullptr;
+    dst = nullptr;
+    ring = nullptr;
+}
+
 // Installs the guard, or installs it again when the application replaced it
 // since (its handler is then the one we chain to). Cheap when in place.
 void install_sigbus_guard() {
@@ -135,12 +143,11 @@ int copy_part(Link &l, const Part &p) {
     return rc == 0 ? 0 : KVX_ECANCELED;
 }
 
-Link::~Link() {
-    if (map_base) munmap(map_base, map_len);
-}
+Link::~Link() { unmap(); }
 
 void Link::fail_all(int st) {
     std::unordered_map<uint64_t, OpRef> victims;
+    std::vector<std::pair<uint32_t, uint64_t>> posted;
     {
         std::unique_lock<std::mutex> lk(mu);
         if (!stop) {
@@ -148,10 +155,18 @@ void Link::fail_all(int st) {
             status = st;
         }
         halt.store(true);
+        cv.notify_all();  // copies waiting for a slot or an answer stop
         cv.wait(lk, [&] { return active == 0; });
         victims.swap(ops);
+        stage_queue.clear();
+        for (uint32_t s = 0; s < in_flight.size(); s++) {
+            if (in_flight[s] != 0) posted.emplace_back(s, in_flight[s]);
+            in_flight[s] = 0;  // taken back once, here; late answers are ignored
+            owner[s].reset();
+        }
         active++;  // reporting: a concurrent fail_all (shutdown) waits for us
     }
+    withdraw(posted);  // staged: nothing the target has not taken lands any more
     CompletionBatch b;
     for (auto &[id, op] : victims) b.fail(*op, status);
     b.deliver(*sink);
@@ -212,6 +227,7 @@ void end(Job &j, int rc) {
             l.stop = true;
             l.status = rc;
             l.halt.store(true);
+            l.cv.notify_all();
             first_failure = true;
         } else if (rc == 0 && !l.stop) {
             b.part_done(*j.part.op, 0);

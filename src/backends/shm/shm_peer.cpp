@@ -1,7 +1,8 @@
 // Writer side of the shm backend: connect and authenticate on the target's
 // unix socket (in the caller's thread, bounded by the deadline), take the
-// grant, map the region or check that process_vm_writev reaches it; then
-// submit parts to the copy threads and watch the socket for REVOKE and EOF.
+// grant, map the region, check that process_vm_writev reaches it, or take a
+// staging ring; then submit parts to the copy threads and watch the socket
+// for REVOKE, EOF and (staged) COPIED.
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -102,12 +103,45 @@ void map_region(Link &l, int fd, const CtlMsg &g, const std::string &where) {
 
 // process_vm_writev reaches the target: a one-byte read of its region proves
 // the same permission (PTRACE_MODE_ATTACH) without writing anything.
-void check_kernel_path(const Link &l, const std::string &where) {
+bool kernel_path_works(const Link &l, const std::string &where) {
     uint8_t b;
     iovec lv{&b, 1}, rv{reinterpret_cast<void *>(l.remote_base), 1};
-    if (process_vm_readv(l.pid, &lv, 1, &rv, 1, 0) != 1)
-        fail(KVX_ENOTSUP, "%s: process_vm_writev cannot reach pid %d: %s", where.c_str(), static_cast<int>(l.pid),
-             strerror(errno));
+    if (process_vm_readv(l.pid, &lv, 1, &rv, 1, 0) == 1) return true;
+    KVX_LOG(info, "%s: process_vm_writev cannot reach pid %d (%s): copying through a staging ring", where.c_str(),
+            static_cast<int>(l.pid), strerror(errno));
+    return false;
+}
+
+// Asks for a staging ring and maps it: the target's sealed memfd, exactly as
+// large as STAGED says.
+void take_ring(Link &l, int sock, const PeerContext &pc, const std::string &where) {
+    uint8_t buf[kCtlMaxLen + 8];
+    send_or_fail(sock, buf, encode_ctl(CtlMsg{Ctl::stage}, buf), where);
+    net::Fd fd;
+    ssize_t n = recv_by(sock, buf, sizeof buf, &fd, pc.deadline, where);
+    CtlMsg m;
+    try {
+        m = decode_ctl(buf, static_cast<size_t>(n));
+    } catch (const Error &e) {
+        fail(KVX_EAUTH, "%s: %s", where.c_str(), e.what());
+    }
+    if (m.kind != Ctl::staged || !fd) fail(KVX_EAUTH, "%s: no staging ring in answer to STAGE", where.c_str());
+    struct stat st;
+    const int seals = fcntl(fd.get(), F_GET_SEALS);
+    if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != m.size ||
+        seals < 0 || !(seals & F_SEAL_SHRINK))
+        fail(KVX_EAUTH, "%s: the staging ring is not a sealed file of %" PRIu64 " bytes", where.c_str(), m.size);
+    void *p = mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) fail(KVX_EBACKEND, "%s: cannot map the staging ring: %s", where.c_str(), strerror(errno));
+    l.ring = static_cast<uint8_t *>(p);
+    l.ring_len = m.size;
+    l.slots = m.slots;
+    l.slot_len = m.slot_len;
+    l.in_flight.assign(m.slots, 0);
+    l.owner.assign(m.slots, nullptr);
+    l.free_slots = m.slots;
+    l.sock = sock;
+    l.mode = Mode::staged;
 }
 
 void take_grant(Link &l, int sock, const PeerContext &pc, const std::string &where, bool allow_others) {
@@ -137,8 +171,8 @@ void take_grant(Link &l, int sock, const PeerContext &pc, const std::string &whe
     if (g.mode == Mode::mapped) {
         if (!fd) fail(KVX_EAUTH, "%s: a mapped grant without its descriptor", where.c_str());
         map_region(l, fd.get(), g, where);
-    } else {
-        check_kernel_path(l, where);
+    } else if (g.mode == Mode::staged || !kernel_path_works(l, where)) {
+        take_ring(l, sock, pc, where);
     }
 }
 
@@ -168,9 +202,12 @@ ShmPeer::~ShmPeer() { shutdown(); }
 void ShmPeer::start() {
     token_ = loop_->attach(sock_.get(), EPOLLIN, &watch_, 0);
     if (token_ == 0) fail(KVX_ECLOSED, "shm: the event loop is stopped");
+    if (link_->mode == Mode::staged) stager_ = std::thread([l = link_] { stage_loop(*l); });
 }
 
-const char *ShmPeer::path() const { return link_->mode == Mode::mapped ? "mapped" : "process_vm_writev"; }
+const char *ShmPeer::path() const {
+    return link_->mode == Mode::mapped ? "mapped" : link_->mode == Mode::staged ? "staged" : "process_vm_writev";
+}
 
 void ShmPeer::submit(Op op) {
     const uint64_t bl = link_->local.block_len;
@@ -182,6 +219,13 @@ void ShmPeer::submit(Op op) {
             status = link_->status ? link_->status : KVX_EPEERBROKEN;
         } else {
             link_->ops.emplace(op.state->id, op.state);
+            if (link_->mode == Mode::staged) {  // the stager posts it; nothing here waits for the target
+                auto st = std::make_shared<Link::Staged>();
+                st->part = std::move(split_op(std::move(op), 1, kSplitMin, bl).front());
+                link_->stage_queue.push_back(std::move(st));
+                link_->cv.notify_all();
+                return;
+            }
             for (Part &p : split_op(std::move(op), pool_.copiers(), kSplitMin, bl)) jobs.push_back(Job{link_, std::move(p)});
         }
     }
@@ -217,18 +261,19 @@ void ShmPeer::on_socket(uint32_t events) {
     bool revoke = false;
     if (n > 0) {
         try {
-            revoke = decode_ctl(buf, static_cast<size_t>(n)).kind == Ctl::revoke;
+            const CtlMsg m = decode_ctl(buf, static_cast<size_t>(n));
+            if (m.kind == Ctl::copied && link_->mode == Mode::staged) {
+                link_->answered(m.slot, m.ticket, m.status);
+                return;
+            }
+            revoke = m.kind == Ctl::revoke;
         } catch (const Error &) {
         }
     }
     KVX_LOG(info, "shm: peer '%s' %s", link_->peer_id.c_str(),
             revoke ? "revoked its grant (it closes)" : "closed its socket (it went away)");
     link_->fail_all(KVX_ECONNRESET);
-    if (link_->map_base) {
-        munmap(link_->map_base, link_->map_len);
-        link_->map_base = nullptr;
-        link_->dst = nullptr;
-    }
+    link_->unmap();
     if (revoke) {
         uint8_t out[kCtlMaxLen];
         send_msg(sock_.get(), out, encode_ctl(CtlMsg{Ctl::revoked}, out), -1);
@@ -244,11 +289,8 @@ void ShmPeer::shutdown() {
             token_ = 0;
         });
         link_->fail_all(KVX_ECONNRESET);
-        if (link_->map_base) {
-            munmap(link_->map_base, link_->map_len);
-            link_->map_base = nullptr;
-            link_->dst = nullptr;
-        }
+        if (stager_.joinable()) stager_.join();  // it saw the stop; nothing of it runs
+        link_->unmap();
         sock_ = net::Fd();  // the target sees EOF: nothing of ours touches its region any more
     });
 }

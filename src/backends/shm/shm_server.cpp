@@ -1,12 +1,15 @@
 // Target side of the shm backend: the listener and its connections, on the
-// transport's event loop. Nothing here touches the region: writers copy into
-// it themselves, once the handshake proved they hold the metadata's secret
-// and SO_PEERCRED showed an allowed user.
+// transport's event loop. Writers copy into the region themselves, once the
+// handshake proved they hold the metadata's secret and SO_PEERCRED showed an
+// allowed user; only for a staged writer (private memory the kernel does not
+// let it reach) does this loop copy, from the writer's staging ring.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <cstring>
@@ -22,6 +25,12 @@ namespace {
 constexpr auto kHandshakeTimeout = std::chrono::milliseconds(1000);
 constexpr size_t kMaxConnections = 1024;
 constexpr auto kRevokeWait = std::chrono::milliseconds(2000);
+constexpr uint32_t kRingSlots = 8, kRingSlotLen = 1u << 20;  // a staged writer's ring: 8 MiB
+
+// The one place a staged writer's bytes reach the region (named in
+// tests/tsan.supp like tcp's readv_into_region: the application orders its
+// reads of the region through its own control plane).
+__attribute__((noinline)) void copy_into_region(uint8_t *dst, const uint8_t *src, size_t n) { memcpy(dst, src, n); }
 
 socklen_t abstract_addr(const std::string &name, sockaddr_un *a) {
     memset(a, 0, sizeof *a);
@@ -33,6 +42,10 @@ socklen_t abstract_addr(const std::string &name, sockaddr_un *a) {
 }  // namespace
 
 ShmConn::ShmConn(ShmServer &s, net::Fd fd) : server_(s), fd_(std::move(fd)) {}
+
+ShmConn::~ShmConn() {
+    if (ring_) munmap(ring_, ring_len(slots_, slot_len_));
+}
 
 bool ShmConn::start(Clock::time_point deadline) {
     EventLoop *loop = server_.ctx().loop;
@@ -103,7 +116,70 @@ bool ShmConn::step(const uint8_t *msg, size_t n) {
         }
         return false;  // revoked, or nonsense: either way this connection is over
     }
-    return false;  // a granted writer sends nothing until asked
+    CtlMsg m;
+    try {
+        m = decode_ctl(msg, n);
+    } catch (const Error &e) {
+        KVX_LOG(warn, "shm: closing a writer's connection: %s", e.what());
+        return false;
+    }
+    if (m.kind == Ctl::stage) return on_stage();
+    if (m.kind == Ctl::copy) return on_copy(m);
+    return false;  // nothing else comes from a granted writer
+}
+
+// A writer of private memory that the kernel does not let it reach (or told
+// to stage): a ring of its own, a sealed memfd, passed with STAGED.
+bool ShmConn::on_stage() {
+    if (ring_ || (server_.mode() != Mode::kernel)) {
+        KVX_LOG(warn, "shm: closing a writer's connection: STAGE %s", ring_ ? "twice" : "for a mapped region");
+        return false;
+    }
+    const uint64_t len = ring_len(kRingSlots, kRingSlotLen);
+    net::Fd fd(memfd_create("kvxfer-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    void *p = MAP_FAILED;
+    if (fd && ftruncate(fd.get(), static_cast<off_t>(len)) == 0 &&
+        fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+        p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) {
+        KVX_LOG(warn, "shm: cannot make a staging ring of %" PRIu64 " bytes: %s", len, strerror(errno));
+        return false;
+    }
+    ring_ = static_cast<uint8_t *>(p);
+    slots_ = kRingSlots;
+    slot_len_ = kRingSlotLen;
+    CtlMsg r{Ctl::staged};
+    r.slots = slots_;
+    r.slot_len = slot_len_;
+    r.size = len;
+    uint8_t out[kCtlMaxLen];
+    return send_msg(fd_.get(), out, encode_ctl(r, out), fd.get()) == 0;
+}
+
+// COPY: the slot's bytes into the region, if the writer has not withdrawn
+// them (a ticket taken here is copied whole; one withdrawn is skipped).
+// Anything outside the ring or the region closes the connection.
+bool ShmConn::on_copy(const CtlMsg &m) {
+    const Region &rg = server_.ctx().region;
+    if (!ring_ || m.slot >= slots_ || m.len > slot_len_ || m.dst_off > rg.size() || m.len > rg.size() - m.dst_off) {
+        KVX_LOG(warn, "shm: closing a writer's connection: COPY of %u bytes from slot %u to offset %" PRIu64
+                      " is outside the ring (%u slots of %u) or the region (%" PRIu64 " bytes)",
+                m.len, m.slot, m.dst_off, slots_, slot_len_, rg.size());
+        return false;
+    }
+    std::atomic_ref<uint64_t> state(*reinterpret_cast<uint64_t *>(ring_ + uint64_t{m.slot} * 64));
+    uint64_t expect = m.ticket;
+    CtlMsg r{Ctl::copied};
+    r.slot = m.slot;
+    r.ticket = m.ticket;
+    if (state.compare_exchange_strong(expect, m.ticket | kTaken, std::memory_order_acquire)) {
+        copy_into_region(rg.base + m.dst_off, ring_ + ring_data_off(slots_) + uint64_t{m.slot} * slot_len_, m.len);
+        state.store(m.ticket | kCopied, std::memory_order_release);
+    } else {
+        r.status = 1;  // withdrawn
+    }
+    uint8_t out[kCtlMaxLen];
+    return send_msg(fd_.get(), out, encode_ctl(r, out), -1) == 0;
 }
 
 bool ShmConn::on_auth(const uint8_t *msg, size_t n) {
@@ -126,7 +202,7 @@ bool ShmConn::on_auth(const uint8_t *msg, size_t n) {
     if (send_msg(fd_.get(), out, handshake::encode(acc, out), -1) != 0) return false;
     CtlMsg g;
     g.kind = Ctl::grant;
-    g.mode = server_.mode();
+    g.mode = server_.grant_mode();
     g.offset = g.mode == Mode::mapped ? server_.backing_offset() : 0;
     g.size = server_.ctx().region.size();
     const int pass = g.mode == Mode::mapped ? server_.backing_fd() : -1;
@@ -158,6 +234,7 @@ bool ShmConn::revoke() {
 
 ShmServer::ShmServer(const BackendContext &ctx) : ctx_(ctx) {
     allow_others_ = ctx.options->uint("shm.allow_other_users") != 0;
+    staged_ = ctx.options->str("shm.private") == "staged";
     info_.boot_id = boot_id();
     info_.netns = netns_inode();
     info_.pid = static_cast<uint32_t>(getpid());
@@ -170,7 +247,9 @@ ShmServer::ShmServer(const BackendContext &ctx) : ctx_(ctx) {
     } else {
         info_.mode = ctx.options->str("shm.private") == "off" ? Mode::none : Mode::kernel;
         KVX_LOG(info, "shm: %s: same-host peers %s", why.c_str(),
-                info_.mode == Mode::none ? "cannot use shm (shm.private=off)" : "write with process_vm_writev");
+                info_.mode == Mode::none ? "cannot use shm (shm.private=off)"
+                : staged_                ? "copy through a staging ring (shm.private=staged)"
+                                         : "write with process_vm_writev (or a staging ring when the kernel refuses)");
     }
     listen_fd_ = net::Fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     sockaddr_un a;

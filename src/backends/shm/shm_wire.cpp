@@ -48,34 +48,105 @@ size_t encode_ctl(const CtlMsg &m, uint8_t out[kCtlMaxLen]) {
     out[4] = static_cast<uint8_t>(m.kind);
     out[5] = m.kind == Ctl::grant ? static_cast<uint8_t>(m.mode) : 0;
     out[6] = out[7] = 0;
-    if (m.kind != Ctl::grant) return kCtlHeaderLen;
-    put_le(out + 8, m.offset, 8);
-    put_le(out + 16, m.size, 8);
-    put_le(out + 24, 0, 8);
-    return kGrantLen;
+    switch (m.kind) {
+    case Ctl::grant:
+        put_le(out + 8, m.offset, 8);
+        put_le(out + 16, m.size, 8);
+        put_le(out + 24, 0, 8);
+        return kGrantLen;
+    case Ctl::staged:
+        put_le(out + 8, m.slots, 4);
+        put_le(out + 12, m.slot_len, 4);
+        put_le(out + 16, m.size, 8);
+        return kStagedLen;
+    case Ctl::copy:
+        put_le(out + 8, m.slot, 4);
+        put_le(out + 12, m.len, 4);
+        put_le(out + 16, m.dst_off, 8);
+        put_le(out + 24, m.ticket, 8);
+        return kCopyLen;
+    case Ctl::copied:
+        put_le(out + 8, m.slot, 4);
+        put_le(out + 12, m.status, 4);
+        put_le(out + 16, m.ticket, 8);
+        return kCopiedLen;
+    default:
+        return kCtlHeaderLen;
+    }
 }
+
+namespace {
+
+size_t ctl_len(Ctl k) {
+    switch (k) {
+    case Ctl::grant: return kGrantLen;
+    case Ctl::staged: return kStagedLen;
+    case Ctl::copy: return kCopyLen;
+    case Ctl::copied: return kCopiedLen;
+    default: return kCtlHeaderLen;
+    }
+}
+
+uint64_t ticket_of(const uint8_t *p, const char *what) {
+    const uint64_t t = get_le(p, 8);
+    if (t == 0 || t >= kCopied) fail(KVX_EINVAL, "shm %s: ticket %llu is not 1..2^62-1", what, (unsigned long long)t);
+    return t;
+}
+
+}  // namespace
 
 CtlMsg decode_ctl(const uint8_t *p, size_t n) {
     if (n < kCtlHeaderLen) fail(KVX_EINVAL, "shm control message of %zu bytes is too short", n);
     if (get_le(p, 4) != kCtlMagic) fail(KVX_EINVAL, "shm control message: bad magic");
     CtlMsg m;
     const uint8_t kind = p[4];
-    if (kind < 1 || kind > 3) fail(KVX_EINVAL, "shm control message: kind %u is unknown", kind);
+    if (kind < 1 || kind > 7) fail(KVX_EINVAL, "shm control message: kind %u is unknown", kind);
     m.kind = static_cast<Ctl>(kind);
     if (p[6] != 0 || p[7] != 0) fail(KVX_EINVAL, "shm control message: reserved bytes set");
-    const size_t want = m.kind == Ctl::grant ? kGrantLen : kCtlHeaderLen;
+    const size_t want = ctl_len(m.kind);
     if (n != want) fail(KVX_EINVAL, "shm control message of kind %u has %zu bytes, not %zu", kind, n, want);
-    if (m.kind != Ctl::grant) {
-        if (p[5] != 0) fail(KVX_EINVAL, "shm control message: reserved bytes set");
-        return m;
+    if (m.kind != Ctl::grant && p[5] != 0) fail(KVX_EINVAL, "shm control message: reserved bytes set");
+    switch (m.kind) {
+    case Ctl::grant:
+        if (p[5] != static_cast<uint8_t>(Mode::mapped) && p[5] != static_cast<uint8_t>(Mode::kernel) &&
+            p[5] != static_cast<uint8_t>(Mode::staged))
+            fail(KVX_EINVAL, "shm grant: mode %u is not granted", p[5]);
+        m.mode = static_cast<Mode>(p[5]);
+        m.offset = get_le(p + 8, 8);
+        m.size = get_le(p + 16, 8);
+        if (get_le(p + 24, 8) != 0) fail(KVX_EINVAL, "shm grant: reserved field set");
+        if (m.mode != Mode::mapped && m.offset != 0) fail(KVX_EINVAL, "shm grant: offset without a mapping");
+        break;
+    case Ctl::staged:
+        m.slots = static_cast<uint32_t>(get_le(p + 8, 4));
+        m.slot_len = static_cast<uint32_t>(get_le(p + 12, 4));
+        m.size = get_le(p + 16, 8);
+        if (m.slots < 1 || m.slots > kMaxSlots) fail(KVX_EINVAL, "shm staged: %u slots is not 1..%u", m.slots, kMaxSlots);
+        if (m.slot_len < kMinSlotLen || m.slot_len > kMaxSlotLen || m.slot_len % kMinSlotLen != 0)
+            fail(KVX_EINVAL, "shm staged: slot_len %u is not a multiple of %u in %u..%u", m.slot_len, kMinSlotLen,
+                 kMinSlotLen, kMaxSlotLen);
+        if (m.size != ring_len(m.slots, m.slot_len))
+            fail(KVX_EINVAL, "shm staged: ring of %llu bytes, %u slots of %u need %llu", (unsigned long long)m.size,
+                 m.slots, m.slot_len, (unsigned long long)ring_len(m.slots, m.slot_len));
+        break;
+    case Ctl::copy:
+        m.slot = static_cast<uint32_t>(get_le(p + 8, 4));
+        m.len = static_cast<uint32_t>(get_le(p + 12, 4));
+        m.dst_off = get_le(p + 16, 8);
+        m.ticket = ticket_of(p + 24, "copy");
+        if (m.slot >= kMaxSlots) fail(KVX_EINVAL, "shm copy: slot %u is not below %u", m.slot, kMaxSlots);
+        if (m.len == 0 || m.len > kMaxSlotLen) fail(KVX_EINVAL, "shm copy: length %u is not 1..%u", m.len, kMaxSlotLen);
+        break;
+    case Ctl::copied:
+        m.slot = static_cast<uint32_t>(get_le(p + 8, 4));
+        m.status = static_cast<uint32_t>(get_le(p + 12, 4));
+        m.ticket = ticket_of(p + 16, "copied");
+        if (m.slot >= kMaxSlots) fail(KVX_EINVAL, "shm copied: slot %u is not below %u", m.slot, kMaxSlots);
+        if (m.status > 1) fail(KVX_EINVAL, "shm copied: status %u is not 0 or 1", m.status);
+        break;
+    default:
+        break;
     }
-    if (p[5] != static_cast<uint8_t>(Mode::mapped) && p[5] != static_cast<uint8_t>(Mode::kernel))
-        fail(KVX_EINVAL, "shm grant: mode %u is not granted", p[5]);
-    m.mode = static_cast<Mode>(p[5]);
-    m.offset = get_le(p + 8, 8);
-    m.size = get_le(p + 16, 8);
-    if (get_le(p + 24, 8) != 0) fail(KVX_EINVAL, "shm grant: reserved field set");
-    if (m.mode == Mode::kernel && m.offset != 0) fail(KVX_EINVAL, "shm grant: offset without a mapping");
     return m;
 }
 

@@ -22,6 +22,7 @@ enum class Mode : uint8_t {
     none = 0,    // private memory and shm.private=off: no shm path
     mapped = 1,  // the region lies in a shareable file: the writer maps it (fd over SCM_RIGHTS)
     kernel = 2,  // private memory: the writer uses process_vm_writev
+    staged = 3,  // private memory: the writer fills a staging ring, the target's loop copies (grants only)
 };
 
 struct SectionInfo {
@@ -40,20 +41,45 @@ SectionInfo decode_section(const wire::Section &s);
 //   target -> writer  GRANT {mode, offset, size} (+ the fd of the file for mapped)
 //   target -> writer  REVOKE: unmap and stop now (the target closes or removes)
 //   writer -> target  REVOKED: nothing of this writer touches the region any more
+// Private memory the kernel will not let the writer reach (or a grant of
+// mode staged): the writer asks for a staging ring and copies through it.
+//   writer -> target  STAGE
+//   target -> writer  STAGED {slots, slot_len, ring_len} (+ the fd of the ring, a sealed memfd)
+//   writer -> target  COPY {slot, len, dst_off, ticket}: slot holds len bytes for region offset dst_off
+//   target -> writer  COPIED {slot, status, ticket}: 0 copied, 1 withdrawn (not copied)
 constexpr uint32_t kCtlMagic = 0x43585642u;  // "BVXC" in wire order
-enum class Ctl : uint8_t { grant = 1, revoke = 2, revoked = 3 };
+enum class Ctl : uint8_t { grant = 1, revoke = 2, revoked = 3, stage = 4, staged = 5, copy = 6, copied = 7 };
 constexpr size_t kCtlHeaderLen = 8;
 constexpr size_t kGrantLen = kCtlHeaderLen + 8 + 8 + 8;
-constexpr size_t kCtlMaxLen = kGrantLen;
+constexpr size_t kStagedLen = kCtlHeaderLen + 4 + 4 + 8;
+constexpr size_t kCopyLen = kCtlHeaderLen + 4 + 4 + 8 + 8;
+constexpr size_t kCopiedLen = kCtlHeaderLen + 4 + 4 + 8;
+constexpr size_t kCtlMaxLen = kGrantLen > kCopyLen ? kGrantLen : kCopyLen;
+
+// The staging ring: a 64-byte line per slot holding its state word, then the
+// slots' bytes from ring_data_off(). A state word is 0 (free or withdrawn),
+// a ticket (posted by the writer), ticket | kTaken (the target copies it) or
+// ticket | kCopied. Tickets are 1 .. kCopied - 1, never reused on a ring.
+constexpr uint32_t kMaxSlots = 64;
+constexpr uint32_t kMinSlotLen = 4096, kMaxSlotLen = 16u << 20;
+constexpr uint64_t kTaken = uint64_t{1} << 63, kCopied = uint64_t{1} << 62;
+constexpr uint64_t ring_data_off(uint32_t slots) { return (uint64_t{slots} * 64 + 4095) / 4096 * 4096; }
+constexpr uint64_t ring_len(uint32_t slots, uint32_t slot_len) { return ring_data_off(slots) + uint64_t{slots} * slot_len; }
 
 struct CtlMsg {
     Ctl kind = Ctl::revoke;
     Mode mode = Mode::none;  // grant
     uint64_t offset = 0;     // grant, mapped: where the region starts in the file
-    uint64_t size = 0;       // grant: the region's bytes
+    uint64_t size = 0;       // grant: the region's bytes; staged: the ring's bytes
+    uint32_t slots = 0, slot_len = 0;  // staged
+    uint32_t slot = 0, len = 0;        // copy (slot also in copied)
+    uint64_t dst_off = 0;              // copy
+    uint64_t ticket = 0;               // copy, copied
+    uint32_t status = 0;               // copied
 };
 size_t encode_ctl(const CtlMsg &m, uint8_t out[kCtlMaxLen]);
-// Throws Error(KVX_EINVAL) for anything but one well-formed message of exactly n bytes.
+// Throws Error(KVX_EINVAL) for anything but one well-formed message of exactly
+// n bytes (fields in range; the receiver checks them against its own state).
 CtlMsg decode_ctl(const uint8_t *p, size_t n);
 
 }  // namespace kvx::shm

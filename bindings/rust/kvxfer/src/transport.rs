@@ -441,7 +441,8 @@ impl<'r> Transport<'r> {
     /// Which path a registered peer's transfers take: the backend (`"shm"`,
     /// `"verbs"`, `"tcp"`) and, for shm, how (`"mapped"`: the peer's region
     /// is mapped here and copied into directly; `"process_vm_writev"`: the
-    /// kernel copies into the peer's private memory; `""` otherwise).
+    /// kernel copies into the peer's private memory; `"staged"`: through the
+    /// peer's staging ring, see option `shm.private`; `""` otherwise).
     /// Errors: `UnknownPeer` (not registered, or still connecting), `Closed`.
     pub fn peer_backend(&self, peer_id: &str) -> Result<(&'static str, &'static str)> {
         let id = cstring("peer id", peer_id)?;

@@ -1,0 +1,157 @@
+// The writer's side of a staging ring (private memory the kernel does not let
+// it reach, or shm.private=staged): a stager thread per link copies each
+// piece of a queued part (at most a slot) into a free slot, posts it (the
+// slot's state word becomes a new ticket) and announces it with COPY; the
+// target's loop copies it into its region and answers COPIED, which frees the
+// slot and, for a part's last piece, completes the part. kvx_write_blocks()
+// only queues: no thread of the application waits for the target.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "backends/shm/shm.h"
+#include "util/log.h"
+
+namespace kvx::shm {
+
+namespace {
+
+std::atomic_ref<uint64_t> slot_state(Link &l, uint32_t s) {
+    return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t *>(l.ring + uint64_t{s} * 64));
+}
+
+// Reports a part whose pieces were all answered (l.mu held on entry and exit;
+// the report itself goes out without it, counted in l.active so that
+// fail_all waits for it).
+void complete(Link &l, std::unique_lock<std::mutex> &lk, Link::Staged &st) {
+    CompletionBatch b;
+    b.part_done(*st.part.op, 0);
+    if (!b.empty()) l.ops.erase(st.part.op->id);
+    l.active++;
+    lk.unlock();
+#ifndef __SANITIZE_THREAD__
+    std::atomic_thread_fence(std::memory_order_release);
+#endif
+    l.sink->progress();
+    b.deliver(*l.sink);
+    lk.lock();
+    l.active--;
+    l.cv.notify_all();
+}
+
+// Stops the link at its first failure and fails what it had (l.mu not held).
+void stop_link(Link &l, int status) {
+    {
+        std::lock_guard<std::mutex> lk(l.mu);
+        if (!l.stop) {
+            l.stop = true;
+            l.status = status;
+        }
+        l.halt.store(true);
+    }
+    l.fail_all(status);
+}
+
+}  // namespace
+
+void stage_loop(Link &l) {
+    std::unique_lock<std::mutex> lk(l.mu);
+    for (;;) {
+        l.cv.wait(lk, [&] { return l.stop || (!l.stage_queue.empty() && l.free_slots > 0); });
+        if (l.stop) return;
+        std::shared_ptr<Link::Staged> st = l.stage_queue.front();
+        if (!st->started) {
+            if (!st->part.op->try_start()) {  // cancelled before a byte moved
+                l.ops.erase(st->part.op->id);
+                l.stage_queue.pop_front();
+                continue;
+            }
+            st->started = true;
+        }
+        if (st->run == st->part.runs.size()) {  // nothing to move (an empty transfer)
+            st->all_posted = true;
+            l.stage_queue.pop_front();
+            complete(l, lk, *st);
+            continue;
+        }
+        const Run &r = st->part.runs[st->run];
+        const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(l.slot_len, r.len - st->off));
+        const uint8_t *src = l.local.base + r.local_off + st->off;
+        const uint64_t dst_off = r.remote_off + st->off;
+        st->off += n;
+        if (st->off == r.len) {
+            st->run++;
+            st->off = 0;
+        }
+        if (st->run == st->part.runs.size()) {
+            st->all_posted = true;
+            l.stage_queue.pop_front();
+        }
+        uint32_t s = 0;
+        while (l.in_flight[s] != 0) s++;
+        const uint64_t t = l.next_ticket++;
+        l.in_flight[s] = t;
+        l.owner[s] = st;
+        l.free_slots--;
+        st->outstanding++;
+        l.active++;  // copying into the ring: fail_all waits for it
+        lk.unlock();
+        memcpy(l.ring + ring_data_off(l.slots) + uint64_t{s} * l.slot_len, src, n);
+        slot_state(l, s).store(t, std::memory_order_release);
+        CtlMsg m{Ctl::copy};
+        m.slot = s;
+        m.len = n;
+        m.dst_off = dst_off;
+        m.ticket = t;
+        uint8_t msg[kCtlMaxLen];
+        const int rc = send_msg(l.sock, msg, encode_ctl(m, msg), -1);
+        lk.lock();
+        l.active--;
+        l.cv.notify_all();
+        if (rc != 0) {
+            KVX_LOG(info, "shm: peer '%s': COPY not sent: %s", l.peer_id.c_str(), strerror(-rc));
+            lk.unlock();
+            stop_link(l, KVX_ECONNRESET);
+            return;
+        }
+    }
+}
+
+void Link::answered(uint32_t slot, uint64_t ticket, uint32_t st_code) {
+    std::unique_lock<std::mutex> lk(mu);
+    if (slot >= in_flight.size() || in_flight[slot] != ticket) return;  // not ours, or withdrawn: ignored
+    in_flight[slot] = 0;
+    free_slots++;
+    std::shared_ptr<Staged> st = std::move(owner[slot]);
+    st->outstanding--;
+    cv.notify_all();
+    if (stop) return;
+    if (st_code != 0) {  // skipped though we did not take it back: the target's ring state is not ours
+        lk.unlock();
+        KVX_LOG(warn, "shm: peer '%s' skipped a staging slot it was asked to copy", peer_id.c_str());
+        stop_link(*this, KVX_EBACKEND);
+        return;
+    }
+    if (st->all_posted && st->outstanding == 0) complete(*this, lk, *st);
+    else {
+        lk.unlock();
+        sink->progress();
+    }
+}
+
+void Link::withdraw(const std::vector<std::pair<uint32_t, uint64_t>> &posted) {
+    for (const auto &[s, t] : posted) {
+        uint64_t v = t;
+        if (slot_state(*this, s).compare_exchange_strong(v, 0, std::memory_order_acq_rel) || v != (t | kTaken))
+            continue;
+        const auto until = Clock::now() + std::chrono::seconds(1);
+        while (slot_state(*this, s).load(std::memory_order_acquire) == (t | kTaken) && Clock::now() < until)
+            usleep(50);
+        if (slot_state(*this, s).load(std::memory_order_acquire) == (t | kTaken))
+            KVX_LOG(warn, "shm: peer '%s' is still copying a staging slot of %u bytes after 1 s: it may land after "
+                          "its transfer is reported failed", peer_id.c_str(), slot_len);
+    }
+}
+
+}  // namespace kvx::shm

@@ -1,0 +1,119 @@
+// Unit tests of the shm control messages (src/backends/shm/shm_wire): every
+// kind round-trips, and fields out of range are refused with a message that
+// names the value (the staging ring's messages come from another process).
+#include "kvxfer.h"
+#include "backends/shm/shm_wire.h"
+#include "util/error.h"
+
+#include <cstring>
+#include <string>
+
+#include "unit_util.h"
+
+using namespace kvx;
+using namespace kvx::shm;
+using namespace kvx::testing;
+
+namespace {
+
+CtlMsg round_trip(const CtlMsg &m, size_t want_len) {
+    uint8_t b[kCtlMaxLen];
+    const size_t n = encode_ctl(m, b);
+    assert_int_equal(n, want_len);
+    return decode_ctl(b, n);
+}
+
+// Encodes m, lets edit change the bytes, decodes: the code, and the message in *msg.
+template <class Edit>
+int edited(const CtlMsg &m, Edit edit, std::string *msg) {
+    uint8_t b[kCtlMaxLen + 8] = {};
+    size_t n = encode_ctl(m, b);
+    edit(b, &n);
+    return code_of([&] { decode_ctl(b, n); }, msg);
+}
+
+void test_round_trips(void **) {
+    CtlMsg g{Ctl::grant};
+    g.mode = Mode::staged;
+    g.size = 1 << 20;
+    CtlMsg r = round_trip(g, kGrantLen);
+    assert_true(r.kind == Ctl::grant && r.mode == Mode::staged && r.size == g.size && r.offset == 0);
+    assert_true(round_trip(CtlMsg{Ctl::stage}, kCtlHeaderLen).kind == Ctl::stage);
+    CtlMsg s{Ctl::staged};
+    s.slots = 8;
+    s.slot_len = 1 << 20;
+    s.size = ring_len(8, 1 << 20);
+    r = round_trip(s, kStagedLen);
+    assert_true(r.slots == 8 && r.slot_len == (1u << 20) && r.size == s.size);
+    assert_int_equal(ring_data_off(8), 4096);
+    CtlMsg c{Ctl::copy};
+    c.slot = 63;
+    c.len = kMaxSlotLen;
+    c.dst_off = UINT64_MAX;  // the target checks it against its region
+    c.ticket = kCopied - 1;
+    r = round_trip(c, kCopyLen);
+    assert_true(r.slot == 63 && r.len == kMaxSlotLen && r.dst_off == UINT64_MAX && r.ticket == kCopied - 1);
+    CtlMsg d{Ctl::copied};
+    d.slot = 2;
+    d.status = 1;
+    d.ticket = 9;
+    r = round_trip(d, kCopiedLen);
+    assert_true(r.slot == 2 && r.status == 1 && r.ticket == 9);
+}
+
+void test_refusals(void **) {
+    std::string msg;
+    CtlMsg s{Ctl::staged};
+    s.slots = 8;
+    s.slot_len = 1 << 20;
+    s.size = ring_len(8, 1 << 20);
+    auto set32 = [](size_t at, uint32_t v) { return [=](uint8_t *b, size_t *) { memcpy(b + at, &v, 4); }; };
+    auto set64 = [](size_t at, uint64_t v) { return [=](uint8_t *b, size_t *) { memcpy(b + at, &v, 8); }; };
+    assert_int_equal(edited(s, set32(8, 0), &msg), KVX_EINVAL);
+    assert_contains(msg, "0 slots");
+    assert_int_equal(edited(s, set32(8, 65), &msg), KVX_EINVAL);
+    assert_contains(msg, "65 slots");
+    assert_int_equal(edited(s, set32(12, 5000), &msg), KVX_EINVAL);
+    assert_contains(msg, "slot_len 5000");
+    assert_int_equal(edited(s, set64(16, 8u << 20), &msg), KVX_EINVAL);  // the header lines forgotten
+    assert_contains(msg, "8388608");
+
+    CtlMsg c{Ctl::copy};
+    c.slot = 1;
+    c.len = 4096;
+    c.ticket = 5;
+    assert_int_equal(edited(c, set32(8, 64), &msg), KVX_EINVAL);
+    assert_contains(msg, "slot 64");
+    assert_int_equal(edited(c, set32(12, 0), &msg), KVX_EINVAL);
+    assert_contains(msg, "length 0");
+    assert_int_equal(edited(c, set32(12, kMaxSlotLen + 1), &msg), KVX_EINVAL);
+    assert_int_equal(edited(c, set64(24, 0), &msg), KVX_EINVAL);
+    assert_contains(msg, "ticket 0");
+    assert_int_equal(edited(c, set64(24, kCopied | 5), &msg), KVX_EINVAL);
+    assert_int_equal(edited(c, [](uint8_t *, size_t *n) { (*n)--; }, &msg), KVX_EINVAL);
+    assert_contains(msg, "not 32");
+
+    CtlMsg d{Ctl::copied};
+    d.ticket = 5;
+    assert_int_equal(edited(d, set32(12, 2), &msg), KVX_EINVAL);
+    assert_contains(msg, "status 2");
+    CtlMsg g{Ctl::grant};
+    g.mode = Mode::staged;
+    g.size = 4096;
+    assert_int_equal(edited(g, set64(8, 4096), &msg), KVX_EINVAL);  // an offset only for mapped
+    assert_contains(msg, "offset");
+    assert_int_equal(edited(g, [](uint8_t *b, size_t *) { b[5] = 4; }, &msg), KVX_EINVAL);
+    assert_contains(msg, "mode 4");
+    assert_int_equal(edited(CtlMsg{Ctl::stage}, [](uint8_t *b, size_t *) { b[4] = 8; }, &msg), KVX_EINVAL);
+    assert_contains(msg, "kind 8");
+}
+
+}  // namespace
+
+int main() {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trips),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests_name("shm_wire", tests, nullptr, nullptr);
+}
