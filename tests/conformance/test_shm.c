@@ -174,6 +174,16 @@ static uint8_t *guarded(uint8_t *mem, uint64_t len, uint8_t fill) {
     return mem + GUARD_LEN;
 }
 
+/* fd sized and mapped MAP_SHARED (*mem, *len bytes) for a guarded NB x BL
+ * region filled with 0x22, which is returned. */
+static uint8_t *map_file(int fd, uint8_t **mem, size_t *len) {
+    *len = NB * BL + 2 * GUARD_LEN;
+    assert_int_equal(ftruncate(fd, (off_t)*len), 0);
+    *mem = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(*mem != MAP_FAILED);
+    return guarded(*mem, NB * BL, 0x22);
+}
+
 /* kvx_region_alloc() memory: the writer maps it and copies directly. */
 static void test_mapped_region_alloc(void **state) {
     (void)state;
@@ -233,11 +243,9 @@ static void test_dev_shm_file_and_truncation(void **state) {
     snprintf(path, sizeof path, "/dev/shm/kvxfer-test-%d", (int)getpid());
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) skip();
-    const size_t len = NB * BL + 2 * GUARD_LEN;
-    assert_int_equal(ftruncate(fd, (off_t)len), 0);
-    uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    assert_true(mem != MAP_FAILED);
-    uint8_t *tb = guarded(mem, NB * BL, 0x22);
+    size_t len;
+    uint8_t *mem;
+    uint8_t *tb = map_file(fd, &mem, &len);
     region ra = region_new(NB, BL, 1);
     kvx_transport *a = make(ra.base, NB, BL, opts("auto", NULL));
     kvx_transport *b = make(tb, NB, BL, opts("auto", NULL));
@@ -269,11 +277,9 @@ static void test_app_memfd(void **state) {
     (void)state;
     int fd = memfd_create("kvxfer-test-app", MFD_CLOEXEC);
     assert_true(fd >= 0);
-    const size_t len = NB * BL + 2 * GUARD_LEN;
-    assert_int_equal(ftruncate(fd, (off_t)len), 0);
-    uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    assert_true(mem != MAP_FAILED);
-    uint8_t *tb = guarded(mem, NB * BL, 0x22);
+    size_t len;
+    uint8_t *mem;
+    uint8_t *tb = map_file(fd, &mem, &len);
     region ra = region_new(NB, BL, 1);
     kvx_transport *a = make(ra.base, NB, BL, opts("shm", NULL));
     kvx_transport *b = make(tb, NB, BL, opts("shm", NULL));

@@ -112,19 +112,25 @@ bool kernel_path_works(const Link &l, const std::string &where) {
     return false;
 }
 
-// Asks for a staging ring and maps it: the target's sealed memfd, exactly as
-// large as STAGED says.
-void take_ring(Link &l, int sock, const PeerContext &pc, const std::string &where) {
+// The target's next control message before the deadline (a passed
+// descriptor into *fd); one that does not decode fails with KVX_EAUTH.
+CtlMsg recv_ctl(int sock, net::Fd *fd, const PeerContext &pc, const std::string &where) {
     uint8_t buf[kCtlMaxLen + 8];
-    send_or_fail(sock, buf, encode_ctl(CtlMsg{Ctl::stage}, buf), where);
-    net::Fd fd;
-    ssize_t n = recv_by(sock, buf, sizeof buf, &fd, pc.deadline, where);
-    CtlMsg m;
+    ssize_t n = recv_by(sock, buf, sizeof buf, fd, pc.deadline, where);
     try {
-        m = decode_ctl(buf, static_cast<size_t>(n));
+        return decode_ctl(buf, static_cast<size_t>(n));
     } catch (const Error &e) {
         fail(KVX_EAUTH, "%s: %s", where.c_str(), e.what());
     }
+}
+
+// Asks for a staging ring and maps it: the target's sealed memfd, exactly as
+// large as STAGED says.
+void take_ring(Link &l, int sock, const PeerContext &pc, const std::string &where) {
+    uint8_t buf[kCtlMaxLen];
+    send_or_fail(sock, buf, encode_ctl(CtlMsg{Ctl::stage}, buf), where);
+    net::Fd fd;
+    const CtlMsg m = recv_ctl(sock, &fd, pc, where);
     if (m.kind != Ctl::staged || !fd) fail(KVX_EAUTH, "%s: no staging ring in answer to STAGE", where.c_str());
     struct stat st;
     const int seals = fcntl(fd.get(), F_GET_SEALS);
@@ -152,15 +158,8 @@ void take_grant(Link &l, int sock, const PeerContext &pc, const std::string &whe
     if (cred.uid != geteuid() && !allow_others)
         fail(KVX_EAUTH, "%s: the target runs as uid %u, we as %u (shm.allow_other_users=0)", where.c_str(),
              static_cast<unsigned>(cred.uid), static_cast<unsigned>(geteuid()));
-    uint8_t buf[kCtlMaxLen + 8];
     net::Fd fd;
-    ssize_t n = recv_by(sock, buf, sizeof buf, &fd, pc.deadline, where);
-    CtlMsg g;
-    try {
-        g = decode_ctl(buf, static_cast<size_t>(n));
-    } catch (const Error &e) {
-        fail(KVX_EAUTH, "%s: %s", where.c_str(), e.what());
-    }
+    const CtlMsg g = recv_ctl(sock, &fd, pc, where);
     const uint64_t size = pc.meta->num_blocks * pc.meta->block_len;
     if (g.kind != Ctl::grant || g.size != size)
         fail(KVX_EAUTH, "%s: the grant does not match the region of %" PRIu64 " bytes", where.c_str(), size);
