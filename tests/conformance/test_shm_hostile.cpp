@@ -134,8 +134,8 @@ void post(const Writer &w, uint32_t i, uint32_t len, uint64_t dst_off, uint64_t 
     w.state(i).store(t);
     shm::CtlMsg c{shm::Ctl::copy};
     c.slot = i;
-    c.len = len;
-    c.dst_off = dst_off;
+    c.nseg = 1;
+    c.segs[0] = {dst_off, len};
     c.ticket = t;
     send_ctl(w.sock, c);
 }
@@ -158,8 +158,8 @@ void test_honest_and_withdrawn(void **) {
     w.state(2).store(0);  // the writer took it back
     shm::CtlMsg c{shm::Ctl::copy};
     c.slot = 2;
-    c.len = kBL;
-    c.dst_off = 5 * kBL;
+    c.nseg = 1;
+    c.segs[0] = {5 * kBL, kBL};
     c.ticket = 3;
     send_ctl(w.sock, c);
     a = recv_ctl(w.sock);
@@ -169,8 +169,10 @@ void test_honest_and_withdrawn(void **) {
     target_down(tg);
 }
 
-// One hostile request per connection: it is closed, nothing lands. The
-// bytes (when the slot exists) are posted honestly; the COPY may lie.
+// One hostile request per connection: it is closed, nothing lands (not
+// even its honest first segment: every segment is checked before any is
+// copied). The bytes (when the slot exists) are posted honestly; the COPY's
+// second segment may lie.
 void hostile(uint32_t slot, uint32_t len, uint64_t dst_off, bool stage_twice) {
     Target tg;
     target_up(tg);
@@ -184,8 +186,9 @@ void hostile(uint32_t slot, uint32_t len, uint64_t dst_off, bool stage_twice) {
         }
         shm::CtlMsg c{shm::Ctl::copy};
         c.slot = slot;
-        c.len = len;
-        c.dst_off = dst_off;
+        c.nseg = 2;  // an honest first segment, then the lie
+        c.segs[0] = {0, 4096};
+        c.segs[1] = {dst_off, len};
         c.ticket = 7;
         send_ctl(w.sock, c);
     }
@@ -201,6 +204,7 @@ void test_hostile_copies_close(void **) {
     hostile(0, kBL, UINT64_MAX - 10, false);  // offset + len wraps
     hostile(8, kBL, 0, false);                // a slot the ring does not have
     hostile(0, (1u << 20) + 4096, 0, false);  // longer than a slot
+    hostile(0, 1u << 20, 8192, false);        // with the first segment, more than a slot holds
     hostile(0, 0, 0, true);                   // a second ring
 }
 

@@ -48,11 +48,15 @@ void test_round_trips(void **) {
     assert_int_equal(ring_data_off(8), 4096);
     CtlMsg c{Ctl::copy};
     c.slot = 63;
-    c.len = kMaxSlotLen;
-    c.dst_off = UINT64_MAX;  // the target checks it against its region
+    c.nseg = kMaxCopySegs;
+    for (uint32_t i = 0; i < kMaxCopySegs; i++) c.segs[i] = {UINT64_MAX - i, kMaxSlotLen / kMaxCopySegs};  // the target checks the offsets against its region
     c.ticket = kCopied - 1;
-    r = round_trip(c, kCopyLen);
-    assert_true(r.slot == 63 && r.len == kMaxSlotLen && r.dst_off == UINT64_MAX && r.ticket == kCopied - 1);
+    r = round_trip(c, kCtlMaxLen);
+    assert_true(r.slot == 63 && r.nseg == kMaxCopySegs && r.ticket == kCopied - 1);
+    for (uint32_t i = 0; i < kMaxCopySegs; i++)
+        assert_true(r.segs[i].dst_off == UINT64_MAX - i && r.segs[i].len == kMaxSlotLen / kMaxCopySegs);
+    c.nseg = 1;
+    assert_int_equal(round_trip(c, kCopyHeadLen + kCopySegLen).nseg, 1);
     CtlMsg d{Ctl::copied};
     d.slot = 2;
     d.status = 1;
@@ -80,18 +84,30 @@ void test_refusals(void **) {
 
     CtlMsg c{Ctl::copy};
     c.slot = 1;
-    c.len = 4096;
+    c.nseg = 2;
+    c.segs[0] = {0, 4096};
+    c.segs[1] = {8192, 4096};
     c.ticket = 5;
+    const size_t seg1 = kCopyHeadLen + kCopySegLen;  // the second segment
     assert_int_equal(edited(c, set32(8, 64), &msg), KVX_EINVAL);
     assert_contains(msg, "slot 64");
     assert_int_equal(edited(c, set32(12, 0), &msg), KVX_EINVAL);
-    assert_contains(msg, "length 0");
-    assert_int_equal(edited(c, set32(12, kMaxSlotLen + 1), &msg), KVX_EINVAL);
-    assert_int_equal(edited(c, set64(24, 0), &msg), KVX_EINVAL);
+    assert_contains(msg, "0 segments");
+    assert_int_equal(edited(c, set32(12, 65), &msg), KVX_EINVAL);
+    assert_contains(msg, "65 segments");
+    assert_int_equal(edited(c, set32(12, 3), &msg), KVX_EINVAL);  // says 3, carries 2
+    assert_contains(msg, "not 72");
+    assert_int_equal(edited(c, set32(seg1 + 8, 0), &msg), KVX_EINVAL);
+    assert_contains(msg, "segment 1 has length 0");
+    assert_int_equal(edited(c, set32(seg1 + 12, 1), &msg), KVX_EINVAL);
+    assert_contains(msg, "segment 1: reserved");
+    assert_int_equal(edited(c, set32(seg1 + 8, kMaxSlotLen), &msg), KVX_EINVAL);  // 4096 + 16 MiB in one slot
+    assert_contains(msg, "16781312 bytes");
+    assert_int_equal(edited(c, set64(16, 0), &msg), KVX_EINVAL);
     assert_contains(msg, "ticket 0");
-    assert_int_equal(edited(c, set64(24, kCopied | 5), &msg), KVX_EINVAL);
+    assert_int_equal(edited(c, set64(16, kCopied | 5), &msg), KVX_EINVAL);
     assert_int_equal(edited(c, [](uint8_t *, size_t *n) { (*n)--; }, &msg), KVX_EINVAL);
-    assert_contains(msg, "not 32");
+    assert_contains(msg, "not 56");
 
     CtlMsg d{Ctl::copied};
     d.ticket = 5;

@@ -204,10 +204,16 @@ private:
 // Copies one part; 0 or a KVX_E* code (the target faulted or went away).
 int copy_part(Link &l, const Part &p);
 
-// staged: the link's stager thread. Posts queued parts into free slots of the
-// ring (copy, ticket, COPY) until the link stops; answers complete them
-// (Link::answered, on the loop thread). Never waits for the peer while
-// holding anything a caller of kvx_write_blocks() needs.
+// staged: posts one free slot's worth of the front queued part (copy into
+// the slot, ticket, COPY); answers complete parts (Link::answered, on the
+// loop thread). l.mu held via lk (released while copying); 0, or the
+// failure that must stop the link. Needs a queued part and a free slot.
+int post_slot(Link &l, std::unique_lock<std::mutex> &lk);
+// staged, in the submitting thread: posts while slots are free, leaves the
+// rest queued for the stager. Never waits for the peer.
+void post_now(Link &l, std::unique_lock<std::mutex> &lk);
+// staged: the link's stager thread, posting queued parts as slots free up,
+// until the link stops.
 void stage_loop(Link &l);
 
 class ShmPeer final : public BackendPeer {

@@ -213,16 +213,16 @@ void ShmPeer::submit(Op op) {
     std::vector<Job> jobs;
     int status = 0;
     {
-        std::lock_guard<std::mutex> lk(link_->mu);
+        std::unique_lock<std::mutex> lk(link_->mu);
         if (link_->stop) {
             status = link_->status ? link_->status : KVX_EPEERBROKEN;
         } else {
             link_->ops.emplace(op.state->id, op.state);
-            if (link_->mode == Mode::staged) {  // the stager posts it; nothing here waits for the target
+            if (link_->mode == Mode::staged) {  // into the free slots now, the rest by the stager
                 auto st = std::make_shared<Link::Staged>();
                 st->part = std::move(split_op(std::move(op), 1, kSplitMin, bl).front());
                 link_->stage_queue.push_back(std::move(st));
-                link_->cv.notify_all();
+                post_now(*link_, lk);
                 return;
             }
             for (Part &p : split_op(std::move(op), pool_.copiers(), kSplitMin, bl)) jobs.push_back(Job{link_, std::move(p)});

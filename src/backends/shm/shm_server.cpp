@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
@@ -72,7 +73,7 @@ void ShmConn::on_timer(int) {
 }
 
 void ShmConn::on_event(int, uint32_t events) {
-    uint8_t buf[handshake::kMaxMessageLen + 8];
+    uint8_t buf[std::max(handshake::kMaxMessageLen, kCtlMaxLen) + 8];  // handshake, then control messages
     int passed = -1;
     ssize_t n = (events & EPOLLIN) ? recv_msg(fd_.get(), buf, sizeof buf, &passed) : -ECONNRESET;
     if (passed >= 0) ::close(passed);  // a writer never passes descriptors
@@ -156,16 +157,25 @@ bool ShmConn::on_stage() {
     return send_msg(fd_.get(), out, encode_ctl(r, out), fd.get()) == 0;
 }
 
-// COPY: the slot's bytes into the region, if the writer has not withdrawn
+// COPY: the slot's segments into the region, if the writer has not withdrawn
 // them (a ticket taken here is copied whole; one withdrawn is skipped).
 // Anything outside the ring or the region closes the connection.
 bool ShmConn::on_copy(const CtlMsg &m) {
     const Region &rg = server_.ctx().region;
-    if (!ring_ || m.slot >= slots_ || m.len > slot_len_ || m.dst_off > rg.size() || m.len > rg.size() - m.dst_off) {
-        KVX_LOG(warn, "shm: closing a writer's connection: COPY of %u bytes from slot %u to offset %" PRIu64
-                      " is outside the ring (%u slots of %u) or the region (%" PRIu64 " bytes)",
-                m.len, m.slot, m.dst_off, slots_, slot_len_, rg.size());
+    if (!ring_ || m.slot >= slots_) {
+        KVX_LOG(warn, "shm: closing a writer's connection: COPY from slot %u, the ring has %u", m.slot, slots_);
         return false;
+    }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < m.nseg; i++) {
+        const CtlMsg::Seg &s = m.segs[i];
+        total += s.len;
+        if (total > slot_len_ || s.dst_off > rg.size() || s.len > rg.size() - s.dst_off) {
+            KVX_LOG(warn, "shm: closing a writer's connection: COPY segment %u (%u bytes to offset %" PRIu64
+                          ") is outside the slot (%u bytes) or the region (%" PRIu64 " bytes)",
+                    i, s.len, s.dst_off, slot_len_, rg.size());
+            return false;
+        }
     }
     std::atomic_ref<uint64_t> state(*reinterpret_cast<uint64_t *>(ring_ + uint64_t{m.slot} * 64));
     uint64_t expect = m.ticket;
@@ -173,7 +183,9 @@ bool ShmConn::on_copy(const CtlMsg &m) {
     r.slot = m.slot;
     r.ticket = m.ticket;
     if (state.compare_exchange_strong(expect, m.ticket | kTaken, std::memory_order_acquire)) {
-        copy_into_region(rg.base + m.dst_off, ring_ + ring_data_off(slots_) + uint64_t{m.slot} * slot_len_, m.len);
+        const uint8_t *src = ring_ + ring_data_off(slots_) + uint64_t{m.slot} * slot_len_;
+        for (uint32_t i = 0; i < m.nseg; src += m.segs[i].len, i++)
+            copy_into_region(rg.base + m.segs[i].dst_off, src, m.segs[i].len);
         state.store(m.ticket | kCopied, std::memory_order_release);
     } else {
         r.status = 1;  // withdrawn

@@ -1,10 +1,12 @@
 // The writer's side of a staging ring (private memory the kernel does not let
-// it reach, or shm.private=staged): a stager thread per link copies each
-// piece of a queued part (at most a slot) into a free slot, posts it (the
-// slot's state word becomes a new ticket) and announces it with COPY; the
+// it reach, or shm.private=staged): a stager thread per link copies as much
+// of a queued part as a free slot holds (up to kMaxCopySegs runs) into it,
+// posts it (the slot's state word becomes a new ticket) and announces it
+// with COPY, which lists where each run goes; the
 // target's loop copies it into its region and answers COPIED, which frees the
 // slot and, for a part's last piece, completes the part. kvx_write_blocks()
-// only queues: no thread of the application waits for the target.
+// posts into the slots that are free and queues the rest for the stager: no
+// thread of the application waits for the target.
 #include <unistd.h>
 
 #include <atomic>
@@ -40,6 +42,24 @@ void complete(Link &l, std::unique_lock<std::mutex> &lk, Link::Staged &st) {
     l.cv.notify_all();
 }
 
+// As much of the part as a slot holds, from where posting stopped: pieces of
+// its runs in order (segments of m, their sources in src). l.mu held.
+void take_pieces(const Link &l, Link::Staged &st, CtlMsg *m, const uint8_t **src) {
+    uint64_t used = 0;
+    while (st.run < st.part.runs.size() && m->nseg < kMaxCopySegs && used < l.slot_len) {
+        const Run &r = st.part.runs[st.run];
+        const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(l.slot_len - used, r.len - st.off));
+        src[m->nseg] = l.local.base + r.local_off + st.off;
+        m->segs[m->nseg++] = CtlMsg::Seg{r.remote_off + st.off, n};
+        used += n;
+        st.off += n;
+        if (st.off == r.len) {
+            st.run++;
+            st.off = 0;
+        }
+    }
+}
+
 // Stops the link at its first failure and fails what it had (l.mu not held).
 void stop_link(Link &l, int status) {
     {
@@ -55,64 +75,72 @@ void stop_link(Link &l, int status) {
 
 }  // namespace
 
+int post_slot(Link &l, std::unique_lock<std::mutex> &lk) {
+    std::shared_ptr<Link::Staged> st = l.stage_queue.front();
+    if (!st->started) {
+        if (!st->part.op->try_start()) {  // cancelled before a byte moved
+            l.ops.erase(st->part.op->id);
+            l.stage_queue.pop_front();
+            return 0;
+        }
+        st->started = true;
+    }
+    if (st->run == st->part.runs.size()) {  // nothing to move (an empty transfer)
+        st->all_posted = true;
+        l.stage_queue.pop_front();
+        complete(l, lk, *st);
+        return 0;
+    }
+    CtlMsg m{Ctl::copy};
+    const uint8_t *src[kMaxCopySegs];
+    take_pieces(l, *st, &m, src);
+    if (st->run == st->part.runs.size()) {
+        st->all_posted = true;
+        l.stage_queue.pop_front();
+    }
+    uint32_t s = 0;
+    while (l.in_flight[s] != 0) s++;
+    const uint64_t t = l.next_ticket++;
+    l.in_flight[s] = t;
+    l.owner[s] = st;
+    l.free_slots--;
+    st->outstanding++;
+    l.active++;  // copying into the ring: fail_all waits for it
+    lk.unlock();
+    uint8_t *dst = l.ring + ring_data_off(l.slots) + uint64_t{s} * l.slot_len;
+    for (uint32_t i = 0; i < m.nseg; dst += m.segs[i].len, i++) memcpy(dst, src[i], m.segs[i].len);
+    slot_state(l, s).store(t, std::memory_order_release);
+    m.slot = s;
+    m.ticket = t;
+    uint8_t msg[kCtlMaxLen];
+    const int rc = send_msg(l.sock, msg, encode_ctl(m, msg), -1);
+    lk.lock();
+    l.active--;
+    l.cv.notify_all();
+    if (rc == 0) return 0;
+    KVX_LOG(info, "shm: peer '%s': COPY not sent: %s", l.peer_id.c_str(), strerror(-rc));
+    return KVX_ECONNRESET;
+}
+
+void post_now(Link &l, std::unique_lock<std::mutex> &lk) {
+    int rc = 0;
+    while (rc == 0 && !l.stop && l.free_slots > 0 && !l.stage_queue.empty()) rc = post_slot(l, lk);
+    if (!l.stage_queue.empty()) l.cv.notify_all();  // the rest is the stager's
+    if (rc != 0) {
+        lk.unlock();
+        stop_link(l, rc);
+        lk.lock();
+    }
+}
+
 void stage_loop(Link &l) {
     std::unique_lock<std::mutex> lk(l.mu);
     for (;;) {
         l.cv.wait(lk, [&] { return l.stop || (!l.stage_queue.empty() && l.free_slots > 0); });
         if (l.stop) return;
-        std::shared_ptr<Link::Staged> st = l.stage_queue.front();
-        if (!st->started) {
-            if (!st->part.op->try_start()) {  // cancelled before a byte moved
-                l.ops.erase(st->part.op->id);
-                l.stage_queue.pop_front();
-                continue;
-            }
-            st->started = true;
-        }
-        if (st->run == st->part.runs.size()) {  // nothing to move (an empty transfer)
-            st->all_posted = true;
-            l.stage_queue.pop_front();
-            complete(l, lk, *st);
-            continue;
-        }
-        const Run &r = st->part.runs[st->run];
-        const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(l.slot_len, r.len - st->off));
-        const uint8_t *src = l.local.base + r.local_off + st->off;
-        const uint64_t dst_off = r.remote_off + st->off;
-        st->off += n;
-        if (st->off == r.len) {
-            st->run++;
-            st->off = 0;
-        }
-        if (st->run == st->part.runs.size()) {
-            st->all_posted = true;
-            l.stage_queue.pop_front();
-        }
-        uint32_t s = 0;
-        while (l.in_flight[s] != 0) s++;
-        const uint64_t t = l.next_ticket++;
-        l.in_flight[s] = t;
-        l.owner[s] = st;
-        l.free_slots--;
-        st->outstanding++;
-        l.active++;  // copying into the ring: fail_all waits for it
-        lk.unlock();
-        memcpy(l.ring + ring_data_off(l.slots) + uint64_t{s} * l.slot_len, src, n);
-        slot_state(l, s).store(t, std::memory_order_release);
-        CtlMsg m{Ctl::copy};
-        m.slot = s;
-        m.len = n;
-        m.dst_off = dst_off;
-        m.ticket = t;
-        uint8_t msg[kCtlMaxLen];
-        const int rc = send_msg(l.sock, msg, encode_ctl(m, msg), -1);
-        lk.lock();
-        l.active--;
-        l.cv.notify_all();
-        if (rc != 0) {
-            KVX_LOG(info, "shm: peer '%s': COPY not sent: %s", l.peer_id.c_str(), strerror(-rc));
+        if (int rc = post_slot(l, lk)) {
             lk.unlock();
-            stop_link(l, KVX_ECONNRESET);
+            stop_link(l, rc);
             return;
         }
     }

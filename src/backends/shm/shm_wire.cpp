@@ -61,10 +61,15 @@ size_t encode_ctl(const CtlMsg &m, uint8_t out[kCtlMaxLen]) {
         return kStagedLen;
     case Ctl::copy:
         put_le(out + 8, m.slot, 4);
-        put_le(out + 12, m.len, 4);
-        put_le(out + 16, m.dst_off, 8);
-        put_le(out + 24, m.ticket, 8);
-        return kCopyLen;
+        put_le(out + 12, m.nseg, 4);
+        put_le(out + 16, m.ticket, 8);
+        for (uint32_t i = 0; i < m.nseg; i++) {
+            uint8_t *s = out + kCopyHeadLen + i * kCopySegLen;
+            put_le(s, m.segs[i].dst_off, 8);
+            put_le(s + 8, m.segs[i].len, 4);
+            put_le(s + 12, 0, 4);
+        }
+        return kCopyHeadLen + m.nseg * kCopySegLen;
     case Ctl::copied:
         put_le(out + 8, m.slot, 4);
         put_le(out + 12, m.status, 4);
@@ -77,12 +82,20 @@ size_t encode_ctl(const CtlMsg &m, uint8_t out[kCtlMaxLen]) {
 
 namespace {
 
-size_t ctl_len(Ctl k) {
+// The length a message of this kind must have (COPY: from its segment count,
+// n being what arrived; a count out of range gives 0, which no message has).
+size_t ctl_len(Ctl k, const uint8_t *p, size_t n) {
     switch (k) {
     case Ctl::grant: return kGrantLen;
     case Ctl::staged: return kStagedLen;
-    case Ctl::copy: return kCopyLen;
     case Ctl::copied: return kCopiedLen;
+    case Ctl::copy: {
+        if (n < kCopyHeadLen) return kCopyHeadLen;
+        const uint64_t nseg = get_le(p + 12, 4);
+        if (nseg < 1 || nseg > kMaxCopySegs) fail(KVX_EINVAL, "shm copy: %llu segments is not 1..%u",
+                                                  static_cast<unsigned long long>(nseg), kMaxCopySegs);
+        return kCopyHeadLen + nseg * kCopySegLen;
+    }
     default: return kCtlHeaderLen;
     }
 }
@@ -103,7 +116,7 @@ CtlMsg decode_ctl(const uint8_t *p, size_t n) {
     if (kind < 1 || kind > 7) fail(KVX_EINVAL, "shm control message: kind %u is unknown", kind);
     m.kind = static_cast<Ctl>(kind);
     if (p[6] != 0 || p[7] != 0) fail(KVX_EINVAL, "shm control message: reserved bytes set");
-    const size_t want = ctl_len(m.kind);
+    const size_t want = ctl_len(m.kind, p, n);
     if (n != want) fail(KVX_EINVAL, "shm control message of kind %u has %zu bytes, not %zu", kind, n, want);
     if (m.kind != Ctl::grant && p[5] != 0) fail(KVX_EINVAL, "shm control message: reserved bytes set");
     switch (m.kind) {
@@ -129,14 +142,25 @@ CtlMsg decode_ctl(const uint8_t *p, size_t n) {
             fail(KVX_EINVAL, "shm staged: ring of %llu bytes, %u slots of %u need %llu", (unsigned long long)m.size,
                  m.slots, m.slot_len, (unsigned long long)ring_len(m.slots, m.slot_len));
         break;
-    case Ctl::copy:
+    case Ctl::copy: {
         m.slot = static_cast<uint32_t>(get_le(p + 8, 4));
-        m.len = static_cast<uint32_t>(get_le(p + 12, 4));
-        m.dst_off = get_le(p + 16, 8);
-        m.ticket = ticket_of(p + 24, "copy");
+        m.nseg = static_cast<uint32_t>(get_le(p + 12, 4));
+        m.ticket = ticket_of(p + 16, "copy");
         if (m.slot >= kMaxSlots) fail(KVX_EINVAL, "shm copy: slot %u is not below %u", m.slot, kMaxSlots);
-        if (m.len == 0 || m.len > kMaxSlotLen) fail(KVX_EINVAL, "shm copy: length %u is not 1..%u", m.len, kMaxSlotLen);
+        uint64_t total = 0;
+        for (uint32_t i = 0; i < m.nseg; i++) {
+            const uint8_t *s = p + kCopyHeadLen + i * kCopySegLen;
+            m.segs[i].dst_off = get_le(s, 8);
+            m.segs[i].len = static_cast<uint32_t>(get_le(s + 8, 4));
+            if (get_le(s + 12, 4) != 0) fail(KVX_EINVAL, "shm copy: segment %u: reserved field set", i);
+            if (m.segs[i].len == 0) fail(KVX_EINVAL, "shm copy: segment %u has length 0", i);
+            total += m.segs[i].len;
+        }
+        if (total > kMaxSlotLen)
+            fail(KVX_EINVAL, "shm copy: %llu bytes are more than a slot can hold (%u)",
+                 static_cast<unsigned long long>(total), kMaxSlotLen);
         break;
+    }
     case Ctl::copied:
         m.slot = static_cast<uint32_t>(get_le(p + 8, 4));
         m.status = static_cast<uint32_t>(get_le(p + 12, 4));

@@ -45,16 +45,19 @@ SectionInfo decode_section(const wire::Section &s);
 // mode staged): the writer asks for a staging ring and copies through it.
 //   writer -> target  STAGE
 //   target -> writer  STAGED {slots, slot_len, ring_len} (+ the fd of the ring, a sealed memfd)
-//   writer -> target  COPY {slot, len, dst_off, ticket}: slot holds len bytes for region offset dst_off
+//   writer -> target  COPY {slot, nseg, ticket, nseg x {dst_off, len}}: the slot holds the
+//                     segments' bytes one after the other, each for region offset dst_off
 //   target -> writer  COPIED {slot, status, ticket}: 0 copied, 1 withdrawn (not copied)
 constexpr uint32_t kCtlMagic = 0x43585642u;  // "BVXC" in wire order
 enum class Ctl : uint8_t { grant = 1, revoke = 2, revoked = 3, stage = 4, staged = 5, copy = 6, copied = 7 };
 constexpr size_t kCtlHeaderLen = 8;
 constexpr size_t kGrantLen = kCtlHeaderLen + 8 + 8 + 8;
 constexpr size_t kStagedLen = kCtlHeaderLen + 4 + 4 + 8;
-constexpr size_t kCopyLen = kCtlHeaderLen + 4 + 4 + 8 + 8;
+constexpr uint32_t kMaxCopySegs = 64;                 // segments per COPY (the runs of a transfer)
+constexpr size_t kCopyHeadLen = kCtlHeaderLen + 4 + 4 + 8;  // slot, nseg, ticket
+constexpr size_t kCopySegLen = 8 + 4 + 4;                  // dst_off, len, reserved
 constexpr size_t kCopiedLen = kCtlHeaderLen + 4 + 4 + 8;
-constexpr size_t kCtlMaxLen = kGrantLen > kCopyLen ? kGrantLen : kCopyLen;
+constexpr size_t kCtlMaxLen = kCopyHeadLen + kMaxCopySegs * kCopySegLen;
 
 // The staging ring: a 64-byte line per slot holding its state word, then the
 // slots' bytes from ring_data_off(). A state word is 0 (free or withdrawn),
@@ -72,8 +75,13 @@ struct CtlMsg {
     uint64_t offset = 0;     // grant, mapped: where the region starts in the file
     uint64_t size = 0;       // grant: the region's bytes; staged: the ring's bytes
     uint32_t slots = 0, slot_len = 0;  // staged
-    uint32_t slot = 0, len = 0;        // copy (slot also in copied)
-    uint64_t dst_off = 0;              // copy
+    uint32_t slot = 0;                 // copy, copied
+    uint32_t nseg = 0;                 // copy: segs[0..nseg)
+    struct Seg {
+        uint64_t dst_off = 0;
+        uint32_t len = 0;
+    };
+    std::array<Seg, kMaxCopySegs> segs{};
     uint64_t ticket = 0;               // copy, copied
     uint32_t status = 0;               // copied
 };
