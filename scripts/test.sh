@@ -92,7 +92,9 @@ vm() {
         "cd '$b' && KVX_TEST_BACKEND=verbs ctest --output-on-failure -L 'conformance|verbs' &&
          echo '--- kvxfer-bench choosing among verbs and tcp (the per-peer pick must be verbs; shm, the best same-host path, left out), verified' &&
          ./kvxfer-bench --no-progress --duration 0.5 --json --backend verbs,tcp > bench.json && cat bench.json &&
-         [ \$(grep -c '\"backend\":\"verbs\".*\"verified\":\"yes\"' bench.json) = 3 ]"
+         [ \$(grep -c '\"backend\":\"verbs\".*\"verified\":\"yes\"' bench.json) = 3 ] &&
+         echo '--- kvx_add_remote_peer on verbs (rdma_cm over rxe; a figure, not a test)' &&
+         tests/perf/perf_connect 20 1 verbs"
 }
 
 case "${1:-all}" in
