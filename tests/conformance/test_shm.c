@@ -205,7 +205,8 @@ static void test_mapped_region_alloc(void **state) {
     region_free(&ra);
 }
 
-/* Large blocks over two copy threads: a transfer of 8 MiB is split in two. */
+/* Large blocks over two copy threads: a transfer of 8 MiB is split in two,
+ * and so is a transfer of one block of 3 MiB + 4 KiB (inside the block). */
 static void test_mapped_threads(void **state) {
     (void)state;
     enum { TNB = 16, TBL = 1 << 20 };
@@ -228,6 +229,27 @@ static void test_mapped_threads(void **state) {
         else assert_true(block_is(tb + i * TBL, TBL, 0x33));
     }
     for (size_t i = 0; i < GUARD_LEN; i++) assert_true(tb[-1 - (long)i] == 0xA5 && tb[(uint64_t)TNB * TBL + i] == 0xA5);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    kvx_region_free(mem);
+    region_free(&ra);
+
+    /* One block of 3 MiB + 4 KiB: split inside the block between the threads. */
+    enum { BNB = 3, BBL = (3 << 20) + 4096 };
+    CHECK_OK(kvx_region_alloc(&mem, (uint64_t)BNB * BBL + 2 * GUARD_LEN, 0));
+    tb = guarded(mem, (uint64_t)BNB * BBL, 0x33);
+    ra = region_new(BNB, BBL, 1);
+    a = make(ra.base, BNB, BBL, opts("shm", "shm.threads=2"));
+    b = make(tb, BNB, BBL, opts("shm", NULL));
+    connect_ab(a, b);
+    fill_block(ra.base + 2 * BBL, BBL, 2, 9);
+    uint64_t two = 2, one = 1;
+    CHECK_OK(kvx_write_blocks(&id, a, "b", &two, &one, 1));
+    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(nf, 0);
+    assert_true(block_matches(tb + BBL, BBL, 2, 9));
+    assert_true(block_is(tb, BBL, 0x33) && block_is(tb + 2 * BBL, BBL, 0x33));
+    for (size_t i = 0; i < GUARD_LEN; i++) assert_true(tb[-1 - (long)i] == 0xA5 && tb[(uint64_t)BNB * BBL + i] == 0xA5);
     kvx_transport_destroy(a);
     kvx_transport_destroy(b);
     kvx_region_free(mem);

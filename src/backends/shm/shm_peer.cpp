@@ -27,6 +27,7 @@ void install_sigbus_guard();
 namespace {
 
 constexpr uint64_t kSplitMin = 1u << 20;  // transfers of at least 2 of these are split over copy threads
+constexpr uint64_t kSplitGranule = 64u << 10;  // where a split may fall: anywhere for a copy, even inside a block
 
 // One datagram before the deadline (any passed fd into *fd).
 ssize_t recv_by(int sock, void *buf, size_t cap, net::Fd *fd, Clock::time_point deadline, const std::string &where) {
@@ -225,7 +226,9 @@ void ShmPeer::submit(Op op) {
                 post_now(*link_, lk);
                 return;
             }
-            for (Part &p : split_op(std::move(op), pool_.copiers(), kSplitMin, bl)) jobs.push_back(Job{link_, std::move(p)});
+            const uint64_t granule = std::min(bl, kSplitGranule);  // one large block is split too
+            for (Part &p : split_op(std::move(op), pool_.copiers(), kSplitMin, granule))
+                jobs.push_back(Job{link_, std::move(p)});
         }
     }
     if (status != 0) {
