@@ -7,11 +7,16 @@
 #
 #   memcpy       kvxfer-memcpy-ref: one thread, the same block sizes, the same
 #                working-set size (256 MiB), seq batch 1 / 4K random batch 16
+#   pvw          kvxfer-memcpy-ref ... pvw: the same copies into a child
+#                process's private memory, one process_vm_writev per call
+#                (all of a call's blocks in it): the ceiling of the kernel
+#                path, which "shm private" takes
 #   shm mapped   kvxfer-bench --backend shm --target-region shared
 #                (the target's region is a sealed memfd; vLLM's /dev/shm files
 #                take the same path), shm.threads=1
 #   shm mapped 2 the same with shm.threads=2 (4 MiB only)
 #   shm private  --backend shm, the target's region private: process_vm_writev
+#   shm private 2  the same with shm.threads=2 (4M and 1M: split from 512 KiB)
 #   shm staged   the same with shm.private=staged: through the target's staging
 #                ring (the path of a writer the kernel refuses; two copies)
 #   tcp          --backend tcp over 127.0.0.1
@@ -67,10 +72,13 @@ kv() { # kind, then kvxfer-bench options
 for round in $(seq "$repeat"); do
     echo "$me: round $round of $repeat" >&2
     { "$ref" 4M,1M,64K 256M seq 1 "$duration" && "$ref" 4K 256M random 16 "$duration"; } | tag memcpy
+    { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw && "$ref" 4K 256M random 16 "$duration" pvw; } | tag pvw
     kv "shm mapped" --backend shm --target-region shared --option shm.threads=1 "$@"
     "$bench" --json --no-progress --duration "$duration" --warmup "$warmup" --block-size 4M --batch 1 --pattern seq \
         --backend shm --target-region shared --option shm.threads=2 "$@" | tag "shm mapped 2"
     kv "shm private" --backend shm --option shm.threads=1 "$@"
+    "$bench" --json --no-progress --duration "$duration" --warmup "$warmup" --block-size 4M,1M --batch 1 --pattern seq \
+        --backend shm --option shm.threads=2 "$@" | tag "shm private 2"
     kv "shm staged" --backend shm --option shm.threads=1 --option shm.private=staged "$@"
     kv "tcp" --backend tcp "$@"
 done
@@ -80,7 +88,7 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
 for r in rows:
-    if r["kind"] != "memcpy":
+    if r["kind"] not in ("memcpy", "pvw"):
         if r.get("failed") or r.get("verified") == "no":
             sys.exit("compare-shm.sh: a kvxfer run failed or did not verify: %s" % r)
     by.setdefault((r["kind"], r["block_size"], r["pattern"]), []).append(r["gb_per_s"])
@@ -90,7 +98,7 @@ def cell(kind, bs, pat):
 def fmt(c):
     return "%6.2f (%5.2f-%5.2f)" % c[:3] if c else "%19s" % "-"
 sizes = [(4 << 20, "seq"), (1 << 20, "seq"), (64 << 10, "seq"), (4 << 10, "random")]
-kinds = ["memcpy", "shm mapped", "shm mapped 2", "shm private", "shm staged", "tcp"]
+kinds = ["memcpy", "pvw", "shm mapped", "shm mapped 2", "shm private", "shm private 2", "shm staged", "tcp"]
 print("GB/s, median (min-max) of %d rounds; 4K = random, batch 16; others seq, batch 1" % max(len(v) for v in by.values()))
 print("%-10s" % "block" + "".join("%21s" % k for k in kinds))
 for bs, pat in sizes:
@@ -103,7 +111,7 @@ for bs, pat in sizes:
     m = cell("memcpy", bs, pat)
     parts = []
     for k, ref in (("shm mapped", "memcpy"), ("shm mapped 2", "memcpy"), ("shm private", "memcpy"),
-                   ("shm staged", "memcpy"), ("shm mapped", "tcp"), ("shm staged", "tcp")):
+                   ("shm private 2", "memcpy"), ("pvw", "memcpy"), ("shm private", "pvw"), ("shm staged", "memcpy"), ("shm mapped", "tcp"), ("shm staged", "tcp")):
         a, b = cell(k, bs, pat), cell(ref, bs, pat)
         if a and b and b[0] > 0:
             parts.append("%s/%s %.2f" % (k, ref, a[0] / b[0]))

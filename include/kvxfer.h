@@ -232,7 +232,9 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        copies the first part itself (so a small transfer
  *                        is done, or failed, when the call returns) and
  *                        shm.threads - 1 threads of the transport the others;
- *                        transfers of 2 MiB or more are split among them.
+ *                        transfers of 2 MiB or more are split among them
+ *                        (512 KiB or more into private memory, where the
+ *                        kernel's copy costs about twice a memcpy).
  *   shm.allow_other_users  0..1. 0 (default): the shm backend serves only
  *                        processes of the same user (SO_PEERCRED); 1: any
  *                        user that authenticates (docs/security.md).

@@ -6,15 +6,24 @@
  * call). Prints one JSON line per size: {"block_size":N,"pattern":"...",
  * "batch":N,"bytes":N,"seconds":S,"gb_per_s":G}.
  *
- *   kvxfer-memcpy-ref BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS
+ * With "pvw" last, the destination is the private memory of a child process
+ * and every call is one process_vm_writev carrying the call's blocks (one
+ * iovec each, as kvxfer's shm backend sends them): the ceiling of kvxfer's
+ * kernel path for private memory, on this kernel.
+ *
+ *   kvxfer-memcpy-ref BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw]
  */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now_s(void) {
     struct timespec ts;
@@ -29,8 +38,28 @@ static uint64_t rng(uint64_t *s) {
     return *s;
 }
 
-static void run(uint64_t bs, uint64_t ws, int random, uint64_t batch, double secs, uint8_t *src, uint8_t *dst) {
+/* The pid whose copy of dst process_vm_writev writes, or 0: memcpy. */
+static pid_t g_child;
+
+/* One call's blocks: memcpy each, or one process_vm_writev for all of them. */
+static int copy_batch(const struct iovec *lv, const struct iovec *rv, uint64_t n) {
+    if (g_child == 0) {
+        for (uint64_t i = 0; i < n; i++) memcpy(rv[i].iov_base, lv[i].iov_base, lv[i].iov_len);
+        return 0;
+    }
+    uint64_t want = 0;
+    for (uint64_t i = 0; i < n; i++) want += lv[i].iov_len;
+    ssize_t w = process_vm_writev(g_child, lv, n, rv, n, 0);
+    if (w < 0 || (uint64_t)w != want) {
+        perror("kvxfer-memcpy-ref: process_vm_writev");
+        return -1;
+    }
+    return 0;
+}
+
+static int run(uint64_t bs, uint64_t ws, int random, uint64_t batch, double secs, uint8_t *src, uint8_t *dst) {
     const uint64_t nb = ws / bs;
+    struct iovec lv[1024], rv[1024];
     uint64_t seed = 0x9e3779b97f4a7c15ULL, bytes = 0, next = 0;
     double t0 = now_s(), t = t0;
     while (t - t0 < secs) {
@@ -39,8 +68,10 @@ static void run(uint64_t bs, uint64_t ws, int random, uint64_t batch, double sec
                 uint64_t l = random ? rng(&seed) % nb : next;
                 uint64_t r = random ? rng(&seed) % nb : next;
                 next = (next + 1) % nb;
-                memcpy(dst + r * bs, src + l * bs, bs);
+                lv[i] = (struct iovec){src + l * bs, bs};
+                rv[i] = (struct iovec){dst + r * bs, bs};
             }
+            if (copy_batch(lv, rv, batch) != 0) return -1;
             bytes += batch * bs;
         }
         t = now_s();
@@ -48,6 +79,7 @@ static void run(uint64_t bs, uint64_t ws, int random, uint64_t batch, double sec
     printf("{\"block_size\":%llu,\"pattern\":\"%s\",\"batch\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f}\n",
            (unsigned long long)bs, random ? "random" : "seq", (unsigned long long)batch, (unsigned long long)bytes,
            t - t0, (double)bytes / (t - t0) / 1e9);
+    return 0;
 }
 
 static uint64_t parse_size(const char *s) {
@@ -60,8 +92,8 @@ static uint64_t parse_size(const char *s) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: %s BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS\n", argv[0]);
+    if (argc != 6 && !(argc == 7 && strcmp(argv[6], "pvw") == 0)) {
+        fprintf(stderr, "usage: %s BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw]\n", argv[0]);
         return 2;
     }
     const uint64_t ws = parse_size(argv[2]), batch = strtoull(argv[4], NULL, 10);
@@ -69,18 +101,43 @@ int main(int argc, char **argv) {
     const double secs = atof(argv[5]);
     uint8_t *src = mmap(NULL, ws, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     uint8_t *dst = mmap(NULL, ws, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (src == MAP_FAILED || dst == MAP_FAILED || batch == 0 || ws == 0) {
+    if (src == MAP_FAILED || dst == MAP_FAILED || batch == 0 || batch > 1024 || ws == 0) {
         fprintf(stderr, "%s: bad arguments or no memory\n", argv[0]);
         return 1;
     }
     memset(src, 1, ws);  /* touch every page: no page faults in the measurement */
     memset(dst, 2, ws);
+    if (argc == 7) {
+        /* The child's dst is its own: it writes every page after the fork. */
+        int ready[2];
+        if (pipe(ready) != 0) return 1;
+        g_child = fork();
+        if (g_child < 0) return 1;
+        if (g_child == 0) {
+            memset(dst, 3, ws);
+            if (write(ready[1], "r", 1) != 1) _exit(1);
+            for (;;) pause();
+        }
+        char c;
+        if (read(ready[0], &c, 1) != 1) return 1;
+    }
+    int rc = 0;
     char *list = strdup(argv[1]);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         uint64_t bs = parse_size(tok);
-        if (bs == 0 || bs > ws) return 2;
-        run(bs, ws, random, batch, secs, src, dst);
+        if (bs == 0 || bs > ws) {
+            rc = 2;
+            break;
+        }
+        if (run(bs, ws, random, batch, secs, src, dst) != 0) {
+            rc = 1;
+            break;
+        }
     }
     free(list);
-    return 0;
+    if (g_child > 0) {
+        kill(g_child, SIGKILL);
+        waitpid(g_child, NULL, 0);
+    }
+    return rc;
 }

@@ -256,6 +256,37 @@ static void test_mapped_threads(void **state) {
     region_free(&ra);
 }
 
+/* Private memory over two copy threads: process_vm_writev costs about twice
+ * a memcpy per byte, so transfers from 512 KiB are split (on 64 KiB bounds,
+ * inside blocks too). Three blocks of 512 KiB + 4 KiB in one transfer, then
+ * one such block alone: each lands exactly, nothing around it changes. */
+static void test_private_threads(void **state) {
+    (void)state;
+    enum { PNB = 8, PBL = (512 << 10) + 4096 };
+    region ra = region_new(PNB, PBL, 1), rb = region_new(PNB, PBL, 0x33);
+    kvx_transport *a = make(ra.base, PNB, PBL, opts("shm", "shm.threads=2"));
+    kvx_transport *b = make(rb.base, PNB, PBL, opts("shm", NULL));
+    connect_ab(a, b);
+    expect_path(a, "b", "shm", "process_vm_writev");
+    for (uint64_t i = 0; i < PNB; i++) fill_block(ra.base + i * PBL, PBL, i, 7);
+    uint64_t l[3] = {6, 0, 3}, r[3] = {1, 2, 3}, one_l = 5, one_r = 6, ids[2];
+    CHECK_OK(kvx_write_blocks(&ids[0], a, "b", l, r, 3));
+    CHECK_OK(kvx_write_blocks(&ids[1], a, "b", &one_l, &one_r, 1));
+    size_t nf = 0;
+    assert_int_equal(wait_ids(a, "b", ids, 2, 20000, &nf, NULL), 2);
+    assert_int_equal(nf, 0);
+    const uint64_t from[PNB] = {0, 6, 0, 3, 0, 0, 5, 0};
+    for (uint64_t i = 0; i < PNB; i++) {
+        if ((i >= 1 && i <= 3) || i == 6) assert_true(block_matches(rb.base + i * PBL, PBL, from[i], 7));
+        else assert_true(block_is(rb.base + i * PBL, PBL, 0x33));
+    }
+    assert_true(region_guards_ok(&rb));
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    region_free(&ra);
+    region_free(&rb);
+}
+
 /* vLLM's case: the region is an mmap of a file under /dev/shm. Found without
  * any option; then the target truncates the file under the writer: the
  * writer's copy faults (SIGBUS), the transfer fails, the writer lives on. */
@@ -567,6 +598,7 @@ int main(void) {
         cmocka_unit_test(test_fallback_and_strict),
         cmocka_unit_test(test_mapped_region_alloc),
         cmocka_unit_test(test_mapped_threads),
+        cmocka_unit_test(test_private_threads),
         cmocka_unit_test(test_dev_shm_file_and_truncation),
         cmocka_unit_test(test_app_memfd),
         cmocka_unit_test(test_huge_pages),

@@ -28,6 +28,9 @@ namespace {
 
 constexpr uint64_t kSplitMin = 1u << 20;  // transfers of at least 2 of these are split over copy threads
 constexpr uint64_t kSplitGranule = 64u << 10;  // where a split may fall: anywhere for a copy, even inside a block
+// process_vm_writev costs about twice a memcpy per byte (it pins the target's
+// pages): a second thread pays off from much smaller transfers.
+constexpr uint64_t kSplitMinKernel = 256u << 10;
 
 // One datagram before the deadline (any passed fd into *fd).
 ssize_t recv_by(int sock, void *buf, size_t cap, net::Fd *fd, Clock::time_point deadline, const std::string &where) {
@@ -227,7 +230,8 @@ void ShmPeer::submit(Op op) {
                 return;
             }
             const uint64_t granule = std::min(bl, kSplitGranule);  // one large block is split too
-            for (Part &p : split_op(std::move(op), pool_.copiers(), kSplitMin, granule))
+            const uint64_t min_part = link_->mode == Mode::kernel ? kSplitMinKernel : kSplitMin;
+            for (Part &p : split_op(std::move(op), pool_.copiers(), min_part, std::min(granule, min_part)))
                 jobs.push_back(Job{link_, std::move(p)});
         }
     }
