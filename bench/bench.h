@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "kvxfer.h"
+#include "units.h"
 
 #define BENCH_MAX_SIZES 32
 #define BENCH_MAX_OPTIONS 64
@@ -55,7 +56,7 @@ struct bench_opts {
     int port_fd;                  /* hidden --port-fd: report port there */
 };
 
-/* ---- util.c */
+/* ---- util.c (time and sizes: units.h) */
 extern const char *g_prog;        /* "kvxfer-bench" or "kvxfer-bench target" */
 
 void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -67,13 +68,6 @@ void fmt_kvx_error(char *buf, size_t cap, const char *what, int rc);
 /* Registered cleanup run by die() (kills the local target). */
 extern void (*g_die_hook)(void);
 
-uint64_t now_ns(void);
-void sleep_ns(uint64_t ns);
-/* "4096", "4K", "64k", "1M", "1MiB", "2G": binary suffixes. 0 on success. */
-int parse_size(const char *s, uint64_t *out);
-int parse_u64(const char *s, uint64_t *out);
-/* "4KiB", "1MiB", or "3000B" when not a whole multiple. */
-void fmt_size(char *buf, size_t cap, uint64_t n);
 
 uint64_t mix64(uint64_t x);
 uint64_t rng_next(uint64_t *state);

@@ -28,6 +28,7 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$root/bench/common.sh"
 bench=${KVXFER_BENCH:-$root/build/kvxfer-bench}
 ref=${KVXFER_MEMCPY_REF:-$root/build/kvxfer-memcpy-ref}
 duration=${DURATION:-2}
@@ -51,12 +52,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM
 
-# kind, then JSON lines tagged with it, into $tmp/all.jsonl
-tag() { "$py" -c 'import json,sys
-for l in sys.stdin:
-    l = l.strip()
-    if l.startswith("{"):
-        d = json.loads(l); d["kind"] = sys.argv[1]; print(json.dumps(d))' "$1" >>"$tmp/all.jsonl"; }
+# kind, then JSON lines tagged with it (and the round), into $tmp/all.jsonl
+tag() { kvx_tag "$1" "$round" >>"$tmp/all.jsonl"; }
 
 kv() { # kind, then kvxfer-bench options
     local kind=$1

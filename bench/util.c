@@ -1,13 +1,11 @@
 /* Small helpers: errors, time, size parsing, data pattern, memory. */
 #define _GNU_SOURCE
 #include <endian.h>
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include "bench.h"
 
@@ -55,76 +53,6 @@ void die_kvx(const char *what, int rc)
     char buf[1024];
     fmt_kvx_error(buf, sizeof buf, what, rc);
     die("%s", buf);
-}
-
-uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-void sleep_ns(uint64_t ns)
-{
-    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000u), .tv_nsec = (long)(ns % 1000000000u)};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
-int parse_u64(const char *s, uint64_t *out)
-{
-    if (!s || !*s || *s == '-' || *s == '+')
-        return -1;
-    errno = 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || end == s)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-int parse_size(const char *s, uint64_t *out)
-{
-    if (!s || !*s || *s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s)
-        return -1;
-    unsigned shift = 0;
-    switch (*end) {
-    case '\0': break;
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    case 't': case 'T': shift = 40; end++; break;
-    case 'b': case 'B': break;
-    default: return -1;
-    }
-    /* Accept "4K", "4KB", "4KiB", "4096B": all binary. */
-    if (shift && (end[0] == 'i' || end[0] == 'I'))
-        end++;
-    if (end[0] == 'b' || end[0] == 'B')
-        end++;
-    if (*end)
-        return -1;
-    if (shift && v > (UINT64_MAX >> shift))
-        return -1;
-    *out = (uint64_t)v << shift;
-    return 0;
-}
-
-void fmt_size(char *buf, size_t cap, uint64_t n)
-{
-    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    unsigned u = 0;
-    while (u < 4 && n >= 1024 && n % 1024 == 0) {
-        n /= 1024;
-        u++;
-    }
-    snprintf(buf, cap, "%llu%s", (unsigned long long)n, units[u]);
 }
 
 uint64_t mix64(uint64_t x)

@@ -24,14 +24,11 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
+#include "../units.h"
+
+static double now_s(void) { return (double)now_ns() / 1e9; }
 
 struct writer {
     int fd;
@@ -72,16 +69,9 @@ static double receive(int fd, char *region, size_t region_len, size_t block, siz
     return now_s() - t0;
 }
 
-static size_t parse_size(const char *s) {
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    switch (*end) {
-    case 'G': v <<= 10; /* fall through */
-    case 'M': v <<= 10; /* fall through */
-    case 'K': v <<= 10; end++; break;
-    default: break;
-    }
-    if (*end || v == 0) {
+static size_t size_arg(const char *s) {
+    uint64_t v;
+    if (parse_size(s, &v) != 0 || v == 0 || v > SIZE_MAX) {
         fprintf(stderr, "kvxfer-cold-ref: '%s' is not a size like 64K\n", s);
         exit(2);
     }
@@ -93,7 +83,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: kvxfer-cold-ref BLOCK_SIZE REGION_BYTES BYTES\n");
         return 2;
     }
-    size_t block = parse_size(argv[1]), region_len = parse_size(argv[2]), bytes = parse_size(argv[3]);
+    size_t block = size_arg(argv[1]), region_len = size_arg(argv[2]), bytes = size_arg(argv[3]);
     if (region_len % block) {
         fprintf(stderr, "kvxfer-cold-ref: the region is not a whole number of blocks\n");
         return 2;

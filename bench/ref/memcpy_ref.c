@@ -22,14 +22,11 @@
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
+#include "../units.h"
+
+static double now_s(void) { return (double)now_ns() / 1e9; }
 
 static uint64_t rng(uint64_t *s) {
     *s ^= *s << 13;
@@ -82,12 +79,12 @@ static int run(uint64_t bs, uint64_t ws, int random, uint64_t batch, double secs
     return 0;
 }
 
-static uint64_t parse_size(const char *s) {
-    char *end;
-    uint64_t v = strtoull(s, &end, 10);
-    if (*end == 'K') v <<= 10;
-    else if (*end == 'M') v <<= 20;
-    else if (*end == 'G') v <<= 30;
+static uint64_t size_arg(const char *s) {
+    uint64_t v;
+    if (parse_size(s, &v) != 0 || v == 0) {
+        fprintf(stderr, "kvxfer-memcpy-ref: '%s' is not a size like 64K\n", s);
+        exit(2);
+    }
     return v;
 }
 
@@ -96,7 +93,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw]\n", argv[0]);
         return 2;
     }
-    const uint64_t ws = parse_size(argv[2]), batch = strtoull(argv[4], NULL, 10);
+    const uint64_t ws = size_arg(argv[2]);
+    uint64_t batch;
+    if (parse_u64(argv[4], &batch) != 0) batch = 0;
     const int random = strcmp(argv[3], "random") == 0;
     const double secs = atof(argv[5]);
     uint8_t *src = mmap(NULL, ws, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -124,8 +123,8 @@ int main(int argc, char **argv) {
     int rc = 0;
     char *list = strdup(argv[1]);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
-        uint64_t bs = parse_size(tok);
-        if (bs == 0 || bs > ws) {
+        uint64_t bs = size_arg(tok);
+        if (bs > ws) {
             rc = 2;
             break;
         }

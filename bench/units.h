@@ -1,0 +1,17 @@
+/* Time and sizes (units.c): shared by kvxfer-bench and bench/ref/. */
+#ifndef KVXFER_BENCH_UNITS_H
+#define KVXFER_BENCH_UNITS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* CLOCK_MONOTONIC in ns. */
+uint64_t now_ns(void);
+void sleep_ns(uint64_t ns);
+/* "4096", "4K", "64k", "1M", "1MiB", "2G": binary suffixes. 0 on success. */
+int parse_size(const char *s, uint64_t *out);
+int parse_u64(const char *s, uint64_t *out);
+/* "4KiB", "1MiB", or "3000B" when not a whole multiple. */
+void fmt_size(char *buf, size_t cap, uint64_t n);
+
+#endif
