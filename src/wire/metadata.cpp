@@ -137,6 +137,11 @@ AgentMetadata decode_metadata(const uint8_t *p, size_t n) {
         Reader sr(body, len, KVX_EBADMETA, "metadata section");
         if (type == kSectionCore) {
             if (have_core) fail(KVX_EBADMETA, "metadata: duplicate core section");
+            if (!(flags & kFlagCritical))
+                fail(KVX_EBADMETA, "metadata: core section not flagged critical (flags 0x%04x)", flags);
+            if ((flags >> kVersionShift) != 0 && minor <= kMetaMinor)
+                fail(KVX_EBADMETA, "metadata: core section version %u at minor version %u (only 0 exists)",
+                     flags >> kVersionShift, minor);
             have_core = true;
             get_core(sr, len, minor > kMetaMinor, m);
             continue;

@@ -407,6 +407,15 @@ void test_meta_invalid_structure(void **) {
     expect_badmeta(build({core_sec(CoreFields{}), core_sec(CoreFields{}), tcp_sec({RawEp{}})}), "duplicate");
     expect_badmeta(build({core_sec(CoreFields{}), tcp_sec({RawEp{}}), tcp_sec({RawEp{}})}), "duplicate");
     expect_badmeta(build({core_sec(v), verbs_sec(RawEp{}, 1, mr, 5), verbs_sec(RawEp{}, 1, mr, 5)}), "duplicate");
+    // the core section must be flagged critical, and be version 0 at this minor
+    {
+        Sec c = core_sec(CoreFields{});
+        c.flags = 0;
+        expect_badmeta(build({c, tcp_sec({RawEp{}})}), "critical");
+        c.flags = 0x0101;
+        expect_badmeta(build({c, tcp_sec({RawEp{}})}), "version 1");
+        assert_int_equal(decode_code(build({c, tcp_sec({RawEp{}})}, 2, 1)), kNoError);  // a newer minor's core
+    }
     // missing core
     expect_badmeta(build({tcp_sec({RawEp{}})}), "core");
     expect_badmeta(build({Sec{0x55, 0, {}}}), "core");
