@@ -289,9 +289,10 @@ KVX_API int kvx_transport_create(kvx_transport **out, void *base, uint64_t num_b
  * nothing: poll returns KVX_ECLOSED afterwards), peers are disconnected,
  * threads stopped, sockets and registrations released. When it returns, no
  * byte will be written into the local region by kvxfer any more.
- * Registrations in progress (kvx_add_remote_peer_async()) fail with
- * KVX_ECLOSED at once; close waits for their connection attempts to end
- * (at most connect_timeout_ms).
+ * Registrations in progress (kvx_add_remote_peer_async(), and
+ * kvx_add_remote_peer() in other threads) fail with KVX_ECLOSED at once;
+ * close calls their connection attempts off and waits for them to end,
+ * which takes tens of milliseconds, not connect_timeout_ms (since 0.3).
  * Idempotent: a second close returns 0. Every other call afterwards returns
  * KVX_ECLOSED (properties, kvx_registration_status() and kvx_get_stats()
  * stay usable).
@@ -439,8 +440,8 @@ typedef enum kvx_registration_state {
  * @param flags     0 or KVX_PEER_REPLACE.
  * Cancellation: kvx_remove_remote_peer(peer_id) cancels a registration in
  * progress, and a later add with KVX_PEER_REPLACE supersedes it: either way it
- * reports FAILED with KVX_ECANCELED at once, and the connection it was making
- * is closed when that attempt ends. kvx_transport_close() fails it with
+ * reports FAILED with KVX_ECANCELED at once, and the attempt is called off:
+ * the connection it was making is closed within tens of milliseconds. kvx_transport_close() fails it with
  * KVX_ECLOSED. A registration that was cancelled or superseded never
  * publishes: a peer id is only ever registered by its latest add.
  * @return 0 (the registration is in progress); or at once, with nothing

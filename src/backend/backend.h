@@ -18,6 +18,7 @@
 
 #include "handshake/handshake.h"
 #include "util/event_loop.h"
+#include "util/net.h"
 #include "util/options.h"
 #include "wire/metadata.h"
 
@@ -201,7 +202,7 @@ struct PeerContext {
     std::string peer_id;
     const wire::AgentMetadata *meta = nullptr;  // decoded and checked by the core
     const wire::Section *section = nullptr;     // this backend's section of it (checked)
-    Clock::time_point deadline;                 // connect + authenticate before this
+    net::Deadline deadline;  // connect + authenticate before this; called off by close or remove
     CompletionSink *sink = nullptr;
 };
 

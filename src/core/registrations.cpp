@@ -38,6 +38,7 @@ bool Registrations::cancel_locked(const std::string &id, int code, const char *w
     by_id_.erase(it);
     r->current = false;
     r->cancel_code = code;
+    r->called_off.store(true);  // its connect waits end within a slice
     // Reported now, so that nobody waits for the attempt still connecting;
     // the attempt itself only closes what it opened.
     // (id may have been the erased key: r owns a copy)
@@ -141,7 +142,7 @@ void Registrations::shutdown() {
         std::lock_guard<std::mutex> lk(mu_);
         workers.swap(workers_);
     }
-    for (auto &w : workers) w.thread.join();  // their connection attempts end by connect_timeout_ms
+    for (auto &w : workers) w.thread.join();  // called off: their waits end within a slice (net::Deadline)
 }
 
 }  // namespace kvx

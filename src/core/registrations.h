@@ -12,6 +12,7 @@
 // held, wait() takes the caller's lock on it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <cstdint>
@@ -39,6 +40,7 @@ public:
         bool current = true;   // still holds the reservation of id
         int cancel_code = 0;   // why not: KVX_ECANCELED or KVX_ECLOSED
         bool finished = false;
+        std::atomic<bool> called_off{false};  // set with cancel_code: the attempt stops connecting
     };
     using Ref = std::shared_ptr<Pending>;
 

@@ -170,7 +170,7 @@ void Transport::close() {
         wd_cv_.notify_all();
     }
     if (watchdog_.joinable()) watchdog_.join();
-    registrations_.shutdown();  // waits for connection attempts (connect_timeout_ms at most)
+    registrations_.shutdown();  // connection attempts, called off above, end within a slice
     for (auto &[id, p] : peers) p->link->shutdown();
     for (auto &b : backends_) b->shutdown();
     loop_->stop();
@@ -224,7 +224,8 @@ wire::AgentMetadata Transport::check_peer(const std::string &id, const uint8_t *
     return m;
 }
 
-std::shared_ptr<Transport::Peer> Transport::connect_peer(const std::string &id, const wire::AgentMetadata &m) {
+std::shared_ptr<Transport::Peer> Transport::connect_peer(const std::string &id, const wire::AgentMetadata &m,
+                                                         const std::atomic<bool> *called_off) {
     auto peer = std::make_shared<Peer>();
     peer->t = this;
     peer->id = id;
@@ -232,7 +233,7 @@ std::shared_ptr<Transport::Peer> Transport::connect_peer(const std::string &id, 
     PeerContext pc;
     pc.peer_id = id;
     pc.meta = &m;
-    pc.deadline = Clock::now() + std::chrono::milliseconds(core_.connect_timeout_ms);
+    pc.deadline = net::Deadline(Clock::now() + std::chrono::milliseconds(core_.connect_timeout_ms), called_off);
     pc.sink = peer.get();
     std::string skipped;
     const std::vector<Candidate> cands = candidates(id, m, &skipped);

@@ -109,7 +109,10 @@ private:
     // Peers stalled now (work outstanding, no progress for the timeout); sets
     // *next to when the next one could stall.
     std::vector<std::shared_ptr<Peer>> stalled_peers(Clock::time_point *next);
-    std::shared_ptr<Peer> connect_peer(const std::string &id, const wire::AgentMetadata &m);
+    // Connects to the first path that takes it, before connect_timeout_ms or
+    // until *called_off is set (may be null).
+    std::shared_ptr<Peer> connect_peer(const std::string &id, const wire::AgentMetadata &m,
+                                       const std::atomic<bool> *called_off);
     // Registration steps (transport_peers.cpp): the checks that need no
     // connection, the reservation of the id, and connect + publish.
     wire::AgentMetadata check_peer(const std::string &id, const uint8_t *meta, size_t meta_len,

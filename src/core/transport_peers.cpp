@@ -30,6 +30,13 @@ int failure_of(std::exception_ptr e, std::string *message) {
     }
 }
 
+// Why a registration cancelled while it connected failed.
+std::string called_off_message(int code, const std::string &id) {
+    return code == KVX_ECLOSED ? strfmt("transport was closed while peer '%s' connected", id.c_str())
+                               : strfmt("peer '%s': registration cancelled while it connected (the peer was "
+                                        "removed or added again)", id.c_str());
+}
+
 }  // namespace
 
 // Reserves id for registration reg (0: synchronous). With replace, a peer
@@ -54,13 +61,19 @@ void Transport::connect_and_publish(const Registrations::Ref &r, const wire::Age
     const int64_t t0 = Peer::now_ns();
     std::shared_ptr<Peer> peer;
     try {
-        peer = connect_peer(r->id, m);
+        peer = connect_peer(r->id, m, &r->called_off);
     } catch (...) {
         std::string msg;
-        const int code = failure_of(std::current_exception(), &msg);
+        int code = failure_of(std::current_exception(), &msg);
         std::lock_guard<std::mutex> lk(mu_);
         if (r->current) telemetry_.connect_failed(r->id);
+        const bool called_off = !r->current && r->cancel_code != 0;
+        if (called_off) {  // that is the outcome, whatever the attempt saw as it stopped
+            code = closed_ ? KVX_ECLOSED : r->cancel_code;
+            msg = called_off_message(code, r->id);
+        }
         registrations_.finish_locked(r, code, msg);
+        if (called_off) throw Error(code, msg);
         throw;
     }
     int code;
@@ -76,9 +89,7 @@ void Transport::connect_and_publish(const Registrations::Ref &r, const wire::Age
             return;
         }
         code = closed_ ? KVX_ECLOSED : r->cancel_code;
-        msg = code == KVX_ECLOSED ? strfmt("transport was closed while peer '%s' connected", r->id.c_str())
-                                  : strfmt("peer '%s': registration cancelled while it connected (the peer was "
-                                           "removed or added again)", r->id.c_str());
+        msg = called_off_message(code, r->id);
         registrations_.finish_locked(r, code, msg);
     }
     peer->link->shutdown();  // never published: nothing of it was used

@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -191,19 +192,25 @@ int ms_left(Clock::time_point deadline) {
     return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
 }
 
-int wait_fd(int fd, short events, Clock::time_point deadline) {
+int Deadline::slice_ms() const {
+    if (cancelled()) return 0;
+    const int ms = ms_left(at_);
+    return cancel_ != nullptr ? std::min(ms, kCancelSliceMs) : ms;
+}
+
+int wait_fd(int fd, short events, const Deadline &deadline) {
     for (;;) {
-        int ms = ms_left(deadline);
+        if (deadline.cancelled()) return -ECANCELED;
+        int ms = deadline.slice_ms();
         if (ms == 0) return -ETIMEDOUT;
         pollfd p{fd, events, 0};
         int rc = ::poll(&p, 1, ms);
         if (rc > 0) return 0;
-        if (rc == 0) return -ETIMEDOUT;
-        if (errno != EINTR) return -errno;
+        if (rc < 0 && errno != EINTR) return -errno;
     }
 }
 
-int connect_by(const Endpoint &e, Clock::time_point deadline, Fd *out) {
+int connect_by(const Endpoint &e, const Deadline &deadline, Fd *out) {
     socklen_t len = 0;
     sockaddr_storage ss = from_endpoint(e, &len);
     Fd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -221,7 +228,7 @@ int connect_by(const Endpoint &e, Clock::time_point deadline, Fd *out) {
     return 0;
 }
 
-int read_full_by(int fd, void *buf, size_t n, Clock::time_point deadline) {
+int read_full_by(int fd, void *buf, size_t n, const Deadline &deadline) {
     auto *p = static_cast<uint8_t *>(buf);
     while (n > 0) {
         ssize_t r = ::recv(fd, p, n, MSG_DONTWAIT);
@@ -240,7 +247,7 @@ int read_full_by(int fd, void *buf, size_t n, Clock::time_point deadline) {
     return 0;
 }
 
-int write_full_by(int fd, const void *buf, size_t n, Clock::time_point deadline) {
+int write_full_by(int fd, const void *buf, size_t n, const Deadline &deadline) {
     const auto *p = static_cast<const uint8_t *>(buf);
     while (n > 0) {
         ssize_t r = ::send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);

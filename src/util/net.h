@@ -6,7 +6,7 @@
 #include <sys/uio.h>
 
 #include <array>
-
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -57,19 +57,40 @@ private:
     int fd_ = -1;
 };
 
+// A point in time to be done by, which the owner of a flag may also call off
+// (close, or a remove, while a peer connects): waits on it then end within
+// kCancelSliceMs with -ECANCELED instead of running to the time.
+class Deadline {
+public:
+    static constexpr int kCancelSliceMs = 20;
+    Deadline() = default;
+    Deadline(Clock::time_point at, const std::atomic<bool> *cancel = nullptr) : at_(at), cancel_(cancel) {}
+    Clock::time_point at() const { return at_; }
+    bool cancelled() const { return cancel_ != nullptr && cancel_->load(std::memory_order_relaxed); }
+    // The time has come, or the wait was called off.
+    bool passed() const { return cancelled() || Clock::now() >= at_; }
+    // Milliseconds a single wait may last: what is left, cut to slices when
+    // the deadline can be called off; 0 once passed.
+    int slice_ms() const;
+
+private:
+    Clock::time_point at_{};
+    const std::atomic<bool> *cancel_ = nullptr;
+};
+
 // Milliseconds until deadline, 0 once it has passed (for poll and friends).
 int ms_left(Clock::time_point deadline);
 // Waits for events (POLLIN, POLLOUT) on fd until the deadline: 0 ready,
-// -ETIMEDOUT, -errno.
-int wait_fd(int fd, short events, Clock::time_point deadline);
+// -ETIMEDOUT, -ECANCELED (called off), -errno.
+int wait_fd(int fd, short events, const Deadline &deadline);
 
 // Connects before the deadline; returns the fd or -errno.
-int connect_by(const Endpoint &e, Clock::time_point deadline, Fd *out);
+int connect_by(const Endpoint &e, const Deadline &deadline, Fd *out);
 
 // Read/write exactly n bytes before the deadline. Return 0, or -errno
-// (-ETIMEDOUT, -ECONNRESET for EOF).
-int read_full_by(int fd, void *buf, size_t n, Clock::time_point deadline);
-int write_full_by(int fd, const void *buf, size_t n, Clock::time_point deadline);
+// (-ETIMEDOUT, -ECANCELED, -ECONNRESET for EOF).
+int read_full_by(int fd, void *buf, size_t n, const Deadline &deadline);
+int write_full_by(int fd, const void *buf, size_t n, const Deadline &deadline);
 
 
 void set_nodelay(int fd);

@@ -167,12 +167,14 @@ static void test_async_silent_peer(void **state) {
     region_free(&rb);
 }
 
-/* remove cancels a registration in progress; close fails one with ECLOSED. */
+/* remove cancels a registration in progress; close fails one with ECLOSED.
+ * Both call the attempt off: close does not wait out connect_timeout_ms
+ * (60 s here) for an attempt that hangs on a silent peer. */
 static void test_async_cancel_and_close(void **state) {
     (void)state;
     if (skip_unless_tcp()) return;
     region ra = region_new(NB, BL, 1), rb = region_new(NB, BL, 2);
-    kvx_transport *a = transport_new(&ra, NULL, test_options("connect_timeout_ms=1000", NULL));
+    kvx_transport *a = transport_new(&ra, NULL, test_options("connect_timeout_ms=60000", NULL));
     metablob mb;
     int hole;
     kvx_transport *b = silent_target(&rb, &mb, &hole);
@@ -185,8 +187,10 @@ static void test_async_cancel_and_close(void **state) {
     CHECK_ERR(kvx_remove_remote_peer(a, "p"), KVX_ENOENT);
     async_add(a, "q", &mb, 0, &reg2);
     uint64_t t0 = now_ms();
-    CHECK_OK(kvx_transport_close(a)); /* waits for the attempt to end */
-    assert_true(now_ms() - t0 <= 1100 + 500);
+    CHECK_OK(kvx_transport_close(a)); /* calls the attempt off, and waits for it to end */
+    const uint64_t took = now_ms() - t0;
+    print_message("close with a registration hanging on a silent peer: %llu ms\n", (unsigned long long)took);
+    assert_true(took < 30000); /* not the 60 s connect timeout */
     assert_int_equal(status_of(a, reg2, 0, &err), KVX_REGISTRATION_FAILED);
     assert_int_equal(err, KVX_ECLOSED);
     uint64_t reg3;

@@ -33,7 +33,7 @@ constexpr uint64_t kSplitGranule = 64u << 10;  // where a split may fall: anywhe
 constexpr uint64_t kSplitMinKernel = 256u << 10;
 
 // One datagram before the deadline (any passed fd into *fd).
-ssize_t recv_by(int sock, void *buf, size_t cap, net::Fd *fd, Clock::time_point deadline, const std::string &where) {
+ssize_t recv_by(int sock, void *buf, size_t cap, net::Fd *fd, const net::Deadline &deadline, const std::string &where) {
     for (;;) {
         int passed = -1;
         ssize_t n = recv_msg(sock, buf, cap, &passed);
@@ -43,7 +43,9 @@ ssize_t recv_by(int sock, void *buf, size_t cap, net::Fd *fd, Clock::time_point 
             return n;
         }
         int rc = net::wait_fd(sock, POLLIN, deadline);
-        if (rc != 0) fail(rc == -ETIMEDOUT ? KVX_ETIMEDOUT : KVX_ECONNRESET, "%s: %s", where.c_str(), strerror(-rc));
+        if (rc != 0)
+            fail(rc == -ETIMEDOUT ? KVX_ETIMEDOUT : rc == -ECANCELED ? KVX_ECANCELED : KVX_ECONNRESET, "%s: %s",
+                 where.c_str(), strerror(-rc));
     }
 }
 
@@ -52,7 +54,7 @@ void send_or_fail(int sock, const void *buf, size_t n, const std::string &where)
     if (rc != 0) fail(KVX_ECONNRESET, "%s: %s", where.c_str(), strerror(-rc));
 }
 
-net::Fd connect_socket(const SectionInfo &si, Clock::time_point deadline, const std::string &where) {
+net::Fd connect_socket(const SectionInfo &si, const net::Deadline &deadline, const std::string &where) {
     net::Fd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!s) fail(KVX_EBACKEND, "%s: socket: %s", where.c_str(), strerror(errno));
     sockaddr_un a{};
@@ -61,7 +63,7 @@ net::Fd connect_socket(const SectionInfo &si, Clock::time_point deadline, const 
     const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + si.socket_name.size());
     while (connect(s.get(), reinterpret_cast<sockaddr *>(&a), len) != 0) {
         if (errno == EINTR) continue;
-        if (errno == EAGAIN && Clock::now() < deadline) {  // backlog full: the target is busy
+        if (errno == EAGAIN && !deadline.passed()) {  // backlog full: the target is busy
             usleep(1000);
             continue;
         }

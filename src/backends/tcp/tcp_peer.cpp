@@ -25,7 +25,7 @@ constexpr int kTurnBatches = 8;           // batches per writable event, then ot
 constexpr size_t kAckBatch = 256;         // acks one recv may return
 
 // Reads one handshake message (header, then the rest its kind needs) into buf.
-int read_message(int fd, handshake::Bytes &buf, size_t *len, Clock::time_point deadline) {
+int read_message(int fd, handshake::Bytes &buf, size_t *len, const net::Deadline &deadline) {
     int rc = net::read_full_by(fd, buf.data(), handshake::kHeaderLen, deadline);
     if (rc != 0) return rc;
     try {
@@ -73,13 +73,16 @@ int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const
 bool transient(int rc) { return rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED; }
 
 // Sleeps 1..2 ms, doubling per attempt up to 64..128 ms (jittered, so a crowd
-// spreads out), never past the deadline.
-void back_off(int attempt, Clock::time_point deadline) {
+// spreads out), never past the deadline, and in slices when it can be called off.
+void back_off(int attempt, const net::Deadline &deadline) {
     static thread_local uint32_t jitter = static_cast<uint32_t>(Clock::now().time_since_epoch().count());
     jitter = jitter * 1664525u + 1013904223u;
     const int64_t base_us = int64_t{1000} << std::min(attempt, 6);
     auto pause = std::chrono::microseconds(base_us + (jitter >> 8) % base_us);
-    std::this_thread::sleep_for(std::min<Clock::duration>(pause, std::max<Clock::duration>(deadline - Clock::now(), {})));
+    const Clock::time_point until = std::min<Clock::time_point>(Clock::now() + pause, deadline.at());
+    while (!deadline.cancelled() && Clock::now() < until)
+        std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(),
+                                                              std::chrono::milliseconds(net::Deadline::kCancelSliceMs)));
 }
 
 // Opens one authenticated connection to the first endpoint that takes it,
@@ -107,12 +110,13 @@ Authenticated open_stream(const BackendContext &ctx, const PeerContext &pc, cons
             refused_only &= rc == -ECONNREFUSED || rc == kOtherTransport;
             timed_out |= rc == -ETIMEDOUT;
             again |= transient(rc);
-            if (Clock::now() >= pc.deadline) break;
+            if (pc.deadline.passed()) break;
         }
-        if (!again || Clock::now() >= pc.deadline) break;
+        if (!again || pc.deadline.passed()) break;
         back_off(round, pc.deadline);
     }
-    timed_out |= Clock::now() >= pc.deadline && !refused_only;
+    if (pc.deadline.cancelled()) fail(KVX_ECANCELED, "peer '%s': connecting was called off", pc.peer_id.c_str());
+    timed_out |= Clock::now() >= pc.deadline.at() && !refused_only;
     int code = timed_out ? KVX_ETIMEDOUT : refused_only ? KVX_ECONNREFUSED : KVX_EHOSTUNREACH;
     fail(code, "peer '%s': cannot connect (%s)", pc.peer_id.c_str(), tried.c_str());
 }

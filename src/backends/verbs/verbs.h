@@ -139,7 +139,7 @@ private:
     struct Dial {
         const wire::AgentMetadata &meta;
         const handshake::Fingerprint &ours;
-        Clock::time_point deadline;
+        net::Deadline deadline;
         size_t index;  // which of the peer's QPs, for messages
     };
     // A part on its way to one QP's send queue: how far it is posted.

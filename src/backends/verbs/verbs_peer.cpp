@@ -110,7 +110,8 @@ void VerbsPeer::connect_qp(const Dial &d) {
     handshake::Challenge ch = hello(d);
     for (int round = 1;; round++) {
         if (authenticate(d, &ch)) return;
-        if (Clock::now() >= d.deadline)
+        if (d.deadline.cancelled()) fail(KVX_ECANCELED, "%s: connecting was called off", where_.c_str());
+        if (d.deadline.passed())
             fail(KVX_ETIMEDOUT, "%s kept challenging until the connect timeout (%d rounds)", where_.c_str(), round);
         KVX_LOG(debug, "verbs: %s challenged again (round %d)", where_.c_str(), round);
     }
@@ -130,6 +131,7 @@ CmEvent VerbsPeer::wait_cm(rdma_cm_id *id, const Dial &d, const char *what) {
         if (errno != EAGAIN && errno != EINTR) fail(KVX_EBACKEND, "verbs: rdma_get_cm_event: %s", strerror(errno));
         int rc = net::wait_fd(cm_ch_->fd, POLLIN, d.deadline);
         if (rc == -ETIMEDOUT) fail(KVX_ETIMEDOUT, "%s: no answer within the connect timeout (%s)", where_.c_str(), what);
+        if (rc == -ECANCELED) fail(KVX_ECANCELED, "%s: connecting was called off (%s)", where_.c_str(), what);
         if (rc < 0) fail(KVX_EBACKEND, "verbs: poll on the rdma_cm channel: %s", strerror(-rc));
     }
 }
@@ -150,14 +152,14 @@ CmId VerbsPeer::resolve(const Dial &d) {
     sockaddr_storage dst = net::from_endpoint(cm_, &dlen);
     sockaddr_storage src = dev_->addr;
     if (rdma_resolve_addr(id.get(), src.ss_family == dst.ss_family ? reinterpret_cast<sockaddr *>(&src) : nullptr,
-                          reinterpret_cast<sockaddr *>(&dst), std::max(1, net::ms_left(d.deadline))) != 0)
+                          reinterpret_cast<sockaddr *>(&dst), std::max(1, net::ms_left(d.deadline.at()))) != 0)
         fail(KVX_EHOSTUNREACH, "%s: rdma_resolve_addr: %s", where_.c_str(), strerror(errno));
     CmEvent e = wait_cm(id.get(), d, "address resolution");
     if (e.type != RDMA_CM_EVENT_ADDR_RESOLVED) connect_failed(e, "address resolution");
     if (id->verbs != dev_->ctx)
         fail(KVX_EHOSTUNREACH, "%s is reached through device %s, but the region is registered on %s",
              where_.c_str(), id->verbs ? ibv_get_device_name(id->verbs->device) : "?", dev_->name.c_str());
-    if (rdma_resolve_route(id.get(), std::max(1, net::ms_left(d.deadline))) != 0)
+    if (rdma_resolve_route(id.get(), std::max(1, net::ms_left(d.deadline.at()))) != 0)
         fail(KVX_EHOSTUNREACH, "%s: rdma_resolve_route: %s", where_.c_str(), strerror(errno));
     e = wait_cm(id.get(), d, "route resolution");
     if (e.type != RDMA_CM_EVENT_ROUTE_RESOLVED) connect_failed(e, "route resolution");
