@@ -55,15 +55,19 @@ trap 'exit 130' INT TERM
 # kind, then JSON lines tagged with it (and the round), into $tmp/all.jsonl
 tag() { kvx_tag "$1" "$round" >>"$tmp/all.jsonl"; }
 
-kv() { # kind, then kvxfer-bench options
+kv_sizes() { # kind, block sizes, batch, pattern, then kvxfer-bench options
+    local kind=$1 sizes=$2 batch=$3 pattern=$4
+    shift 4
+    "$bench" --json --no-progress --duration "$duration" --warmup "$warmup" --block-size "$sizes" --batch "$batch" \
+        --pattern "$pattern" "$@" >"$tmp/out" || die "kvxfer-bench $* ($sizes) failed: $(cat "$tmp/out")"
+    tag "$kind" <"$tmp/out"
+}
+
+kv() { # kind, then kvxfer-bench options: 4M, 1M, 64K seq batch 1, and 4K random batch 16
     local kind=$1
     shift
-    local common=(--json --no-progress --duration "$duration" --warmup "$warmup")
-    "$bench" "${common[@]}" --block-size 4M,1M,64K --batch 1 --pattern seq "$@" >"$tmp/out" ||
-        die "kvxfer-bench $* failed: $(cat "$tmp/out")"
-    "$bench" "${common[@]}" --block-size 4K --batch 16 --pattern random "$@" >>"$tmp/out" ||
-        die "kvxfer-bench $* (4K) failed: $(cat "$tmp/out")"
-    tag "$kind" <"$tmp/out"
+    kv_sizes "$kind" 4M,1M,64K 1 seq "$@"
+    kv_sizes "$kind" 4K 16 random "$@"
 }
 
 for round in $(seq "$repeat"); do
@@ -71,11 +75,9 @@ for round in $(seq "$repeat"); do
     { "$ref" 4M,1M,64K 256M seq 1 "$duration" && "$ref" 4K 256M random 16 "$duration"; } | tag memcpy
     { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw && "$ref" 4K 256M random 16 "$duration" pvw; } | tag pvw
     kv "shm mapped" --backend shm --target-region shared --option shm.threads=1 "$@"
-    "$bench" --json --no-progress --duration "$duration" --warmup "$warmup" --block-size 4M --batch 1 --pattern seq \
-        --backend shm --target-region shared --option shm.threads=2 "$@" | tag "shm mapped 2"
+    kv_sizes "shm mapped 2" 4M 1 seq --backend shm --target-region shared --option shm.threads=2 "$@"
     kv "shm private" --backend shm --option shm.threads=1 "$@"
-    "$bench" --json --no-progress --duration "$duration" --warmup "$warmup" --block-size 4M,1M --batch 1 --pattern seq \
-        --backend shm --option shm.threads=2 "$@" | tag "shm private 2"
+    kv_sizes "shm private 2" 4M,1M 1 seq --backend shm --option shm.threads=2 "$@"
     kv "shm staged" --backend shm --option shm.threads=1 --option shm.private=staged "$@"
     kv "tcp" --backend tcp "$@"
 done

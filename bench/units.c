@@ -15,6 +15,11 @@ uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+double now_s(void)
+{
+    return (double)now_ns() / 1e9;
+}
+
 void sleep_ns(uint64_t ns)
 {
     struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000u), .tv_nsec = (long)(ns % 1000000000u)};
@@ -76,4 +81,14 @@ void fmt_size(char *buf, size_t cap, uint64_t n)
         u++;
     }
     snprintf(buf, cap, "%llu%s", (unsigned long long)n, units[u]);
+}
+
+uint64_t size_or_exit(const char *prog, const char *s)
+{
+    uint64_t v;
+    if (parse_size(s, &v) != 0 || v == 0) {
+        fprintf(stderr, "%s: '%s' is not a size like 64K\n", prog, s);
+        exit(2);
+    }
+    return v;
 }

@@ -5,12 +5,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* CLOCK_MONOTONIC in ns. */
+/* CLOCK_MONOTONIC in ns, and in seconds. */
 uint64_t now_ns(void);
+double now_s(void);
 void sleep_ns(uint64_t ns);
 /* "4096", "4K", "64k", "1M", "1MiB", "2G": binary suffixes. 0 on success. */
 int parse_size(const char *s, uint64_t *out);
 int parse_u64(const char *s, uint64_t *out);
+/* A size argument of a command-line tool: parse_size() of s, or a message
+ * naming prog and s and exit(2) when it is not one or is 0. */
+uint64_t size_or_exit(const char *prog, const char *s);
 /* "4KiB", "1MiB", or "3000B" when not a whole multiple. */
 void fmt_size(char *buf, size_t cap, uint64_t n);
 

@@ -28,8 +28,6 @@
 
 #include "../units.h"
 
-static double now_s(void) { return (double)now_ns() / 1e9; }
-
 struct writer {
     int fd;
     const char *src;
@@ -69,14 +67,7 @@ static double receive(int fd, char *region, size_t region_len, size_t block, siz
     return now_s() - t0;
 }
 
-static size_t size_arg(const char *s) {
-    uint64_t v;
-    if (parse_size(s, &v) != 0 || v == 0 || v > SIZE_MAX) {
-        fprintf(stderr, "kvxfer-cold-ref: '%s' is not a size like 64K\n", s);
-        exit(2);
-    }
-    return (size_t)v;
-}
+static size_t size_arg(const char *s) { return (size_t)size_or_exit("kvxfer-cold-ref", s); }
 
 int main(int argc, char **argv) {
     if (argc != 4) {

@@ -26,8 +26,6 @@
 
 #include "../units.h"
 
-static double now_s(void) { return (double)now_ns() / 1e9; }
-
 static uint64_t rng(uint64_t *s) {
     *s ^= *s << 13;
     *s ^= *s >> 7;
@@ -38,16 +36,14 @@ static uint64_t rng(uint64_t *s) {
 /* The pid whose copy of dst process_vm_writev writes, or 0: memcpy. */
 static pid_t g_child;
 
-/* One call's blocks: memcpy each, or one process_vm_writev for all of them. */
-static int copy_batch(const struct iovec *lv, const struct iovec *rv, uint64_t n) {
+/* One call's n blocks of bs bytes: memcpy each, or one process_vm_writev for all of them. */
+static int copy_batch(const struct iovec *lv, const struct iovec *rv, uint64_t n, uint64_t bs) {
     if (g_child == 0) {
-        for (uint64_t i = 0; i < n; i++) memcpy(rv[i].iov_base, lv[i].iov_base, lv[i].iov_len);
+        for (uint64_t i = 0; i < n; i++) memcpy(rv[i].iov_base, lv[i].iov_base, bs);
         return 0;
     }
-    uint64_t want = 0;
-    for (uint64_t i = 0; i < n; i++) want += lv[i].iov_len;
     ssize_t w = process_vm_writev(g_child, lv, n, rv, n, 0);
-    if (w < 0 || (uint64_t)w != want) {
+    if (w < 0 || (uint64_t)w != n * bs) {
         perror("kvxfer-memcpy-ref: process_vm_writev");
         return -1;
     }
@@ -68,7 +64,7 @@ static int run(uint64_t bs, uint64_t ws, int random, uint64_t batch, double secs
                 lv[i] = (struct iovec){src + l * bs, bs};
                 rv[i] = (struct iovec){dst + r * bs, bs};
             }
-            if (copy_batch(lv, rv, batch) != 0) return -1;
+            if (copy_batch(lv, rv, batch, bs) != 0) return -1;
             bytes += batch * bs;
         }
         t = now_s();
@@ -79,21 +75,12 @@ static int run(uint64_t bs, uint64_t ws, int random, uint64_t batch, double secs
     return 0;
 }
 
-static uint64_t size_arg(const char *s) {
-    uint64_t v;
-    if (parse_size(s, &v) != 0 || v == 0) {
-        fprintf(stderr, "kvxfer-memcpy-ref: '%s' is not a size like 64K\n", s);
-        exit(2);
-    }
-    return v;
-}
-
 int main(int argc, char **argv) {
     if (argc != 6 && !(argc == 7 && strcmp(argv[6], "pvw") == 0)) {
         fprintf(stderr, "usage: %s BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw]\n", argv[0]);
         return 2;
     }
-    const uint64_t ws = size_arg(argv[2]);
+    const uint64_t ws = size_or_exit("kvxfer-memcpy-ref", argv[2]);
     uint64_t batch;
     if (parse_u64(argv[4], &batch) != 0) batch = 0;
     const int random = strcmp(argv[3], "random") == 0;
@@ -123,7 +110,7 @@ int main(int argc, char **argv) {
     int rc = 0;
     char *list = strdup(argv[1]);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
-        uint64_t bs = size_arg(tok);
+        uint64_t bs = size_or_exit("kvxfer-memcpy-ref", tok);
         if (bs > ws) {
             rc = 2;
             break;

@@ -248,7 +248,8 @@ std::shared_ptr<Transport::Peer> Transport::connect_peer(const std::string &id, 
         try {
             peer->link = b.connect(pc);
         } catch (const Error &e) {
-            if (i + 1 == cands.size()) throw;
+            // Called off (close, remove): no next path; connect_and_publish reports why.
+            if (i + 1 == cands.size() || pc.deadline.cancelled()) throw;
             if (!core_.fallback)
                 fail(e.code(), "%s (backend %s; peer_backend_fallback=0, so no other path was tried)", e.what(),
                      b.name());

@@ -120,6 +120,8 @@ private:
     Registrations::Ref reserve_locked(const std::string &id, uint64_t reg, bool replace,
                                       std::shared_ptr<Peer> *replaced);
     void connect_and_publish(const Registrations::Ref &r, const wire::AgentMetadata &m);
+    // Why r, cancelled (removed, superseded or closed) while it connected, failed.
+    Error called_off_locked(const Registrations::Pending &r) const;
     // Telemetry of a transfer that ends here (mu_ held).
     void count_end_locked(const OpState &op, Ending how);  // op.owner is its Peer
     void start_backends(const BackendContext &ctx);

@@ -30,14 +30,14 @@ int failure_of(std::exception_ptr e, std::string *message) {
     }
 }
 
-// Why a registration cancelled while it connected failed.
-std::string called_off_message(int code, const std::string &id) {
-    return code == KVX_ECLOSED ? strfmt("transport was closed while peer '%s' connected", id.c_str())
-                               : strfmt("peer '%s': registration cancelled while it connected (the peer was "
-                                        "removed or added again)", id.c_str());
-}
-
 }  // namespace
+
+// Why registration r, cancelled while it connected, failed.
+Error Transport::called_off_locked(const Registrations::Pending &r) const {
+    if (closed_) return Error(KVX_ECLOSED, strfmt("transport was closed while peer '%s' connected", r.id.c_str()));
+    return Error(r.cancel_code, strfmt("peer '%s': registration cancelled while it connected (the peer was removed "
+                                       "or added again)", r.id.c_str()));
+}
 
 // Reserves id for registration reg (0: synchronous). With replace, a peer
 // registered under id is taken out (*replaced: the caller shuts its link down
@@ -67,17 +67,15 @@ void Transport::connect_and_publish(const Registrations::Ref &r, const wire::Age
         int code = failure_of(std::current_exception(), &msg);
         std::lock_guard<std::mutex> lk(mu_);
         if (r->current) telemetry_.connect_failed(r->id);
-        const bool called_off = !r->current && r->cancel_code != 0;
-        if (called_off) {  // that is the outcome, whatever the attempt saw as it stopped
-            code = closed_ ? KVX_ECLOSED : r->cancel_code;
-            msg = called_off_message(code, r->id);
+        if (!r->current && r->cancel_code != 0) {  // called off: that is the outcome, whatever the attempt saw
+            const Error e = called_off_locked(*r);
+            registrations_.finish_locked(r, e.code(), e.what());
+            throw e;
         }
         registrations_.finish_locked(r, code, msg);
-        if (called_off) throw Error(code, msg);
         throw;
     }
-    int code;
-    std::string msg;
+    Error called_off{0, ""};
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (!closed_ && r->current) {
@@ -88,12 +86,11 @@ void Transport::connect_and_publish(const Registrations::Ref &r, const wire::Age
             registrations_.finish_locked(r, 0, "");
             return;
         }
-        code = closed_ ? KVX_ECLOSED : r->cancel_code;
-        msg = called_off_message(code, r->id);
-        registrations_.finish_locked(r, code, msg);
+        called_off = called_off_locked(*r);
+        registrations_.finish_locked(r, called_off.code(), called_off.what());
     }
     peer->link->shutdown();  // never published: nothing of it was used
-    throw Error(code, msg);
+    throw called_off;
 }
 
 uint64_t Transport::add_peer_async(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,

@@ -43,9 +43,7 @@ ssize_t recv_by(int sock, void *buf, size_t cap, net::Fd *fd, const net::Deadlin
             return n;
         }
         int rc = net::wait_fd(sock, POLLIN, deadline);
-        if (rc != 0)
-            fail(rc == -ETIMEDOUT ? KVX_ETIMEDOUT : rc == -ECANCELED ? KVX_ECANCELED : KVX_ECONNRESET, "%s: %s",
-                 where.c_str(), strerror(-rc));
+        if (rc != 0) fail(rc == -ETIMEDOUT ? KVX_ETIMEDOUT : KVX_ECONNRESET, "%s: %s", where.c_str(), strerror(-rc));
     }
 }
 
@@ -233,7 +231,7 @@ void ShmPeer::submit(Op op) {
             }
             const uint64_t granule = std::min(bl, kSplitGranule);  // one large block is split too
             const uint64_t min_part = link_->mode == Mode::kernel ? kSplitMinKernel : kSplitMin;
-            for (Part &p : split_op(std::move(op), pool_.copiers(), min_part, std::min(granule, min_part)))
+            for (Part &p : split_op(std::move(op), pool_.copiers(), min_part, granule))
                 jobs.push_back(Job{link_, std::move(p)});
         }
     }

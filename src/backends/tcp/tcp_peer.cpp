@@ -115,7 +115,6 @@ Authenticated open_stream(const BackendContext &ctx, const PeerContext &pc, cons
         if (!again || pc.deadline.passed()) break;
         back_off(round, pc.deadline);
     }
-    if (pc.deadline.cancelled()) fail(KVX_ECANCELED, "peer '%s': connecting was called off", pc.peer_id.c_str());
     timed_out |= Clock::now() >= pc.deadline.at() && !refused_only;
     int code = timed_out ? KVX_ETIMEDOUT : refused_only ? KVX_ECONNREFUSED : KVX_EHOSTUNREACH;
     fail(code, "peer '%s': cannot connect (%s)", pc.peer_id.c_str(), tried.c_str());

@@ -110,7 +110,6 @@ void VerbsPeer::connect_qp(const Dial &d) {
     handshake::Challenge ch = hello(d);
     for (int round = 1;; round++) {
         if (authenticate(d, &ch)) return;
-        if (d.deadline.cancelled()) fail(KVX_ECANCELED, "%s: connecting was called off", where_.c_str());
         if (d.deadline.passed())
             fail(KVX_ETIMEDOUT, "%s kept challenging until the connect timeout (%d rounds)", where_.c_str(), round);
         KVX_LOG(debug, "verbs: %s challenged again (round %d)", where_.c_str(), round);
@@ -131,7 +130,6 @@ CmEvent VerbsPeer::wait_cm(rdma_cm_id *id, const Dial &d, const char *what) {
         if (errno != EAGAIN && errno != EINTR) fail(KVX_EBACKEND, "verbs: rdma_get_cm_event: %s", strerror(errno));
         int rc = net::wait_fd(cm_ch_->fd, POLLIN, d.deadline);
         if (rc == -ETIMEDOUT) fail(KVX_ETIMEDOUT, "%s: no answer within the connect timeout (%s)", where_.c_str(), what);
-        if (rc == -ECANCELED) fail(KVX_ECANCELED, "%s: connecting was called off (%s)", where_.c_str(), what);
         if (rc < 0) fail(KVX_EBACKEND, "verbs: poll on the rdma_cm channel: %s", strerror(-rc));
     }
 }
