@@ -4,6 +4,10 @@
 // claim on the op's shared state). Every op that was not dropped is
 // reported exactly once, a dropped one never, and after shutdown() returns
 // the sink is never called again. Run under TSan (label threads).
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -194,6 +198,107 @@ void test_healthy(void **) {
     run(rig, [] {}, true);
 }
 
+// The frames FrameWriter writes for a batch of parts, read back and checked
+// as the target checks them.
+struct Frame {
+    kvx::tcp::FrameHeader h;
+    std::vector<kvx::tcp::Segment> segs;
+    std::vector<uint8_t> payload;
+};
+
+std::vector<Frame> frames_of(kvx::tcp::FrameWriter &w, const kvx::Region &rg) {
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    std::vector<uint8_t> wire;
+    std::thread reader([&] {
+        uint8_t buf[1 << 16];
+        for (ssize_t r; (r = ::read(sv[1], buf, sizeof buf)) > 0;) wire.insert(wire.end(), buf, buf + r);
+    });
+    for (int rc; (rc = w.write(sv[0])) != 1;) {
+        assert_int_equal(rc, 0);
+        pollfd p{sv[0], POLLOUT, 0};
+        ::poll(&p, 1, 1000);
+    }
+    ::shutdown(sv[0], SHUT_WR);
+    reader.join();
+    ::close(sv[0]);
+    ::close(sv[1]);
+    std::vector<Frame> out;
+    for (size_t at = 0; at < wire.size();) {
+        Frame f;
+        assert_true(wire.size() - at >= kvx::tcp::kFrameHeaderLen);
+        f.h = kvx::tcp::decode_frame_header(wire.data() + at, rg.block_len);
+        at += kvx::tcp::kFrameHeaderLen;
+        f.segs = kvx::tcp::decode_segments(wire.data() + at, f.h, rg.block_len, rg.size());
+        at += f.h.nseg * kvx::tcp::kSegLen;
+        assert_true(wire.size() - at >= f.h.total_len);
+        f.payload.assign(wire.begin() + static_cast<long>(at), wire.begin() + static_cast<long>(at + f.h.total_len));
+        at += f.h.total_len;
+        out.push_back(std::move(f));
+    }
+    return out;
+}
+
+kvx::Part part_of(std::initializer_list<kvx::Run> runs) {
+    kvx::Part p;
+    p.op = kvx::OpRef::make();
+    p.runs = kvx::Runs(runs);
+    return p;
+}
+
+// Small parts queued together share frames: whole parts only, at most
+// kMergeSegs segments and kMergeBytes per frame, never two segments over the
+// same remote bytes (a sealed payload is decrypted where it lands); each
+// frame asks for an ack under its last part's sequence number, and the
+// payload is the local bytes of its segments. A large part travels alone.
+void test_writer_merges(void **) {
+    constexpr uint64_t bl = 4096, nb = 4096;
+    region src = region_new(nb, bl, 3);
+    for (uint64_t i = 0; i < nb; i++) fill_block(src.base + i * bl, bl, i, 5);
+    const kvx::Region rg{src.base, nb, bl};
+    kvx::tcp::FrameWriter w(rg);
+    std::vector<kvx::Part> parts;
+    // 16 parts of 16 scattered blocks (4 per frame), then one that overlaps
+    // the last part's remote blocks, then a 1 MiB part, then 3 single blocks.
+    for (uint64_t p = 0; p < 16; p++) {
+        kvx::Part q = part_of({});
+        for (uint64_t i = 0; i < 16; i++) q.runs.push_back(kvx::Run{(p * 16 + i) * bl, (i * 97 + p * 16 * 3) % nb * bl, bl});
+        parts.push_back(std::move(q));
+    }
+    parts.push_back(part_of({kvx::Run{0, parts.back().runs[3].remote_off, bl}}));
+    parts.push_back(part_of({kvx::Run{1024 * bl, 2048 * bl, 256 * bl}}));
+    for (uint64_t i = 0; i < 3; i++) parts.push_back(part_of({kvx::Run{(300 + i) * bl, (3000 + 2 * i) * bl, bl}}));
+    for (size_t i = 0; i < parts.size(); i++) w.add(parts[i], 100 + i);
+    const std::vector<Frame> fr = frames_of(w, rg);
+    // Expected: 4 frames of 4 parts, the overlapping part alone, 1 MiB alone, 3 together.
+    const std::vector<std::pair<uint64_t, uint32_t>> want = {{103, 64}, {107, 64}, {111, 64}, {115, 64},
+                                                             {116, 1},  {117, 1},  {120, 3}};
+    assert_int_equal(fr.size(), want.size());
+    size_t part = 0, run = 0;
+    for (size_t k = 0; k < fr.size(); k++) {
+        const Frame &f = fr[k];
+        assert_int_equal(f.h.seq, want[k].first);
+        assert_int_equal(f.h.nseg, want[k].second);
+        assert_true(f.h.flags & kvx::tcp::kFlagAck);
+        assert_true(f.h.total_len <= kvx::tcp::kMergeBytes || f.h.nseg == 1);
+        size_t at = 0;
+        for (size_t i = 0; i < f.segs.size(); i++) {
+            for (size_t j = 0; j < i; j++)
+                assert_true(f.segs[i].offset + f.segs[i].len <= f.segs[j].offset ||
+                            f.segs[j].offset + f.segs[j].len <= f.segs[i].offset);
+            const kvx::Run &r = parts[part].runs[run];
+            assert_int_equal(f.segs[i].offset, r.remote_off);
+            assert_int_equal(f.segs[i].len, r.len);
+            assert_memory_equal(f.payload.data() + at, src.base + r.local_off, r.len);
+            at += r.len;
+            if (++run == parts[part].runs.size()) run = 0, part++;
+        }
+        assert_int_equal(run, 0);  // a frame ends with a whole part
+    }
+    assert_int_equal(part, parts.size());
+    region_free(&src);
+}
+
 }  // namespace
 
 int main() {
@@ -201,6 +306,7 @@ int main() {
         cmocka_unit_test(test_abort_mid_flight),
         cmocka_unit_test(test_shutdown_mid_flight),
         cmocka_unit_test(test_healthy),
+        cmocka_unit_test(test_writer_merges),
     };
     return cmocka_run_group_tests_name("tcp_peer", tests, nullptr, nullptr);
 }

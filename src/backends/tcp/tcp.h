@@ -32,6 +32,11 @@ namespace kvx::tcp {
 
 class TcpServer;
 
+// A frame carries the parts of several transfers, each whole, while it stays
+// within one chunk of the target's reads; its ack acknowledges all of them.
+constexpr uint64_t kMergeBytes = 256 << 10;
+constexpr size_t kMergeSegs = 64;
+
 // Where an accepted connection comes from, for the per-source cap: the
 // address (an IPv4-mapped form for IPv4), without the port.
 using SourceAddr = std::array<uint8_t, 16>;
@@ -158,8 +163,11 @@ private:
 
 // The frames of a batch of parts, written to a non-blocking socket over as
 // many sendmsg calls as it takes. A part's frames are consecutive; its last
-// frame asks for the acknowledgement. Each frame's header and segment table
-// are contiguous and travel in one iovec before the frame's data.
+// frame asks for the acknowledgement, under its sequence number. Small parts
+// share frames (kMergeBytes, kMergeSegs, no overlap): one frame, one readv
+// and one ack for several transfers (docs/wire-format.md). Each frame's
+// header and segment table are contiguous and travel in one iovec before the
+// frame's data.
 class FrameWriter {
 public:
     explicit FrameWriter(const Region &r) : region_(r) {}
@@ -175,6 +183,7 @@ public:
 
 private:
     void fill();
+    bool merges(const Part &q, size_t nseg, uint64_t total) const;
     void next_part();
     int write_sealed(int fd);
     bool seal_more();
@@ -188,6 +197,7 @@ private:
     std::vector<uint8_t> head_;
     std::vector<iovec> iov_;
     std::vector<std::pair<size_t, size_t>> heads_;  // iovec index, offset in head_
+    std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // the open frame's segments: remote offset, length
     size_t iov_at_ = 0;
     // Sealed mode: the frames of iov_ become records in stage_, a chunk at a time.
     std::unique_ptr<Aead> tx_;

@@ -284,10 +284,15 @@ void TcpPeer::take_acks(Stream &s, uint8_t *buf, size_t have, size_t *used, Comp
         if (s.rx && !s.rx->open(aad, sizeof aad, p, kAckLen, p))
             fail(KVX_EAUTH, "an acknowledgement fails authentication (forged, replayed or reordered)");
         Ack a = decode_ack(p);
-        if (s.awaiting.empty() || s.awaiting.front().seq != a.seq || a.status != 0)
+        // A frame may carry several parts: its ack names the last of them.
+        size_t n = 0;
+        while (n < s.awaiting.size() && s.awaiting[n].seq < a.seq) n++;
+        if (n == s.awaiting.size() || s.awaiting[n].seq != a.seq || a.status != 0)
             fail(KVX_ECONNRESET, "unexpected acknowledgement %llu", (unsigned long long)a.seq);
-        done.part_done(*s.awaiting.front().op, 0);
-        s.awaiting.pop_front();
+        for (size_t i = 0; i <= n; i++) {
+            done.part_done(*s.awaiting.front().op, 0);
+            s.awaiting.pop_front();
+        }
     }
 }
 

@@ -19,6 +19,15 @@ constexpr size_t kSendHeadBytes = 32 << 10;         // frame headers + segment t
 constexpr size_t kStageBytes = 512 << 10;           // sealed mode: records encrypted per chunk
 constexpr size_t kMaxHeadRecord = 4 + kFrameHeaderLen + kFrameMaxSegs * kSegLen + kTagLen;
 
+// Remote ranges that overlap: a sealed payload is decrypted in place after it
+// lands, so one frame never writes the same bytes twice.
+bool overlaps(const Runs &a, const std::vector<std::pair<uint64_t, uint64_t>> &b) {
+    for (const Run &r : a)
+        for (const auto &[off, len] : b)
+            if (r.remote_off < off + len && off < r.remote_off + r.len) return true;
+    return false;
+}
+
 }  // namespace
 
 void FrameWriter::add(Part p, uint64_t seq) {
@@ -60,8 +69,9 @@ void FrameWriter::fill() {
     while (pi_ < parts_.size()) {
         // Open a frame: room for its header, one segment and its iovecs.
         if (head_.size() + kFrameHeaderLen + kSegLen > kSendHeadBytes || iov_.size() + 2 > kSendIovMax) break;
-        const Part &p = parts_[pi_];
+        const Part *p = &parts_[pi_];
         const size_t hpos = head_.size();
+        ranges_.clear();
         heads_.emplace_back(iov_.size(), hpos);
         iov_.push_back(iovec{});
         head_.resize(hpos + kFrameHeaderLen);
@@ -69,18 +79,24 @@ void FrameWriter::fill() {
         uint64_t total = 0;
         bool last = false;
         for (;;) {
-            if (run_.len == 0 && ri_ + 1 >= p.runs.size()) {
+            if (run_.len == 0 && ri_ + 1 >= p->runs.size()) {
+                if (pi_ + 1 < parts_.size() && merges(parts_[pi_ + 1], nseg, total)) {
+                    next_part();
+                    p = &parts_[pi_];
+                    continue;
+                }
                 last = true;
                 break;
             }
             if (run_.len == 0) {
-                run_ = p.runs[++ri_];
+                run_ = p->runs[++ri_];
                 continue;
             }
             if (nseg == kSendMaxSegs || total == maxp || head_.size() + kSegLen > kSendHeadBytes ||
                 iov_.size() + 1 > kSendIovMax)
                 break;
             const uint64_t take = std::min(run_.len, maxp - total);
+            ranges_.emplace_back(run_.remote_off, take);
             head_.resize(head_.size() + kSegLen);
             encode_segment(Segment{run_.remote_off, take}, head_.data() + head_.size() - kSegLen);
             iov_.push_back(iovec{region_.base + run_.local_off, take});
@@ -101,6 +117,16 @@ void FrameWriter::fill() {
     }
     // head_ may have moved while it grew: point the header iovecs at it now.
     for (const auto &[i, pos] : heads_) iov_[i].iov_base = head_.data() + pos;
+}
+
+// Consecutive small parts share a frame (and its ack) while the frame stays
+// within what the target lands with one readv (kMergeBytes, kMergeSegs) and
+// no two of its segments overlap.
+bool FrameWriter::merges(const Part &q, size_t nseg, uint64_t total) const {
+    const size_t segs = q.runs.size();
+    return nseg + segs <= kMergeSegs && total + q.bytes() <= kMergeBytes &&
+           head_.size() + segs * kSegLen <= kSendHeadBytes && iov_.size() + segs <= kSendIovMax &&
+           !overlaps(q.runs, ranges_);
 }
 
 int FrameWriter::write(int fd) {
