@@ -4,6 +4,13 @@
 #   openssl speed -evp aes-128-gcm, 1 MiB buffers, one core (what the AEAD
 #                               can do: the reference of tcp.protection=aead
 #                               is min(best iperf3, openssl))
+#   kvxfer-tcp-ref 4K random:  one plain TCP stream that gathers the same
+#                               random 4 KiB blocks of a 256 MiB region with
+#                               writev and scatters them with readv, 16 and 64
+#                               blocks per call (what TCP can do with kvxfer's
+#                               access pattern; iperf3's one small buffer stays
+#                               in the caches). The 4K lines are printed against
+#                               iperf3 and against it.
 #   kvxfer-bench --backend tcp, tcp.protection=none and =aead:
 #                               1M and 64K blocks (batch 1, seq),
 #                               4K blocks (batch 16, random)
@@ -13,7 +20,8 @@
 # GB/s is 10^9 bytes of payload per second on both sides.
 #
 # Usage: bench/compare-tcp.sh [extra kvxfer-bench options, e.g. --option tcp.streams=2]
-# Environment: KVXFER_BENCH (default: build/kvxfer-bench of this checkout),
+# Environment: KVXFER_BENCH (default: build/kvxfer-bench of this checkout;
+#              kvxfer-tcp-ref is taken from the same directory),
 #              DURATION seconds per measurement (default 3), REPEAT (default 3),
 #              WARMUP seconds of unmeasured transfers per size (default 2: the
 #              first pass over fresh memory is slow on some VMs),
@@ -34,6 +42,8 @@ me=compare-tcp.sh
 die() { echo "$me: $*" >&2; exit 1; }
 
 [[ -x $bench ]] || die "kvxfer-bench not found at $bench (build it, or set KVXFER_BENCH)"
+tcp_ref=$(dirname "$bench")/kvxfer-tcp-ref
+[[ -x $tcp_ref ]] || die "kvxfer-tcp-ref not found at $tcp_ref (built with kvxfer-bench)"
 [[ $duration =~ ^[0-9]+$ && $duration -ge 1 ]] || die "DURATION must be a whole number of seconds >= 1"
 [[ $repeat =~ ^[0-9]+$ && $repeat -ge 1 ]] || die "REPEAT must be a whole number >= 1"
 
@@ -111,17 +121,30 @@ else:
     sys.exit("compare-tcp.sh: no result from openssl speed")' "$1" >>"$tmp/all.jsonl"
 }
 
+# kvxfer-tcp-ref GATHER ROUND: plain TCP, random 4 KiB blocks, GATHER per call.
+tcp_ref_line() {
+    "$tcp_ref" 4K "$1" random 256M "$duration" "${WARMUP:-2}" >"$tmp/ref.json" || die "kvxfer-tcp-ref failed"
+    "$py" -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+d.update(round=int(sys.argv[2]), family="tcp-ref", kind="tcp-ref random, %s per call" % sys.argv[3])
+print(json.dumps(d))' "$tmp/ref.json" "$2" "$1" >>"$tmp/all.jsonl"
+}
+
 protections=${PROTECTION:-none aead}
 vs=()  # what each kvxfer kind is measured against
 for prot in $protections; do
     if [[ $prot == aead ]]; then vs+=(--vs "kvxfer $prot=iperf3,openssl"); else vs+=(--vs "kvxfer $prot=iperf3"); fi
+    if [[ $prot == aead ]]; then vs+=(--vs "kvxfer $prot=tcp-ref,openssl"); else vs+=(--vs "kvxfer $prot=tcp-ref"); fi
 done
 [[ -z ${KVXFER_BENCH_BEFORE:-} ]] || vs+=(--vs "before=iperf3")
 for round in $(seq "$repeat"); do
-    echo "$me: round $round of $repeat: iperf3 -P 1, -P 2, openssl, kvxfer ($protections)" >&2
+    echo "$me: round $round of $repeat: iperf3 -P 1, -P 2, openssl, tcp-ref, kvxfer ($protections)" >&2
     iperf 1 "$round"
     iperf 2 "$round"
     aead "$round"
+    tcp_ref_line 16 "$round"
+    tcp_ref_line 64 "$round"
     for prot in $protections; do
         kvx_bench_runs "$bench" tcp "$duration" "$tmp/kvx.json" --option "tcp.protection=$prot" "$@"
         kvx_tag "kvxfer $prot" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"

@@ -20,6 +20,8 @@ one with the highest median: kvxfer is compared with that one only. --vs
 says which families a kvxfer kind is measured against (default: every
 family); with several, the reference of a round is the smallest of their
 best configurations (e.g. min(iperf3, openssl) for an encrypted stream).
+Given more than once for a kind, each --vs prints its own rows (a family
+measured at some block sizes only, e.g. tcp-ref, adds rows for those).
 The ratio printed is the median of the per-round ratios (kvxfer in round r
 over the reference in round r) with their min-max.
 
@@ -89,18 +91,23 @@ class Rounds:
         print("kvxfer against the best reference configuration (ratio: median (min-max) of per-round ratios)")
         print("  %-22s %5s %-9s %24s  %-38s %s" % ("kind", "block", "pattern", "kvxfer GB/s", "reference", "ratio"))
         for kind, rows in self.kvx.items():
-            fams = vs.get(kind, sorted(self.anchor))
-            for (bs, pat, batch), per in sorted(rows.items(), key=lambda kv: -kv[0][0]):
-                refs = [(f, self.best(f, bs)) for f in fams if f in self.anchor]
-                refs = [(f, b) for f, b in refs if b]
-                ratios, names = [], " / ".join("%s" % b[0] for _, b in refs) or "-"
-                for rnd, g in per.items():
-                    ref = [b[1][rnd] for _, b in refs if rnd in b[1]]
-                    if len(ref) == len(refs) and ref and min(ref) > 0:
-                        ratios.append(g / min(ref))
-                ratio = "%.2f (%.2f-%.2f)" % spread(ratios) if ratios else "-"
-                print("  %-22s %5s %-9s %24s  %-38s %s" % (kind, size_name(bs), "%s b%d" % (pat, batch),
-                                                           fmt(list(per.values())), names[:38], ratio))
+            for n, fams in enumerate(vs.get(kind, [sorted(self.anchor)])):
+                self.print_rows(kind, rows, fams, n > 0)
+
+    def print_rows(self, kind, rows, fams, only_measured):
+        for (bs, pat, batch), per in sorted(rows.items(), key=lambda kv: -kv[0][0]):
+            refs = [(f, self.best(f, bs)) for f in fams if f in self.anchor]
+            refs = [(f, b) for f, b in refs if b]
+            if only_measured and not refs:
+                continue
+            ratios, names = [], " / ".join("%s" % b[0] for _, b in refs) or "-"
+            for rnd, g in per.items():
+                ref = [b[1][rnd] for _, b in refs if rnd in b[1]]
+                if len(ref) == len(refs) and ref and min(ref) > 0:
+                    ratios.append(g / min(ref))
+            ratio = "%.2f (%.2f-%.2f)" % spread(ratios) if ratios else "-"
+            print("  %-22s %5s %-9s %24s  %-38s %s" % (kind, size_name(bs), "%s b%d" % (pat, batch),
+                                                       fmt(list(per.values())), names[:38], ratio))
 
 
 def print_cold(rows):
@@ -135,7 +142,7 @@ def main(argv):
         if args[0] != "--vs" or len(args) < 2 or "=" not in args[1]:
             sys.exit(__doc__)
         kind, _, fams = args[1].partition("=")
-        vs[kind] = fams.split(",")
+        vs.setdefault(kind, []).append(fams.split(","))
         args = args[2:]
     rows = read_rows(argv[1])
     r = Rounds(rows)

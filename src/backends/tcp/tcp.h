@@ -111,6 +111,7 @@ private:
     std::vector<uint8_t> plain_;  // the opened frame head
     std::array<uint8_t, kTagLen> tag_{};
     Clock::time_point last_landed_{};  // of the last chunk of payload
+    size_t unchecked_ = 0;             // payload landed since the last look for a reset
     int lowat_ = 1;  // SO_RCVLOWAT: wake for a payload only once this much has arrived
     void wake_at(size_t bytes);
 };

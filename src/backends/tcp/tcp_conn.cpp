@@ -266,28 +266,35 @@ void TcpConn::start_payload(const uint8_t *seg_table) {
     }
 }
 
-// Before each chunk lands, the connection must not have been reset: the
-// initiator resets it before it reports the transfers on it failed, and a
-// target that was frozen (or slow) still holds received bytes in its socket
-// then. So at most the one chunk being copied when the reset arrived lands
-// after the failure is reported (docs/semantics.md). Bytes that waited in
+// Before each kChunk of payload lands (in one readv or several), the
+// connection must not have been reset: the initiator resets it before it
+// reports the transfers on it failed, and a target that was frozen (or slow)
+// still holds received bytes in its socket then. So at most one chunk's worth
+// lands after the failure is reported (docs/semantics.md). Bytes that waited in
 // the socket while this thread did not run may belong to transfers the
 // initiator has failed even though its reset was lost (RFC 5961 drops a reset
 // whose sequence number is not exact, and rate-limits the challenge that
 // would fix it): they land only after a probe (stale_landing).
 TcpConn::Next TcpConn::read_payload() {
-    if (int err = net::pending_error(fd_.get())) {
-        KVX_LOG(debug, "tcp: dropping a frame's payload: the connection was %s",
-                err == ECONNRESET ? "reset by the initiator" : strerror(err));
-        return Next::close;
-    }
     iovec chunk[kChunkIovs];
     const size_t cnt = take_chunk(iov_.data() + iov_at_, iov_.size() - iov_at_, chunk);
+    const size_t want = chunk_len(chunk, cnt);
+    // A reset is looked for once per kChunk landed, not before every read:
+    // still at most one chunk lands after it arrived.
+    if (unchecked_ + want > kChunk) {
+        if (int err = net::pending_error(fd_.get())) {
+            KVX_LOG(debug, "tcp: dropping a frame's payload: the connection was %s",
+                    err == ECONNRESET ? "reset by the initiator" : strerror(err));
+            return Next::close;
+        }
+        unchecked_ = 0;
+    }
     const Clock::time_point now = Clock::now();
     if (now - last_landed_ > kStaleAfter && waited_since(now - kStaleAfter)) return stale_landing(chunk, cnt);
     last_landed_ = now;
     ssize_t r = readv_into_region(fd_.get(), chunk, cnt);
     if (r <= 0) return r < 0 ? Next::close : drained();
+    unchecked_ += static_cast<size_t>(r);
     if (rx_ && !decrypt_chunk(chunk, static_cast<size_t>(r))) return Next::close;
     return payload_landed(static_cast<size_t>(r), chunk_len(chunk, cnt));
 }
@@ -371,6 +378,7 @@ TcpConn::Next TcpConn::stale_landing(const iovec *chunk, size_t cnt) {
                 strerror(err));
         return Next::close;
     }
+    unchecked_ = static_cast<size_t>(r);
     last_landed_ = Clock::now();
     for (size_t i = 0, at = 0; at < static_cast<size_t>(r); i++) {
         const size_t take = std::min(static_cast<size_t>(r) - at, chunk[i].iov_len);
