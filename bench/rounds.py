@@ -98,8 +98,8 @@ class Rounds:
         for (bs, pat, batch), per in sorted(rows.items(), key=lambda kv: -kv[0][0]):
             refs = [(f, self.best(f, bs)) for f in fams if f in self.anchor]
             refs = [(f, b) for f, b in refs if b]
-            if only_measured and not refs:
-                continue
+            if only_measured and len(refs) < len([f for f in fams if f in self.anchor]):
+                continue  # a family of this comparison was not measured at this size
             ratios, names = [], " / ".join("%s" % b[0] for _, b in refs) or "-"
             for rnd, g in per.items():
                 ref = [b[1][rnd] for _, b in refs if rnd in b[1]]
