@@ -135,6 +135,44 @@ void test_valid_frame_lands(void **) {
     target_down(tg);
 }
 
+// Frames sent back to back, each with fewer or more segments than the one
+// before: the target reads the next head ahead with each payload, as large
+// as the last head, so after a large head it reads part of the next payload
+// too. Every frame lands whole, in order, each acknowledged once.
+void test_frames_back_to_back(void **) {
+    Target tg;
+    target_up(tg, nullptr);
+    int st = 1;
+    int fd = handshake(tg.meta, tg.meta.secret, nullptr, &st);
+    assert_int_equal(st, 0);
+    const size_t shapes[] = {8, 1, 3, 16, 1, 2, 16, 16, 5};
+    uint8_t want[kNB];
+    for (uint64_t b = 0; b < kNB; b++) want[b] = 0x77;
+    std::vector<uint8_t> wire;
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        std::vector<kvx::tcp::Segment> segs;
+        std::vector<uint8_t> payload;
+        for (size_t i = 0; i < shapes[k]; i++) {
+            const uint64_t b = (k * 5 + i) % kNB;
+            const uint8_t v = static_cast<uint8_t>(0x10 + k * 16 + i);
+            segs.push_back({b * kBL, kBL});
+            payload.insert(payload.end(), kBL, v);
+            want[b] = v;
+        }
+        std::vector<uint8_t> f = frame_head(segs, shapes[k] * kBL);
+        wire.insert(wire.end(), f.begin(), f.end());
+        wire.insert(wire.end(), payload.begin(), payload.end());
+    }
+    auto deadline = kvx::net::Clock::now() + std::chrono::seconds(5);
+    assert_int_equal(kvx::net::write_full_by(fd, wire.data(), wire.size(), deadline), 0);
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) assert_int_equal(read_ack(fd, deadline), 0);
+    for (uint64_t b = 0; b < kNB; b++)
+        if (!block_is(tg.r.base + b * kBL, kBL, want[b])) fail_msg("block %llu does not hold %#x", (unsigned long long)b, want[b]);
+    assert_true(region_guards_ok(&tg.r));
+    close(fd);
+    target_down(tg);
+}
+
 void test_forged_without_secret(void **) {
     Target tg;
     target_up(tg, nullptr);
@@ -260,6 +298,7 @@ void test_tail_after_whole_chunk(void **) {
 int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_frame_lands),
+        cmocka_unit_test(test_frames_back_to_back),
         cmocka_unit_test(test_forged_without_secret),
         cmocka_unit_test(test_wrong_fingerprint),
         cmocka_unit_test(test_frame_outside_region),

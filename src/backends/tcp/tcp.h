@@ -87,6 +87,9 @@ private:
     Next stale_landing(const iovec *chunk, size_t cnt);
     Next read_tag();
     Next frame_done();
+    ssize_t read_small(uint8_t *dst, size_t n);
+    Next land_ahead();
+    size_t ahead() const { return ahead_len_ - ahead_at_; }
     bool flush();
     void update_interest();
 
@@ -112,6 +115,16 @@ private:
     std::array<uint8_t, kTagLen> tag_{};
     Clock::time_point last_landed_{};  // of the last chunk of payload
     size_t unchecked_ = 0;             // payload landed since the last look for a reset
+    size_t payload_left_ = 0;          // of the frame being read
+    uint64_t acked_unsent_ = 0;        // payload of the frames whose acks wait in out_
+    // Read ahead: the readv that ends a payload also takes the bytes expected
+    // next (its tag, the next head as large as this one's), so a stream of
+    // frames costs one read each. Bytes past a shorter head are the next
+    // payload's first (at most a block): they land from here. Consumed in
+    // the same turn they were read in.
+    std::vector<uint8_t> ahead_;
+    size_t ahead_at_ = 0, ahead_len_ = 0;
+    size_t tail_ = 0;  // bytes to read ahead at the end of this payload
     int lowat_ = 1;  // SO_RCVLOWAT: wake for a payload only once this much has arrived
     void wake_at(size_t bytes);
 };

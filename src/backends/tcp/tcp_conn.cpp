@@ -26,6 +26,7 @@ constexpr size_t kMaxUnsent = 64 << 10;  // acks the peer does not take: stop re
 constexpr size_t kHeadLen = kFrameHeaderLen + kSegLen;  // every frame has a segment: always safe to read
 constexpr size_t kMaxHead = kFrameHeaderLen + kFrameMaxSegs * kSegLen;
 constexpr size_t kSealedHeadLen = 4 + kHeadLen + kTagLen;  // the smallest head record
+constexpr size_t kAheadMax = kTagLen + 4 + kMaxHead + kTagLen;  // a tag and the largest head record
 
 // A read's outcome: the byte count; 0 when nothing is there now (the loop
 // calls again); -1 when the connection is closed or failed.
@@ -116,7 +117,7 @@ void TcpConn::on_event(int, uint32_t events) {
 }
 
 TcpConn::Next TcpConn::read_turn() {
-    for (int i = 0; i < kTurnReads; i++) {
+    for (int i = 0; i < kTurnReads || ahead() > 0; i++) {
         Next n = Next::wait;
         switch (state_) {
         case State::hello:
@@ -127,7 +128,7 @@ TcpConn::Next TcpConn::read_turn() {
         case State::payload_tag: n = read_tag(); break;
         case State::refused: break;
         }
-        if (n != Next::more || out_.size() - out_at_ >= kMaxUnsent) return n;
+        if (n != Next::more || (out_.size() - out_at_ >= kMaxUnsent && ahead() == 0)) return n;
     }
     return Next::wait;
 }
@@ -200,6 +201,7 @@ bool TcpConn::on_authenticated(const handshake::Auth &a, const handshake::Accept
     need_ = rx_ ? kSealedHeadLen : kHeadLen;
     head_.resize(need_);
     have_ = 0;
+    ahead_.resize(kAheadMax);
     state_ = State::frame_head;
     return true;
 }
@@ -221,7 +223,7 @@ const uint8_t *TcpConn::open_head() {
 // the payload is read before all of it is validated. Sealed: the head is one
 // record, opened only once whole.
 TcpConn::Next TcpConn::read_head() {
-    ssize_t r = outcome(::recv(fd_.get(), head_.data() + have_, need_ - have_, 0));
+    ssize_t r = read_small(head_.data() + have_, need_ - have_);
     if (r <= 0) return r < 0 ? Next::close : Next::wait;
     have_ += static_cast<size_t>(r);
     if (have_ < need_) return Next::wait;
@@ -259,6 +261,11 @@ void TcpConn::start_payload(const uint8_t *seg_table) {
     iov_.resize(segs.size());
     for (size_t i = 0; i < segs.size(); i++) iov_[i] = iovec{rg.base + segs[i].offset, segs[i].len};
     iov_at_ = 0;
+    payload_left_ = frame_.total_len;
+    // Expect the next head to be as large as this one, but never read ahead
+    // more of a next payload than one block, which any frame has.
+    const size_t expect = std::min<size_t>(frame_.nseg, 1 + rg.block_len / kSegLen);
+    tail_ = kFrameHeaderLen + expect * kSegLen + (rx_ ? 4 + 2 * kTagLen : 0);
     state_ = State::payload;
     if (rx_) {
         const uint8_t aad[1] = {kRecordPayload};
@@ -276,8 +283,9 @@ void TcpConn::start_payload(const uint8_t *seg_table) {
 // whose sequence number is not exact, and rate-limits the challenge that
 // would fix it): they land only after a probe (stale_landing).
 TcpConn::Next TcpConn::read_payload() {
-    iovec chunk[kChunkIovs];
-    const size_t cnt = take_chunk(iov_.data() + iov_at_, iov_.size() - iov_at_, chunk);
+    if (ahead() > 0) return land_ahead();
+    iovec chunk[kChunkIovs + 1];
+    size_t cnt = take_chunk(iov_.data() + iov_at_, iov_.size() - iov_at_, chunk);
     const size_t want = chunk_len(chunk, cnt);
     // A reset is looked for once per kChunk landed, not before every read:
     // still at most one chunk lands after it arrived.
@@ -292,15 +300,52 @@ TcpConn::Next TcpConn::read_payload() {
     const Clock::time_point now = Clock::now();
     if (now - last_landed_ > kStaleAfter && waited_since(now - kStaleAfter)) return stale_landing(chunk, cnt);
     last_landed_ = now;
-    ssize_t r = readv_into_region(fd_.get(), chunk, cnt);
-    if (r <= 0) return r < 0 ? Next::close : drained();
-    unchecked_ += static_cast<size_t>(r);
-    if (rx_ && !decrypt_chunk(chunk, static_cast<size_t>(r))) return Next::close;
-    return payload_landed(static_cast<size_t>(r), chunk_len(chunk, cnt));
+    if (want == payload_left_) chunk[cnt++] = iovec{ahead_.data(), tail_};  // the rest: read ahead too
+    ssize_t got = readv_into_region(fd_.get(), chunk, cnt);
+    if (got <= 0) return got < 0 ? Next::close : drained();
+    const size_t r = std::min(static_cast<size_t>(got), want);
+    ahead_at_ = 0;
+    ahead_len_ = static_cast<size_t>(got) - r;
+    unchecked_ += r;
+    if (rx_ && !decrypt_chunk(chunk, r)) return Next::close;
+    return payload_landed(r, want);
+}
+
+// Payload read ahead with the previous frame's tail (at most a block, so
+// within this payload): it lands from the buffer, under the same look for
+// a reset as a readv.
+TcpConn::Next TcpConn::land_ahead() {
+    const size_t n = std::min(ahead(), payload_left_);
+    if (unchecked_ + n > kChunk) {
+        if (net::pending_error(fd_.get()) != 0) return Next::close;
+        unchecked_ = 0;
+    }
+    const uint8_t *src = ahead_.data() + ahead_at_;
+    for (size_t i = iov_at_, at = 0; at < n; i++) {
+        const size_t take = std::min(n - at, iov_[i].iov_len);
+        auto *dst = static_cast<uint8_t *>(iov_[i].iov_base);
+        if (rx_) rx_->update(src + at, dst, take);
+        else copy_into_region(dst, src + at, take);
+        at += take;
+    }
+    ahead_at_ += n;
+    unchecked_ += n;
+    return payload_landed(n, n);
+}
+
+// Small reads (a frame head, a tag): from the bytes read ahead, else from
+// the socket. Returns as outcome() does.
+ssize_t TcpConn::read_small(uint8_t *dst, size_t n) {
+    if (ahead() == 0) return outcome(::recv(fd_.get(), dst, n, 0));
+    n = std::min(n, ahead());
+    memcpy(dst, ahead_.data() + ahead_at_, n);
+    ahead_at_ += n;
+    return static_cast<ssize_t>(n);
 }
 
 // r of the want bytes of a chunk are in the region.
 TcpConn::Next TcpConn::payload_landed(size_t r, size_t want) {
+    payload_left_ -= r;
     iovec *iov = iov_.data() + iov_at_;
     const size_t left = net::advance_iov(iov, iov_.size() - iov_at_, r);
     iov_at_ = static_cast<size_t>(iov - iov_.data());
@@ -410,7 +455,7 @@ bool TcpConn::decrypt_chunk(const iovec *chunk, size_t n) {
 
 // A payload that fails its tag fails its transfer: no ack, the connection closes.
 TcpConn::Next TcpConn::read_tag() {
-    ssize_t r = outcome(::recv(fd_.get(), tag_.data() + have_, kTagLen - have_, 0));
+    ssize_t r = read_small(tag_.data() + have_, kTagLen - have_);
     if (r <= 0) return r < 0 ? Next::close : Next::wait;
     have_ += static_cast<size_t>(r);
     if (have_ < kTagLen) return Next::wait;
@@ -430,6 +475,10 @@ TcpConn::Next TcpConn::frame_done() {
             tx_->seal(aad, sizeof aad, ack, kAckLen, ack);
         }
         out_.insert(out_.end(), ack, ack + (tx_ ? kAckLen + kTagLen : kAckLen));
+        // Acks leave once a chunk's worth of payload is behind them, not only
+        // at the end of the turn: a turn can take many frames, and the
+        // initiator refills its window only as acks arrive.
+        if ((acked_unsent_ += frame_.total_len) >= kChunk && !flush()) return Next::close;
     }
     have_ = 0;
     need_ = rx_ ? kSealedHeadLen : kHeadLen;
@@ -440,6 +489,7 @@ TcpConn::Next TcpConn::frame_done() {
 
 // Sends what the socket takes now; false when the connection failed.
 bool TcpConn::flush() {
+    acked_unsent_ = 0;
     while (out_at_ < out_.size()) {
         ssize_t r = ::send(fd_.get(), out_.data() + out_at_, out_.size() - out_at_, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r > 0) out_at_ += static_cast<size_t>(r);
