@@ -27,8 +27,10 @@
 #              first pass over fresh memory is slow on some VMs),
 #              PROTECTION: the tcp.protection values to run (default "none aead"),
 #              KVXFER_BENCH_BEFORE: another build's kvxfer-bench, run in the same
-#              rounds as kind "before" (no tcp.protection option: cleartext in
-#              builds that predate it), for before/after comparisons.
+#              rounds as kind "before", for before/after comparisons, with
+#              BEFORE_OPTIONS (default none: the build's own default
+#              tcp.protection, aead in builds that have the option; e.g.
+#              BEFORE_OPTIONS="--option tcp.protection=none").
 # Only loopback (127.0.0.1) is used. iperf3 is installed with apt-get if missing.
 set -euo pipefail
 
@@ -150,7 +152,8 @@ for round in $(seq "$repeat"); do
         kvx_tag "kvxfer $prot" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
     done
     if [[ -n ${KVXFER_BENCH_BEFORE:-} ]]; then
-        kvx_bench_runs "$KVXFER_BENCH_BEFORE" tcp "$duration" "$tmp/kvx.json" "$@"
+        read -ra before_opts <<<"${BEFORE_OPTIONS:-}"
+        kvx_bench_runs "$KVXFER_BENCH_BEFORE" tcp "$duration" "$tmp/kvx.json" "${before_opts[@]}" "$@"
         kvx_tag "before" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
     fi
 done
