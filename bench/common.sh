@@ -16,11 +16,14 @@ kvx_bench_runs() {
         die "kvxfer-bench failed (4K); output: $(cat "$out")"
 }
 
-# kvx_tag KIND ROUND < kvxfer-bench --json lines: the same lines with the
-# kind and round that bench/rounds.py groups by.
+# kvx_tag KIND ROUND [FAMILY] < JSON lines (kvxfer-bench --json, or a
+# reference tool's): the same lines with the kind and round that
+# bench/rounds.py groups by, and for a reference tool its family.
 kvx_tag() {
     /usr/bin/python3 -c 'import json, sys
 for l in sys.stdin:
     if l.lstrip().startswith("{"):
-        d = json.loads(l); d["kind"] = sys.argv[1]; d["round"] = int(sys.argv[2]); print(json.dumps(d))' "$1" "$2"
+        d = json.loads(l); d["kind"] = sys.argv[1]; d["round"] = int(sys.argv[2])
+        if len(sys.argv) > 3: d["family"] = sys.argv[3]
+        print(json.dumps(d))' "$@"
 }

@@ -126,11 +126,7 @@ else:
 # kvxfer-tcp-ref GATHER ROUND: plain TCP, random 4 KiB blocks, GATHER per call.
 tcp_ref_line() {
     "$tcp_ref" 4K "$1" random 256M "$duration" "${WARMUP:-2}" >"$tmp/ref.json" || die "kvxfer-tcp-ref failed"
-    "$py" -c '
-import json, sys
-d = json.load(open(sys.argv[1]))
-d.update(round=int(sys.argv[2]), family="tcp-ref", kind="tcp-ref random, %s per call" % sys.argv[3])
-print(json.dumps(d))' "$tmp/ref.json" "$2" "$1" >>"$tmp/all.jsonl"
+    kvx_tag "tcp-ref random, $1 per call" "$2" tcp-ref <"$tmp/ref.json" >>"$tmp/all.jsonl"
 }
 
 protections=${PROTECTION:-none aead}

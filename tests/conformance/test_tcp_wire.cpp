@@ -87,6 +87,14 @@ int handshake(const kvx::wire::AgentMetadata &meta, const std::array<uint8_t, 32
     return fd.release();
 }
 
+// A connection to tg that passed the handshake with the right secret.
+int authenticated(const Target &tg) {
+    int st = 1;
+    int fd = handshake(tg.meta, tg.meta.secret, nullptr, &st);
+    assert_int_equal(st, 0);
+    return fd;
+}
+
 // A frame's head (asking for an ack of seq 77) for the given segments.
 std::vector<uint8_t> frame_head(const std::vector<kvx::tcp::Segment> &segs, uint64_t total) {
     std::vector<uint8_t> buf(kvx::tcp::kFrameHeaderLen + segs.size() * kvx::tcp::kSegLen);
@@ -122,9 +130,7 @@ int send_frame(int fd, const std::vector<kvx::tcp::Segment> &segs, uint64_t tota
 void test_valid_frame_lands(void **) {
     Target tg;
     target_up(tg, nullptr);
-    int st = 1;
-    int fd = handshake(tg.meta, tg.meta.secret, nullptr, &st);
-    assert_int_equal(st, 0);
+    int fd = authenticated(tg);
     std::vector<uint8_t> payload(2 * kBL, 0xEE);
     assert_int_equal(send_frame(fd, {{kBL, kBL}, {5 * kBL, kBL}}, 2 * kBL, payload), 0);
     assert_true(block_is(tg.r.base + kBL, kBL, 0xEE));
@@ -142,9 +148,7 @@ void test_valid_frame_lands(void **) {
 void test_frames_back_to_back(void **) {
     Target tg;
     target_up(tg, nullptr);
-    int st = 1;
-    int fd = handshake(tg.meta, tg.meta.secret, nullptr, &st);
-    assert_int_equal(st, 0);
+    int fd = authenticated(tg);
     const size_t shapes[] = {8, 1, 3, 16, 1, 2, 16, 16, 5};
     uint8_t want[kNB];
     for (uint64_t b = 0; b < kNB; b++) want[b] = 0x77;
@@ -204,9 +208,7 @@ void test_wrong_fingerprint(void **) {
 void bad_frame(const std::vector<kvx::tcp::Segment> &segs, uint64_t total) {
     Target tg;
     target_up(tg, nullptr);
-    int st = 1;
-    int fd = handshake(tg.meta, tg.meta.secret, nullptr, &st);
-    assert_int_equal(st, 0);
+    int fd = authenticated(tg);
     std::vector<uint8_t> payload(total < (1u << 20) ? total : 0, 0xEE);
     assert_int_equal(send_frame(fd, segs, total, payload), -1);
     close(fd);

@@ -89,6 +89,8 @@ private:
     Next frame_done();
     ssize_t read_small(uint8_t *dst, size_t n);
     Next land_ahead();
+    bool reset_before(size_t landing);
+    void land_from(const uint8_t *src, size_t n, const iovec *iov);
     size_t ahead() const { return ahead_len_ - ahead_at_; }
     bool flush();
     void update_interest();

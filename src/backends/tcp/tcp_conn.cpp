@@ -287,16 +287,7 @@ TcpConn::Next TcpConn::read_payload() {
     iovec chunk[kChunkIovs + 1];
     size_t cnt = take_chunk(iov_.data() + iov_at_, iov_.size() - iov_at_, chunk);
     const size_t want = chunk_len(chunk, cnt);
-    // A reset is looked for once per kChunk landed, not before every read:
-    // still at most one chunk lands after it arrived.
-    if (unchecked_ + want > kChunk) {
-        if (int err = net::pending_error(fd_.get())) {
-            KVX_LOG(debug, "tcp: dropping a frame's payload: the connection was %s",
-                    err == ECONNRESET ? "reset by the initiator" : strerror(err));
-            return Next::close;
-        }
-        unchecked_ = 0;
-    }
+    if (reset_before(want)) return Next::close;
     const Clock::time_point now = Clock::now();
     if (now - last_landed_ > kStaleAfter && waited_since(now - kStaleAfter)) return stale_landing(chunk, cnt);
     last_landed_ = now;
@@ -316,21 +307,36 @@ TcpConn::Next TcpConn::read_payload() {
 // a reset as a readv.
 TcpConn::Next TcpConn::land_ahead() {
     const size_t n = std::min(ahead(), payload_left_);
-    if (unchecked_ + n > kChunk) {
-        if (net::pending_error(fd_.get()) != 0) return Next::close;
-        unchecked_ = 0;
+    if (reset_before(n)) return Next::close;
+    land_from(ahead_.data() + ahead_at_, n, iov_.data() + iov_at_);
+    ahead_at_ += n;
+    unchecked_ += n;
+    return payload_landed(n, n);
+}
+
+// A reset is looked for once per kChunk landed, not before every read: still
+// at most one chunk lands after it arrived. True: reset (drop the rest).
+bool TcpConn::reset_before(size_t landing) {
+    if (unchecked_ + landing <= kChunk) return false;
+    if (int err = net::pending_error(fd_.get())) {
+        KVX_LOG(debug, "tcp: dropping a frame's payload: the connection was %s",
+                err == ECONNRESET ? "reset by the initiator" : strerror(err));
+        return true;
     }
-    const uint8_t *src = ahead_.data() + ahead_at_;
-    for (size_t i = iov_at_, at = 0; at < n; i++) {
-        const size_t take = std::min(n - at, iov_[i].iov_len);
-        auto *dst = static_cast<uint8_t *>(iov_[i].iov_base);
+    unchecked_ = 0;
+    return false;
+}
+
+// n bytes read aside (src) land in the region at iov: copied, or decrypted
+// when sealed.
+void TcpConn::land_from(const uint8_t *src, size_t n, const iovec *iov) {
+    for (size_t i = 0, at = 0; at < n; i++) {
+        const size_t take = std::min(n - at, iov[i].iov_len);
+        auto *dst = static_cast<uint8_t *>(iov[i].iov_base);
         if (rx_) rx_->update(src + at, dst, take);
         else copy_into_region(dst, src + at, take);
         at += take;
     }
-    ahead_at_ += n;
-    unchecked_ += n;
-    return payload_landed(n, n);
 }
 
 // Small reads (a frame head, a tag): from the bytes read ahead, else from
@@ -363,10 +369,7 @@ TcpConn::Next TcpConn::payload_landed(size_t r, size_t want) {
 // wait: one left from an earlier, larger rest would wait for bytes that
 // never come (the frame's tail is smaller), and the transfer would stall.
 TcpConn::Next TcpConn::drained() {
-    const iovec *iov = iov_.data() + iov_at_;
-    size_t rest = 0;
-    for (size_t i = 0; i < iov_.size() - iov_at_ && rest < kLowat; i++) rest += iov[i].iov_len;
-    wake_at(rest);
+    wake_at(payload_left_);
     return Next::wait;
 }
 
@@ -425,13 +428,7 @@ TcpConn::Next TcpConn::stale_landing(const iovec *chunk, size_t cnt) {
     }
     unchecked_ = static_cast<size_t>(r);
     last_landed_ = Clock::now();
-    for (size_t i = 0, at = 0; at < static_cast<size_t>(r); i++) {
-        const size_t take = std::min(static_cast<size_t>(r) - at, chunk[i].iov_len);
-        auto *dst = static_cast<uint8_t *>(chunk[i].iov_base);
-        if (rx_) rx_->update(aside.data() + at, dst, take);
-        else copy_into_region(dst, aside.data() + at, take);
-        at += take;
-    }
+    land_from(aside.data(), static_cast<size_t>(r), chunk);
     return payload_landed(static_cast<size_t>(r), chunk_len(chunk, cnt));
 }
 
