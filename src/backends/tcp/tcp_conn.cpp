@@ -48,11 +48,12 @@ __attribute__((noinline)) void copy_into_region(uint8_t *dst, const uint8_t *src
 // one readv() lands no more than that (the late-write bound).
 constexpr size_t kChunk = 256 << 10;
 constexpr size_t kChunkIovs = 64;
-constexpr size_t kPiece = 64 << 10;
 constexpr size_t kLowat = 128 << 10;
 // Payload that waited this long in the socket while the loop did not read it
 // (the process was frozen or starved) is probed before it lands.
-constexpr auto kStaleAfter = std::chrono::milliseconds(20);  // sealed: decrypted between two checks for a reset
+constexpr auto kStaleAfter = std::chrono::milliseconds(20);
+
+// The front of iov, cut to one chunk (kChunk, kChunkIovs).
 size_t take_chunk(const iovec *iov, size_t cnt, iovec *chunk) {
     size_t n = 0, bytes = 0;
     for (; n < cnt && n < kChunkIovs && bytes < kChunk; n++) {
@@ -432,20 +433,19 @@ TcpConn::Next TcpConn::stale_landing(const iovec *chunk, size_t cnt) {
     return payload_landed(static_cast<size_t>(r), chunk_len(chunk, cnt));
 }
 
-// Sealed: the chunk's ciphertext, decrypted in place in pieces of kPiece;
-// the tag at the end of the frame decides. A reset seen before a piece
-// leaves it (and the rest) as ciphertext: a frozen target that resumes
-// changes at most the piece it was in when it froze. false: reset.
+// Sealed: the chunk's ciphertext, decrypted in place; the tag at the end of
+// the frame decides. One look for a reset first: a target frozen between the
+// readv and here (SIGSTOP, a long preemption) whose initiator has meanwhile
+// failed the transfer leaves the chunk as ciphertext. Frozen while
+// decrypting, it changes at most the rest of this chunk: within the bound of
+// one chunk (docs/semantics.md). false: reset.
 bool TcpConn::decrypt_chunk(const iovec *chunk, size_t n) {
+    if (net::pending_error(fd_.get()) != 0) return false;
     for (size_t i = 0; n > 0; i++) {
+        const size_t take = std::min(n, chunk[i].iov_len);
         auto *p = static_cast<uint8_t *>(chunk[i].iov_base);
-        for (size_t at = 0, len = std::min(n, chunk[i].iov_len); at < len;) {
-            if (net::pending_error(fd_.get()) != 0) return false;
-            const size_t take = std::min(len - at, kPiece);
-            rx_->update(p + at, p + at, take);
-            at += take;
-            n -= take;
-        }
+        rx_->update(p, p, take);
+        n -= take;
     }
     return true;
 }
