@@ -11,6 +11,11 @@
 #                               access pattern; iperf3's one small buffer stays
 #                               in the caches). The 4K lines are printed against
 #                               iperf3 and against it.
+#   kvxfer-tls-ref 1M, 64K:     one TLS 1.3 stream (OpenSSL, AES-128-GCM) on
+#                               loopback: what a protected stream reaches
+#                               when the AEAD and the TCP copies share these
+#                               cores (on loopback both ends do); the aead
+#                               lines are printed against it too.
 #   kvxfer-bench --backend tcp, tcp.protection=none and =aead:
 #                               1M and 64K blocks (batch 1, seq),
 #                               4K blocks (batch 16, random)
@@ -46,6 +51,8 @@ die() { echo "$me: $*" >&2; exit 1; }
 [[ -x $bench ]] || die "kvxfer-bench not found at $bench (build it, or set KVXFER_BENCH)"
 tcp_ref=$(dirname "$bench")/kvxfer-tcp-ref
 [[ -x $tcp_ref ]] || die "kvxfer-tcp-ref not found at $tcp_ref (built with kvxfer-bench)"
+tls_ref=$(dirname "$bench")/kvxfer-tls-ref
+[[ -x $tls_ref ]] || die "kvxfer-tls-ref not found at $tls_ref (built with kvxfer-bench)"
 [[ $duration =~ ^[0-9]+$ && $duration -ge 1 ]] || die "DURATION must be a whole number of seconds >= 1"
 [[ $repeat =~ ^[0-9]+$ && $repeat -ge 1 ]] || die "REPEAT must be a whole number >= 1"
 
@@ -129,20 +136,31 @@ tcp_ref_line() {
     kvx_tag "tcp-ref random, $1 per call" "$2" tcp-ref <"$tmp/ref.json" >>"$tmp/all.jsonl"
 }
 
+# kvxfer-tls-ref BLOCK ROUND: a TLS 1.3 stream, BLOCK per SSL_write.
+tls_ref_line() {
+    "$tls_ref" "$1" 256M "$duration" "${WARMUP:-2}" >"$tmp/ref.json" || die "kvxfer-tls-ref failed"
+    kvx_tag "tls-ref TLS 1.3 AES-128-GCM" "$2" tls-ref <"$tmp/ref.json" >>"$tmp/all.jsonl"
+}
+
 protections=${PROTECTION:-none aead}
 vs=()  # what each kvxfer kind is measured against
 for prot in $protections; do
     if [[ $prot == aead ]]; then vs+=(--vs "kvxfer $prot=iperf3,openssl"); else vs+=(--vs "kvxfer $prot=iperf3"); fi
     if [[ $prot == aead ]]; then vs+=(--vs "kvxfer $prot=tcp-ref,openssl"); else vs+=(--vs "kvxfer $prot=tcp-ref"); fi
+    [[ $prot != aead ]] || vs+=(--vs "kvxfer $prot=tls-ref")
 done
 [[ -z ${KVXFER_BENCH_BEFORE:-} ]] || vs+=(--vs "before=iperf3")
 for round in $(seq "$repeat"); do
-    echo "$me: round $round of $repeat: iperf3 -P 1, -P 2, openssl, tcp-ref, kvxfer ($protections)" >&2
+    echo "$me: round $round of $repeat: iperf3 -P 1, -P 2, openssl, tcp-ref, tls-ref, kvxfer ($protections)" >&2
     iperf 1 "$round"
     iperf 2 "$round"
     aead "$round"
     tcp_ref_line 16 "$round"
     tcp_ref_line 64 "$round"
+    if [[ " $protections " == *" aead "* ]]; then
+        tls_ref_line 1M "$round"
+        tls_ref_line 64K "$round"
+    fi
     for prot in $protections; do
         kvx_bench_runs "$bench" tcp "$duration" "$tmp/kvx.json" --option "tcp.protection=$prot" "$@"
         kvx_tag "kvxfer $prot" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"

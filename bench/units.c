@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 uint64_t now_ns(void)
@@ -91,4 +93,15 @@ uint64_t size_or_exit(const char *prog, const char *s)
         exit(2);
     }
     return v;
+}
+
+char *touched_region(const char *prog, size_t len, int fill)
+{
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        fprintf(stderr, "%s: mmap of %zu bytes: %s\n", prog, len, strerror(errno));
+        exit(1);
+    }
+    memset(p, fill, len);
+    return p;
 }

@@ -17,5 +17,9 @@ int parse_u64(const char *s, uint64_t *out);
 uint64_t size_or_exit(const char *prog, const char *s);
 /* "4KiB", "1MiB", or "3000B" when not a whole multiple. */
 void fmt_size(char *buf, size_t cap, uint64_t n);
+/* len bytes of private anonymous memory, every byte set to fill (so the
+ * pages exist before anything is timed); a message naming prog and exit(1)
+ * when there is no memory. */
+char *touched_region(const char *prog, size_t len, int fill);
 
 #endif

@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -101,16 +100,6 @@ static void *write_all(void *arg) {
     return NULL;
 }
 
-static char *region_new(size_t len, int fill) {
-    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        perror("kvxfer-tcp-ref: mmap");
-        exit(1);
-    }
-    memset(p, fill, len);
-    return p;
-}
-
 int main(int argc, char **argv) {
     if (argc != 7 || (strcmp(argv[3], "seq") && strcmp(argv[3], "random"))) {
         fprintf(stderr, "usage: kvxfer-tcp-ref BLOCK_SIZE BATCH seq|random REGION_BYTES SECONDS WARMUP\n");
@@ -127,10 +116,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     size_t blocks = region_len / block;
-    struct side w = {.region = region_new(region_len, 0x5a), .block = block, .blocks = blocks, .batch = batch,
-                     .random = argv[3][0] == 'r', .rng = 0x9e3779b97f4a7c15u};
+    struct side w = {.region = touched_region(me, region_len, 0x5a), .block = block, .blocks = blocks,
+                     .batch = batch, .random = argv[3][0] == 'r', .rng = 0x9e3779b97f4a7c15u};
     struct side r = w;
-    r.region = region_new(region_len, 0xa5);
+    r.region = touched_region(me, region_len, 0xa5);
     r.rng = 0xd1b54a32d192ed03u;
     w.mark = calloc(blocks, sizeof *w.mark);
     r.mark = calloc(blocks, sizeof *r.mark);
