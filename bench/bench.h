@@ -49,6 +49,7 @@ struct bench_opts {
     uint64_t seed;
     bool seed_given;
     bool shared_region;           /* --target-region shared: the target's region from kvx_region_alloc() */
+    bool idle_wait;               /* --idle wait: sleep in kvx_wait() when nothing can be submitted */
     /* roles */
     const char *serve;            /* --serve [HOST:]PORT */
     const char *connect;          /* --connect HOST:PORT */

@@ -19,7 +19,10 @@
 #        (default BUILD_DIR: build; the VM sees it read-write, the tree read-only)
 # Environment: DURATION seconds per measurement (default 3), REPEAT (default 3),
 #              WARMUP (kvxfer, default 2), IB_CONFIGS ("|"-separated
-#              ib_write_bw argument sets).
+#              ib_write_bw argument sets), KVX_VARIANTS ("|"-separated
+#              kvxfer-bench option sets, each its own kind in the same
+#              rounds, e.g. "|--option verbs.qps_per_peer=2": the defaults
+#              and 2 QPs per peer in one boot; default: one, the defaults).
 # On a host with a real RDMA NIC, run the inside half directly:
 #        KVX_VM_ADDR=<the NIC's IP> KVX_VM_DEV=mlx5_0 bench/compare-verbs.sh --inside BUILD_DIR
 set -euo pipefail
@@ -37,7 +40,7 @@ if [[ ${1:-} != --inside ]]; then
     extra=""
     [[ $# -gt 0 ]] && extra=$(printf ' %q' "$@")
     exec "$root/tests/rdma-vm/run-vm.sh" -t 2400 -w "$build" -- \
-        "DURATION=${DURATION:-3} REPEAT=${REPEAT:-3} WARMUP=${WARMUP:-2} IB_CONFIGS='${IB_CONFIGS:-}' bash '$root/bench/compare-verbs.sh' --inside '$build'$extra"
+        "DURATION=${DURATION:-3} REPEAT=${REPEAT:-3} WARMUP=${WARMUP:-2} IB_CONFIGS='${IB_CONFIGS:-}' KVX_VARIANTS='${KVX_VARIANTS:-}' bash '$root/bench/compare-verbs.sh' --inside '$build'$extra"
 fi
 
 # ------------------------------------------------------------ inside the VM
@@ -77,6 +80,8 @@ write_bw() {
 }
 
 IFS='|' read -r -a configs <<<"${IB_CONFIGS:-"-R|-R -q 2|-x 1|-x 1 -q 2|-x 1 --tx-depth 512"}"
+IFS='|' read -r -a variants <<<"${KVX_VARIANTS:-}"
+[[ ${#variants[@]} -gt 0 ]] || variants=("")
 repeat=${REPEAT:-3}
 port=18611
 for round in $(seq "$repeat"); do
@@ -88,7 +93,10 @@ for round in $(seq "$repeat"); do
             port=$((port + 1))
         done
     done
-    kvx_bench_runs "$build/kvxfer-bench" verbs "$duration" "$tmp/kvx.json" "$@"
-    kvx_tag "kvxfer verbs" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
+    for v in "${variants[@]}"; do
+        # shellcheck disable=SC2086 # v is a list of arguments
+        kvx_bench_runs "$build/kvxfer-bench" verbs "$duration" "$tmp/kvx.json" "$@" $v
+        kvx_tag "kvxfer verbs${v:+ $v}" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
+    done
 done
 python3 "$root/bench/rounds.py" "$tmp/all.jsonl"

@@ -33,6 +33,7 @@
  * backend threads (and on one host, the target) need. */
 #define IDLE_YIELDS 200u
 #define IDLE_SLEEP_NS 20000u
+#define IDLE_WAIT_MS 100 /* --idle wait: the longest sleep between looks at the clock */
 
 /* ------------------------------------------------------------ id -> slot map */
 
@@ -384,6 +385,11 @@ static void run_phase(struct engine *e, bool measure, uint64_t deadline, uint64_
         } else if (now - last_progress > STUCK_NS) {
             die("%s: no transfer completed for %llu s with %llu outstanding", label,
                 (unsigned long long)(STUCK_NS / 1000000000u), (unsigned long long)e->outstanding);
+        } else if (e->o->idle_wait) {
+            size_t ready;
+            int rc = kvx_wait(&ready, e->t, IDLE_WAIT_MS);
+            if (rc)
+                die_kvx("kvx_wait", rc);
         } else if (++idle < IDLE_YIELDS) {
             sched_yield();
         } else {

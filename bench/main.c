@@ -49,6 +49,10 @@ static const char usage_text[] =
     "                             >= 64K)\n"
     "  --inflight N               max outstanding transfers (default: enough for\n"
     "                             2 MiB outstanding, 8..64: 32 for 64K, 8 for 1M)\n"
+    "  --idle spin|wait           what the initiator does while every slot is in\n"
+    "                             flight: spin (default: kvx_poll() in a loop,\n"
+    "                             yielding the CPU) or wait (sleep in kvx_wait()\n"
+    "                             until a transfer finishes)\n"
     "  --pattern seq|random       seq (default): each call writes consecutive local\n"
     "                             and consecutive remote blocks, so runs coalesce;\n"
     "                             random: distinct random remote blocks, random\n"
@@ -240,6 +244,16 @@ static void opt_inflight(struct cli *c, const char *v)
         usage_error("--inflight: '%s' is not a count in 1..65536", v);
 }
 
+static void opt_idle(struct cli *c, const char *v)
+{
+    if (!strcmp(v, "spin"))
+        c->o->idle_wait = false;
+    else if (!strcmp(v, "wait"))
+        c->o->idle_wait = true;
+    else
+        usage_error("--idle: '%s' is not spin or wait", v);
+}
+
 static void opt_pattern(struct cli *c, const char *v)
 {
     if (!strcmp(v, "seq"))
@@ -333,6 +347,7 @@ static const struct cli_option cli_options[] = {
     {"--blocks", true, opt_blocks},
     {"--batch", true, opt_batch},
     {"--inflight", true, opt_inflight},
+    {"--idle", true, opt_idle},
     {"--pattern", true, opt_pattern},
     {"--duration", true, opt_duration},
     {"--total", true, opt_total},

@@ -49,7 +49,7 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define KVX_VERSION_MAJOR 0
-#define KVX_VERSION_MINOR 3
+#define KVX_VERSION_MINOR 4
 #define KVX_VERSION_PATCH 0
 /** MAJOR*10000 + MINOR*100 + PATCH, comparable with '<'. */
 #define KVX_VERSION_NUMBER \
@@ -561,6 +561,49 @@ typedef enum kvx_cancel_mode {
  */
 KVX_API int kvx_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t *ids, size_t n,
                        int mode, uint64_t *inflight);
+
+/* ---------------------------------------------------------------- waiting (since 0.4) */
+
+/**
+ * Sleep until kvx_poll() has something to report (since 0.4): the blocking
+ * alternative to calling kvx_poll() in a loop, which burns a core that the
+ * backends' own threads may need (on a 2-core host, half the machine).
+ * Returns at once when ids are ready already.
+ * @param out_ready  receives how many ids kvx_poll(t, NULL, ...) would report
+ *                   now (done and failed, every peer): > 0, or 0 when
+ *                   timeout_ms passed first. Another thread's kvx_poll() or
+ *                   kvx_cancel() may take them before this thread polls.
+ * @param timeout_ms 0: only look; > 0: wait at most that long; -1: no limit.
+ * @return 0 (also on timeout); KVX_EINVAL (NULL argument, timeout_ms < -1);
+ *         KVX_ECLOSED (closed before the call, or while waiting:
+ *         kvx_transport_close() from another thread wakes every waiter and
+ *         returns only once they have left).
+ * Thread safety: any thread; several may wait at once, and all wake.
+ * A wake-up costs the thread that completes a transfer one futex call, and
+ * only while a thread waits and nothing was ready before.
+ */
+KVX_API int kvx_wait(size_t *out_ready, kvx_transport *t, int timeout_ms);
+
+/**
+ * A file descriptor that is readable while kvx_poll(t, NULL, ...) has
+ * something to report (since 0.4), for event loops: epoll/poll/select,
+ * asyncio's add_reader, tokio's AsyncFd, Go's netpoller. Level-triggered:
+ * readable from the moment an id is ready until a kvx_poll() or kvx_cancel()
+ * has taken every ready id (poll until the arrays are not filled, as always).
+ * After kvx_transport_close() it is readable for good (kvx_poll() then says
+ * KVX_ECLOSED), so a loop waiting on it notices the close.
+ * @param out_fd  receives the descriptor: an eventfd, close-on-exec, made on
+ *                the first call (later calls return the same one). Owned by
+ *                t: never read, write or close it; kvx_transport_destroy()
+ *                closes it.
+ * @return 0; KVX_EINVAL (NULL argument); KVX_ECLOSED; KVX_EBACKEND (no
+ *         descriptor could be made: the message says why, e.g. EMFILE).
+ * Cost: none until the first call; afterwards, for the thread completing
+ * transfers, one eventfd write when ids become ready and, for kvx_poll(),
+ * one read when it takes the last of them.
+ * Thread safety: any thread.
+ */
+KVX_API int kvx_completion_fd(int *out_fd, kvx_transport *t);
 
 /* ---------------------------------------------------------------- introspection */
 

@@ -3,9 +3,11 @@ package kvxfer
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 
 	"kvxfer.dev/kvxfer/internal/capi"
 )
@@ -331,6 +333,36 @@ func (t *Transport) WriteBlocks(peer string, local, remote []uint64) (uint64, er
 		return 0, err
 	}
 	return id[0], nil
+}
+
+// Wait sleeps until Poll has something to report, or timeout passes (a
+// negative timeout: no limit; 0: only look), and returns how many ids Poll
+// would report now (0: the time ran out). It returns at once when ids are
+// ready already. The calling goroutine holds its OS thread while it sleeps
+// (a cgo call). Errors: ErrClosed, also when Close is called meanwhile: it
+// wakes every waiter (kvx_wait(3)).
+func (t *Transport) Wait(timeout time.Duration) (int, error) {
+	ms := -1
+	if timeout >= 0 {
+		ms = int((timeout + time.Millisecond - 1) / time.Millisecond)
+		if ms > math.MaxInt32 {
+			ms = math.MaxInt32
+		}
+	}
+	ready := make([]uint64, 1)
+	err := t.do("Wait", func(h uintptr) int { return capi.Kvx_wait(ready, h, ms) })
+	return int(ready[0]), err
+}
+
+// CompletionFD returns a file descriptor that is readable while Poll has
+// something to report, for event loops (epoll, poll): level-triggered,
+// readable until Poll has taken every ready id, and readable for good once
+// the transport is closed. The transport owns it: never read, write or close
+// it; Close closes it (kvx_completion_fd(3)). Errors: ErrClosed.
+func (t *Transport) CompletionFD() (int, error) {
+	fd := make([]int32, 1)
+	err := t.do("CompletionFD", func(h uintptr) int { return capi.Kvx_completion_fd(fd, h) })
+	return int(fd[0]), err
 }
 
 // pollBatch is how many ids one kvx_poll call may return per list.

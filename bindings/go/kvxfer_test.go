@@ -149,7 +149,7 @@ func isErr(t *testing.T, err error, target error, scope kvxfer.Scope, msgPart st
 }
 
 func TestVersion(t *testing.T) {
-	if v := kvxfer.Version(); v != "0.3.0" {
+	if v := kvxfer.Version(); v != "0.4.0" {
 		t.Errorf("Version() = %q", v)
 	}
 }
@@ -827,4 +827,73 @@ func TestPeerBackend(t *testing.T) {
 	}
 	_, _, err = a.PeerBackend("nobody")
 	isErr(t, err, kvxfer.ErrUnknownPeer, kvxfer.ScopeRequest, "nobody")
+}
+
+func TestWaitAndCompletionFD(t *testing.T) {
+	a := newTransport(t, testBlocks, 0)
+	b := newTransport(t, testBlocks, 0)
+	connect(t, a, "b", b)
+	if n, err := a.Wait(0); err != nil || n != 0 {
+		t.Fatalf("Wait(0) on an idle transport = %d, %v", n, err)
+	}
+	if n, err := a.Wait(20 * time.Millisecond); err != nil || n != 0 {
+		t.Fatalf("Wait(20ms) on an idle transport = %d, %v", n, err)
+	}
+	fd, err := a.CompletionFD()
+	if err != nil || fd < 0 {
+		t.Fatalf("CompletionFD() = %d, %v", fd, err)
+	}
+	readable := func(ms int) bool {
+		for {
+			var set syscall.FdSet
+			set.Bits[fd/64] |= 1 << (uint(fd) % 64)
+			tv := syscall.NsecToTimeval(int64(ms) * int64(time.Millisecond))
+			n, err := syscall.Select(fd+1, &set, nil, nil, &tv)
+			if err == syscall.EINTR {
+				continue // the Go runtime's own signals
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n == 1
+		}
+	}
+	if readable(0) {
+		t.Fatal("completion fd readable with nothing to poll")
+	}
+	id, err := a.WriteBlocks("b", []uint64{1}, []uint64{2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := a.Wait(-1); err != nil || n != 1 {
+		t.Fatalf("Wait(-1) after a write = %d, %v", n, err)
+	}
+	if !readable(0) {
+		t.Fatal("completion fd not readable with an id to poll")
+	}
+	res, err := a.Poll("")
+	if err != nil || len(res.Done) != 1 || res.Done[0] != id {
+		t.Fatalf("Poll = %v, %v", res, err)
+	}
+	if readable(0) {
+		t.Fatal("completion fd readable after Poll took every id")
+	}
+	// Close wakes a goroutine waiting without limit.
+	errc := make(chan error, 1)
+	go func() {
+		_, err := a.Wait(-1)
+		errc <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, kvxfer.ErrClosed) {
+			t.Fatalf("Wait during Close returned %v, want ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not wake Wait")
+	}
 }

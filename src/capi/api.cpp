@@ -266,6 +266,20 @@ KVX_API int kvx_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t 
     });
 }
 
+KVX_API int kvx_wait(size_t *out_ready, kvx_transport *t, int timeout_ms) {
+    return guard([&] {
+        KVX_REQUIRE(out_ready && t, "NULL argument");
+        *out_ready = t->impl.wait(timeout_ms);
+    });
+}
+
+KVX_API int kvx_completion_fd(int *out_fd, kvx_transport *t) {
+    return guard([&] {
+        KVX_REQUIRE(out_fd && t, "NULL argument");
+        *out_fd = t->impl.completion_fd();
+    });
+}
+
 KVX_API int kvx_get_stats(kvx_stats *out, kvx_transport *t, const char *peer_id) {
     return guard([&] {
         KVX_REQUIRE(out && t, "NULL argument");

@@ -162,12 +162,13 @@ void Transport::check_open_locked() const {
 void Transport::close() {
     std::map<std::string, std::shared_ptr<Peer>> peers;
     {
-        std::lock_guard<std::mutex> lk(mu_);
+        std::unique_lock<std::mutex> lk(mu_);
         if (closed_) return;
         closed_ = true;
         peers.swap(peers_);
         registrations_.cancel_all_locked(KVX_ECLOSED, "the transport was closed");
         wd_cv_.notify_all();
+        ready_.close(lk);  // threads in wait() leave with KVX_ECLOSED before close goes on
     }
     if (watchdog_.joinable()) watchdog_.join();
     registrations_.shutdown();  // connection attempts, called off above, end within a slice
@@ -425,6 +426,7 @@ void Transport::finish_locked(uint64_t id, Peer &peer, int status) {
 void Transport::queue_locked(const std::string &peer_id, uint64_t id, bool done) {
     auto it = completions_.try_emplace(peer_id).first;
     (done ? it->second.done : it->second.failed).push_back(id);
+    ready_.added(1);
     if (!it->second.listed) {
         it->second.listed = true;
         listed_.push_back(it);
@@ -461,8 +463,24 @@ void Transport::poll(const char *peer_id, uint64_t *done, size_t done_cap, size_
     } else {
         poll_all_locked(done, done_cap, &nd, failed, failed_cap, &nf);
     }
+    ready_.taken(nd + nf);
     *n_done = nd;
     *n_failed = nf;
+}
+
+size_t Transport::wait(int timeout_ms) {
+    if (timeout_ms < -1) fail(KVX_EINVAL, "wait: timeout_ms %d is neither -1 nor >= 0", timeout_ms);
+    std::unique_lock<std::mutex> lk(mu_);
+    check_open_locked();
+    if (ready_.count() == 0 && timeout_ms != 0 && !ready_.wait(lk, timeout_ms))
+        fail(KVX_ECLOSED, "transport was closed while waiting");
+    return ready_.count();
+}
+
+int Transport::completion_fd() {
+    std::lock_guard<std::mutex> lk(mu_);
+    check_open_locked();
+    return ready_.fd();
 }
 
 // poll(NULL): the listed queues in the order they got ids; those drained
@@ -522,10 +540,12 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
 void Transport::drop_unpolled_locked(const std::unordered_set<uint64_t> &ids) {
     auto gone = [&](uint64_t id) { return ids.count(id) != 0; };
     // Every queue holding ids is listed; those emptied here go at the next poll.
+    size_t dropped = 0;
     for (CompletionsMap::iterator it : listed_) {
-        std::erase_if(it->second.done, gone);
-        std::erase_if(it->second.failed, gone);
+        dropped += std::erase_if(it->second.done, gone);
+        dropped += std::erase_if(it->second.failed, gone);
     }
+    ready_.taken(dropped);
 }
 
 // A transfer times out only when its peer stalls: work outstanding and no

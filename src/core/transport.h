@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "core/id_table.h"
 #include "core/options.h"
+#include "core/ready.h"
 #include "core/registrations.h"
 #include "core/telemetry.h"
 #include "kvxfer.h"
@@ -55,6 +56,11 @@ public:
     void poll(const char *peer_id, uint64_t *done, size_t done_cap, size_t *n_done, uint64_t *failed,
               size_t failed_cap, size_t *n_failed);
     size_t cancel(const uint64_t *ids, size_t n, int mode, uint64_t *inflight);
+    // kvx_wait: the number of ids ready for poll(NULL) once there are some
+    // or timeout_ms (-1: no limit) passed (then 0); throws KVX_ECLOSED.
+    size_t wait(int timeout_ms);
+    // kvx_completion_fd.
+    int completion_fd();
 
 private:
     // A registered peer; also the sink its link reports to.
@@ -149,6 +155,7 @@ private:
     Telemetry telemetry_;
     IdTable inflight_;  // by id; each OpState's owner is its Peer
     CompletionsMap completions_;
+    ReadySignal ready_;  // how many ids completions_ holds, for wait() and completion_fd()
     // The queues that got ids, in that order: poll(NULL) visits these, not
     // every peer's. A listed queue is never erased.
     std::vector<CompletionsMap::iterator> listed_;

@@ -2,6 +2,7 @@
  * input, on the backend named by KVX_TEST_BACKEND (default tcp). The same
  * binary runs on verbs inside the Soft-RoCE VM. */
 #include <openssl/sha.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,152 @@ static void reseal(metablob *m) {
     uint8_t d[SHA256_DIGEST_LENGTH];
     SHA256(m->bytes, m->len - 8, d);
     memcpy(m->bytes + m->len - 8, d, 8);
+}
+
+/* ------------------------------------------------------------ waiting */
+
+/* 1: fd is readable within ms. */
+static int readable(int fd, int ms) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r = poll(&p, 1, ms);
+    assert_true(r >= 0);
+    return r == 1 && (p.revents & POLLIN);
+}
+
+/* Takes every ready id; how many. */
+static size_t poll_everything(kvx_transport *t) {
+    size_t total = 0, nd, nf;
+    uint64_t d[64], f[64];
+    do {
+        CHECK_OK(kvx_poll(&nd, &nf, t, NULL, d, 64, f, 64));
+        total += nd + nf;
+    } while (nd == 64 || nf == 64);
+    return total;
+}
+
+/* kvx_wait: bad input, nothing ready (0 looks, > 0 times out), a transfer
+ * that finishes wakes a waiter without limit and counts as ready until it is
+ * polled, and a cancelled unpolled id stops counting. */
+static void test_wait(void **state) {
+    (void)state;
+    pair p;
+    pair_up(&p, NB, NB, CFG);
+    size_t n = 99;
+    CHECK_ERR(kvx_wait(NULL, p.a, 0), KVX_EINVAL);
+    CHECK_ERR(kvx_wait(&n, NULL, 0), KVX_EINVAL);
+    CHECK_ERR(kvx_wait(&n, p.a, -2), KVX_EINVAL);
+    assert_non_null(strstr(kvx_last_error_message(), "-2"));
+    CHECK_OK(kvx_wait(&n, p.a, 0));
+    assert_int_equal(n, 0);
+    CHECK_OK(kvx_wait(&n, p.a, 30));
+    assert_int_equal(n, 0);
+
+    enum { N = 5 };
+    uint64_t ids[N];
+    for (uint64_t i = 0; i < N; i++) CHECK_OK(kvx_write_blocks(&ids[i], p.a, "b", &i, &i, 1));
+    size_t got = 0;
+    while (got < N) {
+        CHECK_OK(kvx_wait(&n, p.a, -1));
+        assert_true(n >= 1 && n <= N - got);
+        size_t again;
+        CHECK_OK(kvx_wait(&again, p.a, 0)); /* still ready: nothing took them */
+        assert_true(again >= n);
+        got += poll_everything(p.a);
+    }
+    assert_int_equal(got, N);
+    CHECK_OK(kvx_wait(&n, p.a, 0));
+    assert_int_equal(n, 0);
+
+    /* a finished id that is cancelled before it is polled is not ready any more */
+    uint64_t id, i = 7;
+    CHECK_OK(kvx_write_blocks(&id, p.a, "b", &i, &i, 1));
+    CHECK_OK(kvx_wait(&n, p.a, -1));
+    assert_int_equal(n, 1);
+    size_t n_in;
+    CHECK_OK(kvx_cancel(&n_in, p.a, &id, 1, KVX_CANCEL_IMMEDIATE, NULL));
+    CHECK_OK(kvx_wait(&n, p.a, 0));
+    assert_int_equal(n, 0);
+    assert_int_equal(poll_everything(p.a), 0);
+    pair_down(&p);
+}
+
+typedef struct waiter {
+    kvx_transport *t;
+    int rc;
+    pthread_t th;
+} waiter;
+
+static void *wait_forever(void *arg) {
+    waiter *w = arg;
+    size_t n;
+    w->rc = kvx_wait(&n, w->t, -1);
+    return NULL;
+}
+
+/* Threads waiting without limit on an idle transport all leave with
+ * KVX_ECLOSED when another thread closes it (a close that did not wake them
+ * would hang here until the test's timeout). */
+static void test_wait_woken_by_close(void **state) {
+    (void)state;
+    pair p;
+    pair_up(&p, NB, NB, CFG);
+    waiter w[3];
+    for (int i = 0; i < 3; i++) {
+        w[i] = (waiter){.t = p.a, .rc = 1};
+        assert_int_equal(pthread_create(&w[i].th, NULL, wait_forever, &w[i]), 0);
+    }
+    usleep(100 * 1000); /* most likely all asleep by now; the assertions hold either way */
+    CHECK_OK(kvx_transport_close(p.a));
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(pthread_join(w[i].th, NULL), 0);
+        assert_int_equal(w[i].rc, KVX_ECLOSED);
+    }
+    size_t n;
+    CHECK_ERR(kvx_wait(&n, p.a, 0), KVX_ECLOSED);
+    pair_down(&p);
+}
+
+/* kvx_completion_fd: the same descriptor every call; readable exactly while
+ * ids wait to be polled (also ids that finished before the first call), and
+ * for good after close. */
+static void test_completion_fd(void **state) {
+    (void)state;
+    pair p;
+    pair_up(&p, NB, NB, CFG);
+    int fd = -1, fd2 = -1;
+    CHECK_ERR(kvx_completion_fd(NULL, p.a), KVX_EINVAL);
+    CHECK_ERR(kvx_completion_fd(&fd, NULL), KVX_EINVAL);
+
+    /* finished before the descriptor exists: readable from its first call */
+    uint64_t id, i = 3;
+    size_t n;
+    CHECK_OK(kvx_write_blocks(&id, p.a, "b", &i, &i, 1));
+    CHECK_OK(kvx_wait(&n, p.a, -1));
+    CHECK_OK(kvx_completion_fd(&fd, p.a));
+    assert_true(fd >= 0);
+    CHECK_OK(kvx_completion_fd(&fd2, p.a));
+    assert_int_equal(fd, fd2);
+    assert_true(readable(fd, 0));
+    assert_int_equal(poll_everything(p.a), 1);
+    assert_false(readable(fd, 0));
+    assert_false(readable(fd, 50)); /* nothing in flight: stays quiet */
+
+    for (int round = 0; round < 20; round++) {
+        enum { N = 4 };
+        uint64_t ids[N];
+        for (uint64_t k = 0; k < N; k++) CHECK_OK(kvx_write_blocks(&ids[k], p.a, "b", &k, &k, 1));
+        size_t got = 0;
+        while (got < N) {
+            assert_true(readable(fd, 20000));
+            got += poll_everything(p.a);
+        }
+        assert_int_equal(got, N);
+        assert_false(readable(fd, 0));
+    }
+    CHECK_OK(kvx_transport_close(p.a));
+    assert_true(readable(fd, 0));
+    CHECK_ERR(kvx_completion_fd(&fd2, p.a), KVX_ECLOSED);
+    pair_down(&p);
 }
 
 /* ------------------------------------------------------------ creation */
@@ -713,6 +860,9 @@ int main(void) {
         cmocka_unit_test(test_cancel_finished_unpolled),
         cmocka_unit_test(test_remove_with_inflight),
         cmocka_unit_test(test_close),
+        cmocka_unit_test(test_wait),
+        cmocka_unit_test(test_wait_woken_by_close),
+        cmocka_unit_test(test_completion_fd),
         cmocka_unit_test(test_close_target_stops_writes),
         cmocka_unit_test(test_threads),
     };

@@ -9,6 +9,7 @@ import operator
 import os
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from typing import Iterable, NamedTuple, Optional, Sequence
 
@@ -19,6 +20,7 @@ __all__ = ["Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "lat
 
 _U64_MAX = (1 << 64) - 1
 _POLL_CAP = 256
+_WAIT_SLICE_MS = 100  # wait(): the longest sleep in C between two looks for signals
 CANCEL_MODES = {"immediate": _native.KVX_CANCEL_IMMEDIATE, "wait": _native.KVX_CANCEL_WAIT}
 # Keyword options whose first '_' stands for '.': tcp_listen -> "tcp.listen".
 _OPTION_PREFIXES = ("tcp", "verbs", "shm")
@@ -687,6 +689,43 @@ class Transport:
             failed.extend(fbuf[:nf])
             if nd < _POLL_CAP and nf < _POLL_CAP:
                 return PollResult(tuple(done), tuple(failed))
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Sleep until poll() has something to report, or timeout seconds
+        pass (None: no limit); returns at once when ids are ready already.
+        Returns how many ids poll() would report now (0: the time ran out).
+        The GIL is released while it sleeps, in slices of at most 100 ms so
+        that signals (KeyboardInterrupt) are handled. Raises ClosedError when
+        the transport is closed, also by close() in another thread while this
+        one waits (kvx_wait(3))."""
+        h = self._handle()
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+                self._raise_local(ArgumentError(_native.KVX_EINVAL, "timeout %r is not None or a number of "
+                                                "seconds >= 0" % (timeout,)))
+            deadline = time.monotonic() + timeout
+        while True:
+            left_ms = _WAIT_SLICE_MS
+            if timeout is not None:
+                left_ms = min(left_ms, max(0, int((deadline - time.monotonic()) * 1000 + 0.999)))
+            rc, n = _native.kvx_wait(h, left_ms)
+            if rc:
+                raise self._error(rc)
+            if n or (timeout is not None and time.monotonic() >= deadline):
+                return n
+
+    def fileno(self) -> int:
+        """A file descriptor that is readable while poll() has something to
+        report, for event loops: select/selectors, or asyncio's
+        loop.add_reader(t.fileno(), callback). Level-triggered: readable
+        until poll() has taken every ready id; readable for good once the
+        transport is closed (poll() then raises ClosedError). Owned by the
+        transport: never read, write or close it (kvx_completion_fd(3))."""
+        h = self._handle()
+        rc, fd = _native.kvx_completion_fd(h)
+        if rc:
+            raise self._error(rc)
+        return fd
 
     def stats(self, peer_id: Optional[str] = None) -> dict:
         """Telemetry of the transport (peer_id None: every peer it ever had)

@@ -182,11 +182,11 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 
 %typemap(in, numinputs=0) int *out_state (int tmp = 0) { $1 = &tmp; }
 %typemap(argout) int *out_state { $result = kvxpy_append($result, PyLong_FromLong(*$1)); if (!$result) SWIG_fail; }
-%apply int *out_state { int *out_error };
+%apply int *out_state { int *out_error, int *out_fd };
 
 %typemap(in, numinputs=0) size_t *out_len (size_t tmp = 0) { $1 = &tmp; }
 %typemap(argout) size_t *out_len { $result = kvxpy_append($result, PyLong_FromSize_t(*$1)); if (!$result) SWIG_fail; }
-%apply size_t *out_len { size_t *out_n_done, size_t *out_n_failed, size_t *out_n_inflight };
+%apply size_t *out_len { size_t *out_n_done, size_t *out_n_failed, size_t *out_n_inflight, size_t *out_ready };
 
 %typemap(in, numinputs=0) char *out (char tmp[KVX_FINGERPRINT_LEN + 1]) { tmp[0] = '\0'; $1 = tmp; }
 %typemap(argout) char *out { $result = kvxpy_append($result, PyUnicode_FromString($1)); if (!$result) SWIG_fail; }

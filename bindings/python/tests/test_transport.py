@@ -114,6 +114,61 @@ def test_poll_result_type(pair):
     assert done == () and failed == ()  # tuples, as vLLM's tests compare
 
 
+def test_wait_sleeps_until_something_is_ready(pair):
+    t = pair.src
+    assert t.wait(0) == 0
+    t0 = time.monotonic()
+    assert t.wait(0.05) == 0
+    assert time.monotonic() - t0 >= 0.045  # it slept (no upper bound: the machine may be busy)
+    ids = [t.write_blocks("dst", [i], [i]) for i in range(4)]
+    got = []
+    while len(got) < 4:
+        assert t.wait() >= 1  # no limit: returns once some are ready
+        r = t.poll()
+        got += list(r.done) + list(r.failed)
+    assert sorted(got) == sorted(ids) and t.wait(0) == 0
+    for bad in (-1, "1", True, float("nan")):
+        with pytest.raises(kvxfer.ArgumentError):
+            t.wait(bad)
+
+
+def test_wait_is_woken_by_close_in_another_thread():
+    mem, view = region(4, 64)
+    t = kvxfer.Transport(view, **TCP)
+    caught = []
+
+    def waiter():
+        try:
+            t.wait()
+        except kvxfer.ClosedError as e:
+            caught.append(e)
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.2)  # most likely asleep in C by now; the assertions hold either way
+    t.close()
+    th.join(10)
+    assert not th.is_alive() and len(caught) == 1
+
+
+def test_fileno_is_readable_while_ids_are_ready(pair):
+    import selectors
+
+    t = pair.src
+    fd = t.fileno()
+    assert fd == t.fileno() and fd >= 0
+    sel = selectors.DefaultSelector()
+    sel.register(t, selectors.EVENT_READ)  # a Transport is a selectable object: it has fileno()
+    assert sel.select(0) == []
+    tid = t.write_blocks("dst", [1], [2])
+    assert len(sel.select(20)) == 1
+    assert sel.select(0)  # level-triggered: still readable until polled
+    r = t.poll()
+    assert list(r.done) + list(r.failed) == [tid]
+    assert sel.select(0) == []
+    sel.close()
+
+
 def test_poll_by_peer():
     p = Pair()
     cmem, cview = region(p.nb, p.bl)

@@ -88,80 +88,84 @@ typedef _goslice_ swig_type_56;
 typedef long long swig_type_57;
 typedef _goslice_ swig_type_58;
 typedef _goslice_ swig_type_59;
-typedef _gostring_ swig_type_60;
+typedef _goslice_ swig_type_60;
 typedef _goslice_ swig_type_61;
 typedef _gostring_ swig_type_62;
-extern void _wrap_Swig_free_capi_b80c76efb181dd02(uintptr_t arg1);
-extern uintptr_t _wrap_Swig_malloc_capi_b80c76efb181dd02(swig_intgo arg1);
-extern swig_type_1 _wrap_KVX_GO_STATS_SIZE_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_kvx_go_peer_backend_capi_b80c76efb181dd02(swig_type_2 arg1, swig_type_3 arg2, uintptr_t arg3, swig_type_4 arg4);
-extern swig_intgo _wrap_kvx_go_region_alloc_capi_b80c76efb181dd02(swig_type_5 arg1, swig_type_6 arg2, swig_intgo arg3);
-extern void _wrap_kvx_go_region_free_capi_b80c76efb181dd02(swig_type_7 arg1);
-extern swig_intgo _wrap_KVX_VERSION_NUMBER_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_kvx_version_number_capi_b80c76efb181dd02(void);
-extern swig_type_8 _wrap_kvx_version_string_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_OK_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EPERM_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ENOENT_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ENOMEM_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EBUSY_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EEXIST_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EINVAL_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ERANGE_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ENOBUFS_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ENOTSUP_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EOVERFLOW_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ECONNREFUSED_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ETIMEDOUT_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ECONNRESET_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EHOSTUNREACH_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ECANCELED_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ERRNO_OFFSET_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ECLOSED_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EBADMETA_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EVERSION_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EFINGERPRINT_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EGEOMETRY_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EPEERBROKEN_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EAUTH_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_ECONFIG_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EBACKEND_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_EINTERNAL_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_SCOPE_NONE_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_SCOPE_REQUEST_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_SCOPE_PEER_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_SCOPE_TRANSPORT_capi_b80c76efb181dd02(void);
-extern swig_type_9 _wrap_kvx_strerror_capi_b80c76efb181dd02(swig_intgo arg1);
-extern swig_intgo _wrap_kvx_error_scope_of_capi_b80c76efb181dd02(swig_intgo arg1);
-extern swig_type_10 _wrap_kvx_last_error_message_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_kvx_options_create_capi_b80c76efb181dd02(swig_type_11 arg1);
-extern void _wrap_kvx_options_destroy_capi_b80c76efb181dd02(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_options_set_capi_b80c76efb181dd02(uintptr_t arg1, swig_type_12 arg2, swig_type_13 arg3);
-extern swig_intgo _wrap_kvx_transport_create_capi_b80c76efb181dd02(swig_type_14 arg1, uintptr_t arg2, swig_type_15 arg3, swig_type_16 arg4, swig_type_17 arg5, uintptr_t arg6);
-extern swig_intgo _wrap_kvx_transport_close_capi_b80c76efb181dd02(uintptr_t arg1);
-extern void _wrap_kvx_transport_destroy_capi_b80c76efb181dd02(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_transport_base_addr_capi_b80c76efb181dd02(swig_type_18 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_num_blocks_capi_b80c76efb181dd02(swig_type_19 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_block_len_capi_b80c76efb181dd02(swig_type_20 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_config_fingerprint_capi_b80c76efb181dd02(swig_type_21 arg1, uintptr_t arg2);
-extern swig_type_22 _wrap_kvx_transport_backend_capi_b80c76efb181dd02(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_get_agent_metadata_capi_b80c76efb181dd02(swig_type_23 arg1, uintptr_t arg2, swig_type_24 arg3, swig_type_25 arg4);
-extern swig_intgo _wrap_kvx_add_remote_peer_capi_b80c76efb181dd02(uintptr_t arg1, swig_type_26 arg2, swig_type_27 arg3, swig_type_28 arg4, swig_type_29 arg5, swig_type_30 arg6, swig_type_31 arg7);
-extern swig_intgo _wrap_kvx_remove_remote_peer_capi_b80c76efb181dd02(uintptr_t arg1, swig_type_32 arg2);
-extern swig_intgo _wrap_KVX_PEER_REPLACE_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_PENDING_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_DONE_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_FAILED_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_b80c76efb181dd02(swig_type_33 arg1, uintptr_t arg2, swig_type_34 arg3, swig_type_35 arg4, swig_type_36 arg5, swig_type_37 arg6, swig_type_38 arg7, swig_type_39 arg8, swig_intgo arg9);
-extern swig_intgo _wrap_kvx_registration_status_capi_b80c76efb181dd02(swig_type_40 arg1, swig_type_41 arg2, uintptr_t arg3, swig_type_42 arg4, swig_intgo arg5);
-extern swig_intgo _wrap_kvx_write_blocks_capi_b80c76efb181dd02(swig_type_43 arg1, uintptr_t arg2, swig_type_44 arg3, swig_type_45 arg4, swig_type_46 arg5, swig_type_47 arg6);
-extern swig_intgo _wrap_kvx_poll_capi_b80c76efb181dd02(swig_type_48 arg1, swig_type_49 arg2, uintptr_t arg3, swig_type_50 arg4, swig_type_51 arg5, swig_type_52 arg6, swig_type_53 arg7, swig_type_54 arg8);
-extern swig_intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_KVX_CANCEL_WAIT_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_kvx_cancel_capi_b80c76efb181dd02(swig_type_55 arg1, uintptr_t arg2, swig_type_56 arg3, swig_type_57 arg4, swig_intgo arg5, swig_type_58 arg6);
-extern swig_intgo _wrap_kvx_get_stats_capi_b80c76efb181dd02(swig_type_59 arg1, uintptr_t arg2, swig_type_60 arg3);
-extern swig_intgo _wrap_KVX_REGION_HUGE_PAGES_capi_b80c76efb181dd02(void);
-extern swig_intgo _wrap_kvx_config_fingerprint_capi_b80c76efb181dd02(swig_type_61 arg1, swig_type_62 arg2);
+typedef _goslice_ swig_type_63;
+typedef _gostring_ swig_type_64;
+extern void _wrap_Swig_free_capi_9b0a9b48af155b2f(uintptr_t arg1);
+extern uintptr_t _wrap_Swig_malloc_capi_9b0a9b48af155b2f(swig_intgo arg1);
+extern swig_type_1 _wrap_KVX_GO_STATS_SIZE_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_kvx_go_peer_backend_capi_9b0a9b48af155b2f(swig_type_2 arg1, swig_type_3 arg2, uintptr_t arg3, swig_type_4 arg4);
+extern swig_intgo _wrap_kvx_go_region_alloc_capi_9b0a9b48af155b2f(swig_type_5 arg1, swig_type_6 arg2, swig_intgo arg3);
+extern void _wrap_kvx_go_region_free_capi_9b0a9b48af155b2f(swig_type_7 arg1);
+extern swig_intgo _wrap_KVX_VERSION_NUMBER_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_kvx_version_number_capi_9b0a9b48af155b2f(void);
+extern swig_type_8 _wrap_kvx_version_string_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_OK_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EPERM_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ENOENT_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ENOMEM_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EBUSY_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EEXIST_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EINVAL_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ERANGE_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ENOBUFS_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ENOTSUP_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EOVERFLOW_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ECONNREFUSED_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ETIMEDOUT_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ECONNRESET_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EHOSTUNREACH_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ECANCELED_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ERRNO_OFFSET_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ECLOSED_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EBADMETA_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EVERSION_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EFINGERPRINT_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EGEOMETRY_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EPEERBROKEN_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EAUTH_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_ECONFIG_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EBACKEND_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_EINTERNAL_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_SCOPE_NONE_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_SCOPE_REQUEST_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_SCOPE_PEER_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_SCOPE_TRANSPORT_capi_9b0a9b48af155b2f(void);
+extern swig_type_9 _wrap_kvx_strerror_capi_9b0a9b48af155b2f(swig_intgo arg1);
+extern swig_intgo _wrap_kvx_error_scope_of_capi_9b0a9b48af155b2f(swig_intgo arg1);
+extern swig_type_10 _wrap_kvx_last_error_message_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_kvx_options_create_capi_9b0a9b48af155b2f(swig_type_11 arg1);
+extern void _wrap_kvx_options_destroy_capi_9b0a9b48af155b2f(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_options_set_capi_9b0a9b48af155b2f(uintptr_t arg1, swig_type_12 arg2, swig_type_13 arg3);
+extern swig_intgo _wrap_kvx_transport_create_capi_9b0a9b48af155b2f(swig_type_14 arg1, uintptr_t arg2, swig_type_15 arg3, swig_type_16 arg4, swig_type_17 arg5, uintptr_t arg6);
+extern swig_intgo _wrap_kvx_transport_close_capi_9b0a9b48af155b2f(uintptr_t arg1);
+extern void _wrap_kvx_transport_destroy_capi_9b0a9b48af155b2f(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_transport_base_addr_capi_9b0a9b48af155b2f(swig_type_18 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_num_blocks_capi_9b0a9b48af155b2f(swig_type_19 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_block_len_capi_9b0a9b48af155b2f(swig_type_20 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_config_fingerprint_capi_9b0a9b48af155b2f(swig_type_21 arg1, uintptr_t arg2);
+extern swig_type_22 _wrap_kvx_transport_backend_capi_9b0a9b48af155b2f(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_get_agent_metadata_capi_9b0a9b48af155b2f(swig_type_23 arg1, uintptr_t arg2, swig_type_24 arg3, swig_type_25 arg4);
+extern swig_intgo _wrap_kvx_add_remote_peer_capi_9b0a9b48af155b2f(uintptr_t arg1, swig_type_26 arg2, swig_type_27 arg3, swig_type_28 arg4, swig_type_29 arg5, swig_type_30 arg6, swig_type_31 arg7);
+extern swig_intgo _wrap_kvx_remove_remote_peer_capi_9b0a9b48af155b2f(uintptr_t arg1, swig_type_32 arg2);
+extern swig_intgo _wrap_KVX_PEER_REPLACE_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_PENDING_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_DONE_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_FAILED_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_9b0a9b48af155b2f(swig_type_33 arg1, uintptr_t arg2, swig_type_34 arg3, swig_type_35 arg4, swig_type_36 arg5, swig_type_37 arg6, swig_type_38 arg7, swig_type_39 arg8, swig_intgo arg9);
+extern swig_intgo _wrap_kvx_registration_status_capi_9b0a9b48af155b2f(swig_type_40 arg1, swig_type_41 arg2, uintptr_t arg3, swig_type_42 arg4, swig_intgo arg5);
+extern swig_intgo _wrap_kvx_write_blocks_capi_9b0a9b48af155b2f(swig_type_43 arg1, uintptr_t arg2, swig_type_44 arg3, swig_type_45 arg4, swig_type_46 arg5, swig_type_47 arg6);
+extern swig_intgo _wrap_kvx_poll_capi_9b0a9b48af155b2f(swig_type_48 arg1, swig_type_49 arg2, uintptr_t arg3, swig_type_50 arg4, swig_type_51 arg5, swig_type_52 arg6, swig_type_53 arg7, swig_type_54 arg8);
+extern swig_intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_KVX_CANCEL_WAIT_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_kvx_cancel_capi_9b0a9b48af155b2f(swig_type_55 arg1, uintptr_t arg2, swig_type_56 arg3, swig_type_57 arg4, swig_intgo arg5, swig_type_58 arg6);
+extern swig_intgo _wrap_kvx_wait_capi_9b0a9b48af155b2f(swig_type_59 arg1, uintptr_t arg2, swig_intgo arg3);
+extern swig_intgo _wrap_kvx_completion_fd_capi_9b0a9b48af155b2f(swig_type_60 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_get_stats_capi_9b0a9b48af155b2f(swig_type_61 arg1, uintptr_t arg2, swig_type_62 arg3);
+extern swig_intgo _wrap_KVX_REGION_HUGE_PAGES_capi_9b0a9b48af155b2f(void);
+extern swig_intgo _wrap_kvx_config_fingerprint_capi_9b0a9b48af155b2f(swig_type_63 arg1, swig_type_64 arg2);
 #undef intgo
 */
 import "C"
@@ -187,8 +191,8 @@ func getSwigcptr(v interface{ Swigcptr() uintptr }) uintptr {
 
 type _ sync.Mutex
 
-//export cgo_panic__capi_b80c76efb181dd02
-func cgo_panic__capi_b80c76efb181dd02(p *byte) {
+//export cgo_panic__capi_9b0a9b48af155b2f
+func cgo_panic__capi_9b0a9b48af155b2f(p *byte) {
 	s := (*[1024]byte)(unsafe.Pointer(p))[:]
 	for i, b := range s {
 		if b == 0 {
@@ -212,19 +216,19 @@ func swigCopyString(s string) string {
 
 func Swig_free(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_Swig_free_capi_b80c76efb181dd02(C.uintptr_t(_swig_i_0))
+	C._wrap_Swig_free_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0))
 }
 
 func Swig_malloc(arg1 int) (_swig_ret uintptr) {
 	var swig_r uintptr
 	_swig_i_0 := arg1
-	swig_r = (uintptr)(C._wrap_Swig_malloc_capi_b80c76efb181dd02(C.swig_intgo(_swig_i_0)))
+	swig_r = (uintptr)(C._wrap_Swig_malloc_capi_9b0a9b48af155b2f(C.swig_intgo(_swig_i_0)))
 	return swig_r
 }
 
 func _swig_getKVX_GO_STATS_SIZE() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_KVX_GO_STATS_SIZE_capi_b80c76efb181dd02())
+	swig_r = (int64)(C._wrap_KVX_GO_STATS_SIZE_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -238,7 +242,7 @@ func Kvx_go_peer_backend(arg1 []byte, arg2 []byte, arg3 uintptr, arg4 string) (_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int)(C._wrap_kvx_go_peer_backend_capi_b80c76efb181dd02(*(*C.swig_type_2)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_3)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_4)(unsafe.Pointer(&_swig_i_3))))
+	swig_r = (int)(C._wrap_kvx_go_peer_backend_capi_9b0a9b48af155b2f(*(*C.swig_type_2)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_3)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_4)(unsafe.Pointer(&_swig_i_3))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -256,7 +260,7 @@ func Kvx_go_region_alloc(arg1 []uint64, arg2 uint64, arg3 uint) (_swig_ret int) 
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_go_region_alloc_capi_b80c76efb181dd02(*(*C.swig_type_5)(unsafe.Pointer(&_swig_i_0)), C.swig_type_6(_swig_i_1), C.swig_intgo(_swig_i_2)))
+	swig_r = (int)(C._wrap_kvx_go_region_alloc_capi_9b0a9b48af155b2f(*(*C.swig_type_5)(unsafe.Pointer(&_swig_i_0)), C.swig_type_6(_swig_i_1), C.swig_intgo(_swig_i_2)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -265,16 +269,16 @@ func Kvx_go_region_alloc(arg1 []uint64, arg2 uint64, arg3 uint) (_swig_ret int) 
 
 func Kvx_go_region_free(arg1 uint64) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_go_region_free_capi_b80c76efb181dd02(C.swig_type_7(_swig_i_0))
+	C._wrap_kvx_go_region_free_capi_9b0a9b48af155b2f(C.swig_type_7(_swig_i_0))
 }
 
 const KVX_VERSION_MAJOR int = 0
-const KVX_VERSION_MINOR int = 3
+const KVX_VERSION_MINOR int = 4
 const KVX_VERSION_PATCH int = 0
 
 func _swig_getKVX_VERSION_NUMBER() (_swig_ret int) {
 	var swig_r int
-	swig_r = (int)(C._wrap_KVX_VERSION_NUMBER_capi_b80c76efb181dd02())
+	swig_r = (int)(C._wrap_KVX_VERSION_NUMBER_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -282,13 +286,13 @@ var KVX_VERSION_NUMBER int = _swig_getKVX_VERSION_NUMBER()
 
 func Kvx_version_number() (_swig_ret uint) {
 	var swig_r uint
-	swig_r = (uint)(C._wrap_kvx_version_number_capi_b80c76efb181dd02())
+	swig_r = (uint)(C._wrap_kvx_version_number_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
 func Kvx_version_string() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_kvx_version_string_capi_b80c76efb181dd02()
+	swig_r_p := C._wrap_kvx_version_string_capi_9b0a9b48af155b2f()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -299,7 +303,7 @@ type Enum_SS_kvx_error int
 
 func _swig_getKVX_OK() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_OK_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_OK_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -307,7 +311,7 @@ var KVX_OK Enum_SS_kvx_error = _swig_getKVX_OK()
 
 func _swig_getKVX_EPERM() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPERM_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPERM_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -315,7 +319,7 @@ var KVX_EPERM Enum_SS_kvx_error = _swig_getKVX_EPERM()
 
 func _swig_getKVX_ENOENT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOENT_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOENT_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -323,7 +327,7 @@ var KVX_ENOENT Enum_SS_kvx_error = _swig_getKVX_ENOENT()
 
 func _swig_getKVX_ENOMEM() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOMEM_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOMEM_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -331,7 +335,7 @@ var KVX_ENOMEM Enum_SS_kvx_error = _swig_getKVX_ENOMEM()
 
 func _swig_getKVX_EBUSY() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBUSY_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBUSY_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -339,7 +343,7 @@ var KVX_EBUSY Enum_SS_kvx_error = _swig_getKVX_EBUSY()
 
 func _swig_getKVX_EEXIST() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EEXIST_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EEXIST_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -347,7 +351,7 @@ var KVX_EEXIST Enum_SS_kvx_error = _swig_getKVX_EEXIST()
 
 func _swig_getKVX_EINVAL() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINVAL_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINVAL_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -355,7 +359,7 @@ var KVX_EINVAL Enum_SS_kvx_error = _swig_getKVX_EINVAL()
 
 func _swig_getKVX_ERANGE() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERANGE_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERANGE_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -363,7 +367,7 @@ var KVX_ERANGE Enum_SS_kvx_error = _swig_getKVX_ERANGE()
 
 func _swig_getKVX_ENOBUFS() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOBUFS_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOBUFS_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -371,7 +375,7 @@ var KVX_ENOBUFS Enum_SS_kvx_error = _swig_getKVX_ENOBUFS()
 
 func _swig_getKVX_ENOTSUP() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOTSUP_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOTSUP_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -379,7 +383,7 @@ var KVX_ENOTSUP Enum_SS_kvx_error = _swig_getKVX_ENOTSUP()
 
 func _swig_getKVX_EOVERFLOW() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EOVERFLOW_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EOVERFLOW_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -387,7 +391,7 @@ var KVX_EOVERFLOW Enum_SS_kvx_error = _swig_getKVX_EOVERFLOW()
 
 func _swig_getKVX_ECONNREFUSED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNREFUSED_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNREFUSED_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -395,7 +399,7 @@ var KVX_ECONNREFUSED Enum_SS_kvx_error = _swig_getKVX_ECONNREFUSED()
 
 func _swig_getKVX_ETIMEDOUT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ETIMEDOUT_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ETIMEDOUT_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -403,7 +407,7 @@ var KVX_ETIMEDOUT Enum_SS_kvx_error = _swig_getKVX_ETIMEDOUT()
 
 func _swig_getKVX_ECONNRESET() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNRESET_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNRESET_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -411,7 +415,7 @@ var KVX_ECONNRESET Enum_SS_kvx_error = _swig_getKVX_ECONNRESET()
 
 func _swig_getKVX_EHOSTUNREACH() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EHOSTUNREACH_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EHOSTUNREACH_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -419,7 +423,7 @@ var KVX_EHOSTUNREACH Enum_SS_kvx_error = _swig_getKVX_EHOSTUNREACH()
 
 func _swig_getKVX_ECANCELED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECANCELED_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECANCELED_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -427,7 +431,7 @@ var KVX_ECANCELED Enum_SS_kvx_error = _swig_getKVX_ECANCELED()
 
 func _swig_getKVX_ERRNO_OFFSET() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERRNO_OFFSET_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERRNO_OFFSET_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -435,7 +439,7 @@ var KVX_ERRNO_OFFSET Enum_SS_kvx_error = _swig_getKVX_ERRNO_OFFSET()
 
 func _swig_getKVX_ECLOSED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECLOSED_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECLOSED_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -443,7 +447,7 @@ var KVX_ECLOSED Enum_SS_kvx_error = _swig_getKVX_ECLOSED()
 
 func _swig_getKVX_EBADMETA() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBADMETA_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBADMETA_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -451,7 +455,7 @@ var KVX_EBADMETA Enum_SS_kvx_error = _swig_getKVX_EBADMETA()
 
 func _swig_getKVX_EVERSION() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EVERSION_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EVERSION_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -459,7 +463,7 @@ var KVX_EVERSION Enum_SS_kvx_error = _swig_getKVX_EVERSION()
 
 func _swig_getKVX_EFINGERPRINT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EFINGERPRINT_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EFINGERPRINT_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -467,7 +471,7 @@ var KVX_EFINGERPRINT Enum_SS_kvx_error = _swig_getKVX_EFINGERPRINT()
 
 func _swig_getKVX_EGEOMETRY() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EGEOMETRY_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EGEOMETRY_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -475,7 +479,7 @@ var KVX_EGEOMETRY Enum_SS_kvx_error = _swig_getKVX_EGEOMETRY()
 
 func _swig_getKVX_EPEERBROKEN() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPEERBROKEN_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPEERBROKEN_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -483,7 +487,7 @@ var KVX_EPEERBROKEN Enum_SS_kvx_error = _swig_getKVX_EPEERBROKEN()
 
 func _swig_getKVX_EAUTH() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EAUTH_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EAUTH_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -491,7 +495,7 @@ var KVX_EAUTH Enum_SS_kvx_error = _swig_getKVX_EAUTH()
 
 func _swig_getKVX_ECONFIG() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONFIG_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONFIG_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -499,7 +503,7 @@ var KVX_ECONFIG Enum_SS_kvx_error = _swig_getKVX_ECONFIG()
 
 func _swig_getKVX_EBACKEND() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBACKEND_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBACKEND_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -507,7 +511,7 @@ var KVX_EBACKEND Enum_SS_kvx_error = _swig_getKVX_EBACKEND()
 
 func _swig_getKVX_EINTERNAL() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINTERNAL_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINTERNAL_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -517,7 +521,7 @@ type Enum_SS_kvx_error_scope int
 
 func _swig_getKVX_SCOPE_NONE() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_NONE_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_NONE_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -525,7 +529,7 @@ var KVX_SCOPE_NONE Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_NONE()
 
 func _swig_getKVX_SCOPE_REQUEST() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_REQUEST_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_REQUEST_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -533,7 +537,7 @@ var KVX_SCOPE_REQUEST Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_REQUEST()
 
 func _swig_getKVX_SCOPE_PEER() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_PEER_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_PEER_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -541,7 +545,7 @@ var KVX_SCOPE_PEER Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_PEER()
 
 func _swig_getKVX_SCOPE_TRANSPORT() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_TRANSPORT_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_TRANSPORT_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -550,7 +554,7 @@ var KVX_SCOPE_TRANSPORT Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_TRANSPORT()
 func Kvx_strerror(arg1 int) (_swig_ret string) {
 	var swig_r string
 	_swig_i_0 := arg1
-	swig_r_p := C._wrap_kvx_strerror_capi_b80c76efb181dd02(C.swig_intgo(_swig_i_0))
+	swig_r_p := C._wrap_kvx_strerror_capi_9b0a9b48af155b2f(C.swig_intgo(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -560,13 +564,13 @@ func Kvx_strerror(arg1 int) (_swig_ret string) {
 func Kvx_error_scope_of(arg1 int) (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
 	_swig_i_0 := arg1
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_kvx_error_scope_of_capi_b80c76efb181dd02(C.swig_intgo(_swig_i_0)))
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_kvx_error_scope_of_capi_9b0a9b48af155b2f(C.swig_intgo(_swig_i_0)))
 	return swig_r
 }
 
 func Kvx_last_error_message() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_kvx_last_error_message_capi_b80c76efb181dd02()
+	swig_r_p := C._wrap_kvx_last_error_message_capi_9b0a9b48af155b2f()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -579,7 +583,7 @@ const KVX_FINGERPRINT_LEN int = 16
 func Kvx_options_create(arg1 []uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
-	swig_r = (int)(C._wrap_kvx_options_create_capi_b80c76efb181dd02(*(*C.swig_type_11)(unsafe.Pointer(&_swig_i_0))))
+	swig_r = (int)(C._wrap_kvx_options_create_capi_9b0a9b48af155b2f(*(*C.swig_type_11)(unsafe.Pointer(&_swig_i_0))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -588,7 +592,7 @@ func Kvx_options_create(arg1 []uintptr) (_swig_ret int) {
 
 func Kvx_options_destroy(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_options_destroy_capi_b80c76efb181dd02(C.uintptr_t(_swig_i_0))
+	C._wrap_kvx_options_destroy_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0))
 }
 
 func Kvx_options_set(arg1 uintptr, arg2 string, arg3 string) (_swig_ret int) {
@@ -596,7 +600,7 @@ func Kvx_options_set(arg1 uintptr, arg2 string, arg3 string) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_options_set_capi_b80c76efb181dd02(C.uintptr_t(_swig_i_0), *(*C.swig_type_12)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_13)(unsafe.Pointer(&_swig_i_2))))
+	swig_r = (int)(C._wrap_kvx_options_set_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0), *(*C.swig_type_12)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_13)(unsafe.Pointer(&_swig_i_2))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -614,7 +618,7 @@ func Kvx_transport_create(arg1 []uintptr, arg2 uintptr, arg3 uint64, arg4 uint64
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_transport_create_capi_b80c76efb181dd02(*(*C.swig_type_14)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_type_15(_swig_i_2), C.swig_type_16(_swig_i_3), *(*C.swig_type_17)(unsafe.Pointer(&_swig_i_4)), C.uintptr_t(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_transport_create_capi_9b0a9b48af155b2f(*(*C.swig_type_14)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_type_15(_swig_i_2), C.swig_type_16(_swig_i_3), *(*C.swig_type_17)(unsafe.Pointer(&_swig_i_4)), C.uintptr_t(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -627,20 +631,20 @@ func Kvx_transport_create(arg1 []uintptr, arg2 uintptr, arg3 uint64, arg4 uint64
 func Kvx_transport_close(arg1 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
-	swig_r = (int)(C._wrap_kvx_transport_close_capi_b80c76efb181dd02(C.uintptr_t(_swig_i_0)))
+	swig_r = (int)(C._wrap_kvx_transport_close_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0)))
 	return swig_r
 }
 
 func Kvx_transport_destroy(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_transport_destroy_capi_b80c76efb181dd02(C.uintptr_t(_swig_i_0))
+	C._wrap_kvx_transport_destroy_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0))
 }
 
 func Kvx_transport_base_addr(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_base_addr_capi_b80c76efb181dd02(*(*C.swig_type_18)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_base_addr_capi_9b0a9b48af155b2f(*(*C.swig_type_18)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -651,7 +655,7 @@ func Kvx_transport_num_blocks(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_num_blocks_capi_b80c76efb181dd02(*(*C.swig_type_19)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_num_blocks_capi_9b0a9b48af155b2f(*(*C.swig_type_19)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -662,7 +666,7 @@ func Kvx_transport_block_len(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_block_len_capi_b80c76efb181dd02(*(*C.swig_type_20)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_block_len_capi_9b0a9b48af155b2f(*(*C.swig_type_20)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -673,7 +677,7 @@ func Kvx_transport_config_fingerprint(arg1 []byte, arg2 uintptr) (_swig_ret int)
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_config_fingerprint_capi_b80c76efb181dd02(*(*C.swig_type_21)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_config_fingerprint_capi_9b0a9b48af155b2f(*(*C.swig_type_21)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -683,7 +687,7 @@ func Kvx_transport_config_fingerprint(arg1 []byte, arg2 uintptr) (_swig_ret int)
 func Kvx_transport_backend(arg1 uintptr) (_swig_ret string) {
 	var swig_r string
 	_swig_i_0 := arg1
-	swig_r_p := C._wrap_kvx_transport_backend_capi_b80c76efb181dd02(C.uintptr_t(_swig_i_0))
+	swig_r_p := C._wrap_kvx_transport_backend_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -696,7 +700,7 @@ func Kvx_get_agent_metadata(arg1 []uint64, arg2 uintptr, arg3 []byte, arg4 int64
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_b80c76efb181dd02(*(*C.swig_type_23)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_24)(unsafe.Pointer(&_swig_i_2)), C.swig_type_25(_swig_i_3)))
+	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_9b0a9b48af155b2f(*(*C.swig_type_23)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_24)(unsafe.Pointer(&_swig_i_2)), C.swig_type_25(_swig_i_3)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -715,7 +719,7 @@ func Kvx_add_remote_peer(arg1 uintptr, arg2 string, arg3 []byte, arg4 int64, arg
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_b80c76efb181dd02(C.uintptr_t(_swig_i_0), *(*C.swig_type_26)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_27)(unsafe.Pointer(&_swig_i_2)), C.swig_type_28(_swig_i_3), C.swig_type_29(_swig_i_4), C.swig_type_30(_swig_i_5), C.swig_type_31(_swig_i_6)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0), *(*C.swig_type_26)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_27)(unsafe.Pointer(&_swig_i_2)), C.swig_type_28(_swig_i_3), C.swig_type_29(_swig_i_4), C.swig_type_30(_swig_i_5), C.swig_type_31(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -729,7 +733,7 @@ func Kvx_remove_remote_peer(arg1 uintptr, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_b80c76efb181dd02(C.uintptr_t(_swig_i_0), *(*C.swig_type_32)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0), *(*C.swig_type_32)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -740,7 +744,7 @@ type Enum_SS_kvx_add_peer_flag int
 
 func _swig_getKVX_PEER_REPLACE() (_swig_ret Enum_SS_kvx_add_peer_flag) {
 	var swig_r Enum_SS_kvx_add_peer_flag
-	swig_r = (Enum_SS_kvx_add_peer_flag)(C._wrap_KVX_PEER_REPLACE_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_add_peer_flag)(C._wrap_KVX_PEER_REPLACE_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -750,7 +754,7 @@ type Enum_SS_kvx_registration_state int
 
 func _swig_getKVX_REGISTRATION_PENDING() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_PENDING_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_PENDING_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -758,7 +762,7 @@ var KVX_REGISTRATION_PENDING Enum_SS_kvx_registration_state = _swig_getKVX_REGIS
 
 func _swig_getKVX_REGISTRATION_DONE() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_DONE_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_DONE_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -766,7 +770,7 @@ var KVX_REGISTRATION_DONE Enum_SS_kvx_registration_state = _swig_getKVX_REGISTRA
 
 func _swig_getKVX_REGISTRATION_FAILED() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_FAILED_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_FAILED_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -783,7 +787,7 @@ func Kvx_add_remote_peer_async(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := arg9
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_b80c76efb181dd02(*(*C.swig_type_33)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_34)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_35)(unsafe.Pointer(&_swig_i_3)), C.swig_type_36(_swig_i_4), C.swig_type_37(_swig_i_5), C.swig_type_38(_swig_i_6), C.swig_type_39(_swig_i_7), C.swig_intgo(_swig_i_8)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_9b0a9b48af155b2f(*(*C.swig_type_33)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_34)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_35)(unsafe.Pointer(&_swig_i_3)), C.swig_type_36(_swig_i_4), C.swig_type_37(_swig_i_5), C.swig_type_38(_swig_i_6), C.swig_type_39(_swig_i_7), C.swig_intgo(_swig_i_8)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -803,7 +807,7 @@ func Kvx_registration_status(arg1 []int32, arg2 []int32, arg3 uintptr, arg4 uint
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int)(C._wrap_kvx_registration_status_capi_b80c76efb181dd02(*(*C.swig_type_40)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_41)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_42(_swig_i_3), C.swig_intgo(_swig_i_4)))
+	swig_r = (int)(C._wrap_kvx_registration_status_capi_9b0a9b48af155b2f(*(*C.swig_type_40)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_41)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_42(_swig_i_3), C.swig_intgo(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -821,7 +825,7 @@ func Kvx_write_blocks(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []uint64, a
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_write_blocks_capi_b80c76efb181dd02(*(*C.swig_type_43)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_44)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_45)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_46)(unsafe.Pointer(&_swig_i_4)), C.swig_type_47(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_write_blocks_capi_9b0a9b48af155b2f(*(*C.swig_type_43)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_44)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_45)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_46)(unsafe.Pointer(&_swig_i_4)), C.swig_type_47(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -847,7 +851,7 @@ func Kvx_poll(arg1 []uint64, arg2 []uint64, arg3 uintptr, arg4 string, arg5 []ui
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
-	swig_r = (int)(C._wrap_kvx_poll_capi_b80c76efb181dd02(*(*C.swig_type_48)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_49)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_50)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_51)(unsafe.Pointer(&_swig_i_4)), C.swig_type_52(_swig_i_5), *(*C.swig_type_53)(unsafe.Pointer(&_swig_i_6)), C.swig_type_54(_swig_i_7)))
+	swig_r = (int)(C._wrap_kvx_poll_capi_9b0a9b48af155b2f(*(*C.swig_type_48)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_49)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_50)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_51)(unsafe.Pointer(&_swig_i_4)), C.swig_type_52(_swig_i_5), *(*C.swig_type_53)(unsafe.Pointer(&_swig_i_6)), C.swig_type_54(_swig_i_7)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -870,7 +874,7 @@ type Enum_SS_kvx_cancel_mode int
 
 func _swig_getKVX_CANCEL_IMMEDIATE() (_swig_ret Enum_SS_kvx_cancel_mode) {
 	var swig_r Enum_SS_kvx_cancel_mode
-	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_IMMEDIATE_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_IMMEDIATE_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -878,7 +882,7 @@ var KVX_CANCEL_IMMEDIATE Enum_SS_kvx_cancel_mode = _swig_getKVX_CANCEL_IMMEDIATE
 
 func _swig_getKVX_CANCEL_WAIT() (_swig_ret Enum_SS_kvx_cancel_mode) {
 	var swig_r Enum_SS_kvx_cancel_mode
-	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_WAIT_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_WAIT_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -892,7 +896,7 @@ func Kvx_cancel(arg1 []uint64, arg2 uintptr, arg3 []uint64, arg4 int64, arg5 int
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_cancel_capi_b80c76efb181dd02(*(*C.swig_type_55)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_56)(unsafe.Pointer(&_swig_i_2)), C.swig_type_57(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_58)(unsafe.Pointer(&_swig_i_5))))
+	swig_r = (int)(C._wrap_kvx_cancel_capi_9b0a9b48af155b2f(*(*C.swig_type_55)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_56)(unsafe.Pointer(&_swig_i_2)), C.swig_type_57(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_58)(unsafe.Pointer(&_swig_i_5))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -905,6 +909,29 @@ func Kvx_cancel(arg1 []uint64, arg2 uintptr, arg3 []uint64, arg4 int64, arg5 int
 	return swig_r
 }
 
+func Kvx_wait(arg1 []uint64, arg2 uintptr, arg3 int) (_swig_ret int) {
+	var swig_r int
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	_swig_i_2 := arg3
+	swig_r = (int)(C._wrap_kvx_wait_capi_9b0a9b48af155b2f(*(*C.swig_type_59)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
+	if Swig_escape_always_false {
+		Swig_escape_val = arg1
+	}
+	return swig_r
+}
+
+func Kvx_completion_fd(arg1 []int32, arg2 uintptr) (_swig_ret int) {
+	var swig_r int
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	swig_r = (int)(C._wrap_kvx_completion_fd_capi_9b0a9b48af155b2f(*(*C.swig_type_60)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	if Swig_escape_always_false {
+		Swig_escape_val = arg1
+	}
+	return swig_r
+}
+
 const KVX_STATS_LATENCY_BUCKETS int = 304
 
 func Kvx_get_stats(arg1 []uint64, arg2 uintptr, arg3 string) (_swig_ret int) {
@@ -912,7 +939,7 @@ func Kvx_get_stats(arg1 []uint64, arg2 uintptr, arg3 string) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_get_stats_capi_b80c76efb181dd02(*(*C.swig_type_59)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_60)(unsafe.Pointer(&_swig_i_2))))
+	swig_r = (int)(C._wrap_kvx_get_stats_capi_9b0a9b48af155b2f(*(*C.swig_type_61)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_62)(unsafe.Pointer(&_swig_i_2))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -926,7 +953,7 @@ type Enum_SS_kvx_region_flag int
 
 func _swig_getKVX_REGION_HUGE_PAGES() (_swig_ret Enum_SS_kvx_region_flag) {
 	var swig_r Enum_SS_kvx_region_flag
-	swig_r = (Enum_SS_kvx_region_flag)(C._wrap_KVX_REGION_HUGE_PAGES_capi_b80c76efb181dd02())
+	swig_r = (Enum_SS_kvx_region_flag)(C._wrap_KVX_REGION_HUGE_PAGES_capi_9b0a9b48af155b2f())
 	return swig_r
 }
 
@@ -936,7 +963,7 @@ func Kvx_config_fingerprint(arg1 []byte, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_b80c76efb181dd02(*(*C.swig_type_61)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_62)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_9b0a9b48af155b2f(*(*C.swig_type_63)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_64)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}

@@ -52,10 +52,10 @@ KVX_SLICE(kvx_stats, uint64)
 %constant size_t KVX_GO_STATS_SIZE = sizeof(kvx_stats);
 
 %apply uint64_t *KVX_SLICE { uint64_t *out, uint64_t *out_id, uint64_t *out_reg, uint64_t *done, uint64_t *failed, uint64_t *inflight };
-%apply int *KVX_SLICE { int *out_state, int *out_error };
+%apply int *KVX_SLICE { int *out_state, int *out_error, int *out_fd };
 %apply kvx_stats *KVX_SLICE { kvx_stats *out };
 %apply const uint64_t *KVX_SLICE { const uint64_t *local_idxs, const uint64_t *remote_idxs, const uint64_t *ids };
-%apply size_t *KVX_SLICE { size_t *out_len, size_t *out_n_done, size_t *out_n_failed, size_t *out_n_inflight };
+%apply size_t *KVX_SLICE { size_t *out_len, size_t *out_n_done, size_t *out_n_failed, size_t *out_n_inflight, size_t *out_ready };
 %apply char *KVX_SLICE { char *out };
 %apply void *KVX_SLICE { void *buf };
 %apply const void *KVX_SLICE { const void *metadata };

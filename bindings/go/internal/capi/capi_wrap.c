@@ -13,9 +13,9 @@ extern
 #ifdef __cplusplus
   "C"
 #endif
-  void cgo_panic__capi_b80c76efb181dd02(const char*);
+  void cgo_panic__capi_9b0a9b48af155b2f(const char*);
 static void _swig_gopanic(const char *p) {
-  cgo_panic__capi_b80c76efb181dd02(p);
+  cgo_panic__capi_9b0a9b48af155b2f(p);
 }
 
 
@@ -222,7 +222,7 @@ void kvx_go_region_free(uint64_t addr) { kvx_region_free((void *)(uintptr_t)addr
 extern "C" {
 #endif
 
-void _wrap_Swig_free_capi_b80c76efb181dd02(void *_swig_go_0) {
+void _wrap_Swig_free_capi_9b0a9b48af155b2f(void *_swig_go_0) {
   void *arg1 = (void *) 0 ;
   
   arg1 = *(void **)&_swig_go_0; 
@@ -232,7 +232,7 @@ void _wrap_Swig_free_capi_b80c76efb181dd02(void *_swig_go_0) {
 }
 
 
-void *_wrap_Swig_malloc_capi_b80c76efb181dd02(intgo _swig_go_0) {
+void *_wrap_Swig_malloc_capi_9b0a9b48af155b2f(intgo _swig_go_0) {
   int arg1 ;
   void *result = 0 ;
   void *_swig_go_result;
@@ -245,7 +245,7 @@ void *_wrap_Swig_malloc_capi_b80c76efb181dd02(intgo _swig_go_0) {
 }
 
 
-long long _wrap_KVX_GO_STATS_SIZE_capi_b80c76efb181dd02() {
+long long _wrap_KVX_GO_STATS_SIZE_capi_9b0a9b48af155b2f() {
   size_t result;
   long long _swig_go_result;
   
@@ -256,7 +256,7 @@ long long _wrap_KVX_GO_STATS_SIZE_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_kvx_go_peer_backend_capi_b80c76efb181dd02(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3) {
+intgo _wrap_kvx_go_peer_backend_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -290,7 +290,7 @@ intgo _wrap_kvx_go_peer_backend_capi_b80c76efb181dd02(_goslice_ _swig_go_0, _gos
 }
 
 
-intgo _wrap_kvx_go_region_alloc_capi_b80c76efb181dd02(_goslice_ _swig_go_0, long long _swig_go_1, intgo _swig_go_2) {
+intgo _wrap_kvx_go_region_alloc_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, long long _swig_go_1, intgo _swig_go_2) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   uint64_t arg2 ;
   unsigned int arg3 ;
@@ -309,7 +309,7 @@ intgo _wrap_kvx_go_region_alloc_capi_b80c76efb181dd02(_goslice_ _swig_go_0, long
 }
 
 
-void _wrap_kvx_go_region_free_capi_b80c76efb181dd02(long long _swig_go_0) {
+void _wrap_kvx_go_region_free_capi_9b0a9b48af155b2f(long long _swig_go_0) {
   uint64_t arg1 ;
   
   arg1 = (uint64_t)_swig_go_0; 
@@ -319,18 +319,18 @@ void _wrap_kvx_go_region_free_capi_b80c76efb181dd02(long long _swig_go_0) {
 }
 
 
-intgo _wrap_KVX_VERSION_NUMBER_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_VERSION_NUMBER_capi_9b0a9b48af155b2f() {
   int result;
   intgo _swig_go_result;
   
   
-  result = (int)((0*10000+3*100+0));
+  result = (int)((0*10000+4*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
 
 
-intgo _wrap_kvx_version_number_capi_b80c76efb181dd02() {
+intgo _wrap_kvx_version_number_capi_9b0a9b48af155b2f() {
   unsigned int result;
   intgo _swig_go_result;
   
@@ -341,7 +341,7 @@ intgo _wrap_kvx_version_number_capi_b80c76efb181dd02() {
 }
 
 
-_gostring_ _wrap_kvx_version_string_capi_b80c76efb181dd02() {
+_gostring_ _wrap_kvx_version_string_capi_9b0a9b48af155b2f() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -352,7 +352,7 @@ _gostring_ _wrap_kvx_version_string_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_OK_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_OK_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -364,7 +364,7 @@ intgo _wrap_KVX_OK_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EPERM_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EPERM_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -376,7 +376,7 @@ intgo _wrap_KVX_EPERM_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ENOENT_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ENOENT_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -388,7 +388,7 @@ intgo _wrap_KVX_ENOENT_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ENOMEM_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ENOMEM_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -400,7 +400,7 @@ intgo _wrap_KVX_ENOMEM_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EBUSY_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EBUSY_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -412,7 +412,7 @@ intgo _wrap_KVX_EBUSY_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EEXIST_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EEXIST_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -424,7 +424,7 @@ intgo _wrap_KVX_EEXIST_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EINVAL_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EINVAL_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -436,7 +436,7 @@ intgo _wrap_KVX_EINVAL_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ERANGE_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ERANGE_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -448,7 +448,7 @@ intgo _wrap_KVX_ERANGE_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ENOBUFS_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ENOBUFS_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -460,7 +460,7 @@ intgo _wrap_KVX_ENOBUFS_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ENOTSUP_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ENOTSUP_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -472,7 +472,7 @@ intgo _wrap_KVX_ENOTSUP_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EOVERFLOW_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EOVERFLOW_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -484,7 +484,7 @@ intgo _wrap_KVX_EOVERFLOW_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ECONNREFUSED_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ECONNREFUSED_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -496,7 +496,7 @@ intgo _wrap_KVX_ECONNREFUSED_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ETIMEDOUT_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ETIMEDOUT_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -508,7 +508,7 @@ intgo _wrap_KVX_ETIMEDOUT_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ECONNRESET_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ECONNRESET_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -520,7 +520,7 @@ intgo _wrap_KVX_ECONNRESET_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EHOSTUNREACH_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EHOSTUNREACH_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -532,7 +532,7 @@ intgo _wrap_KVX_EHOSTUNREACH_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ECANCELED_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ECANCELED_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -544,7 +544,7 @@ intgo _wrap_KVX_ECANCELED_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ERRNO_OFFSET_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ERRNO_OFFSET_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -556,7 +556,7 @@ intgo _wrap_KVX_ERRNO_OFFSET_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ECLOSED_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ECLOSED_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -568,7 +568,7 @@ intgo _wrap_KVX_ECLOSED_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EBADMETA_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EBADMETA_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -580,7 +580,7 @@ intgo _wrap_KVX_EBADMETA_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EVERSION_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EVERSION_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -592,7 +592,7 @@ intgo _wrap_KVX_EVERSION_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EFINGERPRINT_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EFINGERPRINT_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -604,7 +604,7 @@ intgo _wrap_KVX_EFINGERPRINT_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EGEOMETRY_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EGEOMETRY_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -616,7 +616,7 @@ intgo _wrap_KVX_EGEOMETRY_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EPEERBROKEN_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EPEERBROKEN_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -628,7 +628,7 @@ intgo _wrap_KVX_EPEERBROKEN_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EAUTH_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EAUTH_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -640,7 +640,7 @@ intgo _wrap_KVX_EAUTH_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_ECONFIG_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_ECONFIG_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -652,7 +652,7 @@ intgo _wrap_KVX_ECONFIG_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EBACKEND_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EBACKEND_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -664,7 +664,7 @@ intgo _wrap_KVX_EBACKEND_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_EINTERNAL_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_EINTERNAL_capi_9b0a9b48af155b2f() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -676,7 +676,7 @@ intgo _wrap_KVX_EINTERNAL_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_SCOPE_NONE_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_SCOPE_NONE_capi_9b0a9b48af155b2f() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -688,7 +688,7 @@ intgo _wrap_KVX_SCOPE_NONE_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_SCOPE_REQUEST_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_SCOPE_REQUEST_capi_9b0a9b48af155b2f() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -700,7 +700,7 @@ intgo _wrap_KVX_SCOPE_REQUEST_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_SCOPE_PEER_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_SCOPE_PEER_capi_9b0a9b48af155b2f() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -712,7 +712,7 @@ intgo _wrap_KVX_SCOPE_PEER_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_SCOPE_TRANSPORT_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_SCOPE_TRANSPORT_capi_9b0a9b48af155b2f() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -724,7 +724,7 @@ intgo _wrap_KVX_SCOPE_TRANSPORT_capi_b80c76efb181dd02() {
 }
 
 
-_gostring_ _wrap_kvx_strerror_capi_b80c76efb181dd02(intgo _swig_go_0) {
+_gostring_ _wrap_kvx_strerror_capi_9b0a9b48af155b2f(intgo _swig_go_0) {
   int arg1 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -737,7 +737,7 @@ _gostring_ _wrap_kvx_strerror_capi_b80c76efb181dd02(intgo _swig_go_0) {
 }
 
 
-intgo _wrap_kvx_error_scope_of_capi_b80c76efb181dd02(intgo _swig_go_0) {
+intgo _wrap_kvx_error_scope_of_capi_9b0a9b48af155b2f(intgo _swig_go_0) {
   int arg1 ;
   kvx_error_scope result;
   intgo _swig_go_result;
@@ -750,7 +750,7 @@ intgo _wrap_kvx_error_scope_of_capi_b80c76efb181dd02(intgo _swig_go_0) {
 }
 
 
-_gostring_ _wrap_kvx_last_error_message_capi_b80c76efb181dd02() {
+_gostring_ _wrap_kvx_last_error_message_capi_9b0a9b48af155b2f() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -761,7 +761,7 @@ _gostring_ _wrap_kvx_last_error_message_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_kvx_options_create_capi_b80c76efb181dd02(_goslice_ _swig_go_0) {
+intgo _wrap_kvx_options_create_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0) {
   kvx_options **arg1 = (kvx_options **) 0 ;
   int result;
   intgo _swig_go_result;
@@ -776,7 +776,7 @@ intgo _wrap_kvx_options_create_capi_b80c76efb181dd02(_goslice_ _swig_go_0) {
 }
 
 
-void _wrap_kvx_options_destroy_capi_b80c76efb181dd02(kvx_options *_swig_go_0) {
+void _wrap_kvx_options_destroy_capi_9b0a9b48af155b2f(kvx_options *_swig_go_0) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   
   arg1 = (kvx_options *)_swig_go_0; 
@@ -786,7 +786,7 @@ void _wrap_kvx_options_destroy_capi_b80c76efb181dd02(kvx_options *_swig_go_0) {
 }
 
 
-intgo _wrap_kvx_options_set_capi_b80c76efb181dd02(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_options_set_capi_9b0a9b48af155b2f(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   char *arg2 = (char *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -813,7 +813,7 @@ intgo _wrap_kvx_options_set_capi_b80c76efb181dd02(kvx_options *_swig_go_0, _gost
 }
 
 
-intgo _wrap_kvx_transport_create_capi_b80c76efb181dd02(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
+intgo _wrap_kvx_transport_create_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
   kvx_transport **arg1 = (kvx_transport **) 0 ;
   void *arg2 = (void *) 0 ;
   uint64_t arg3 ;
@@ -849,7 +849,7 @@ intgo _wrap_kvx_transport_create_capi_b80c76efb181dd02(_goslice_ _swig_go_0, voi
 }
 
 
-intgo _wrap_kvx_transport_close_capi_b80c76efb181dd02(kvx_transport *_swig_go_0) {
+intgo _wrap_kvx_transport_close_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   int result;
   intgo _swig_go_result;
@@ -862,7 +862,7 @@ intgo _wrap_kvx_transport_close_capi_b80c76efb181dd02(kvx_transport *_swig_go_0)
 }
 
 
-void _wrap_kvx_transport_destroy_capi_b80c76efb181dd02(kvx_transport *_swig_go_0) {
+void _wrap_kvx_transport_destroy_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   
   arg1 = (kvx_transport *)_swig_go_0; 
@@ -872,7 +872,7 @@ void _wrap_kvx_transport_destroy_capi_b80c76efb181dd02(kvx_transport *_swig_go_0
 }
 
 
-intgo _wrap_kvx_transport_base_addr_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_base_addr_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -889,7 +889,7 @@ intgo _wrap_kvx_transport_base_addr_capi_b80c76efb181dd02(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_num_blocks_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_num_blocks_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -906,7 +906,7 @@ intgo _wrap_kvx_transport_num_blocks_capi_b80c76efb181dd02(_goslice_ _swig_go_0,
 }
 
 
-intgo _wrap_kvx_transport_block_len_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_block_len_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -923,7 +923,7 @@ intgo _wrap_kvx_transport_block_len_capi_b80c76efb181dd02(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_config_fingerprint_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_config_fingerprint_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   char *arg1 = (char *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -940,7 +940,7 @@ intgo _wrap_kvx_transport_config_fingerprint_capi_b80c76efb181dd02(_goslice_ _sw
 }
 
 
-_gostring_ _wrap_kvx_transport_backend_capi_b80c76efb181dd02(kvx_transport *_swig_go_0) {
+_gostring_ _wrap_kvx_transport_backend_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -953,7 +953,7 @@ _gostring_ _wrap_kvx_transport_backend_capi_b80c76efb181dd02(kvx_transport *_swi
 }
 
 
-intgo _wrap_kvx_get_agent_metadata_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
+intgo _wrap_kvx_get_agent_metadata_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -976,7 +976,7 @@ intgo _wrap_kvx_get_agent_metadata_capi_b80c76efb181dd02(_goslice_ _swig_go_0, k
 }
 
 
-intgo _wrap_kvx_add_remote_peer_capi_b80c76efb181dd02(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
+intgo _wrap_kvx_add_remote_peer_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1014,7 +1014,7 @@ intgo _wrap_kvx_add_remote_peer_capi_b80c76efb181dd02(kvx_transport *_swig_go_0,
 }
 
 
-intgo _wrap_kvx_remove_remote_peer_capi_b80c76efb181dd02(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_remove_remote_peer_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -1040,7 +1040,7 @@ intgo _wrap_kvx_remove_remote_peer_capi_b80c76efb181dd02(kvx_transport *_swig_go
 }
 
 
-intgo _wrap_KVX_PEER_REPLACE_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_PEER_REPLACE_capi_9b0a9b48af155b2f() {
   enum kvx_add_peer_flag result;
   intgo _swig_go_result;
   
@@ -1052,7 +1052,7 @@ intgo _wrap_KVX_PEER_REPLACE_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_PENDING_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_REGISTRATION_PENDING_capi_9b0a9b48af155b2f() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1064,7 +1064,7 @@ intgo _wrap_KVX_REGISTRATION_PENDING_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_DONE_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_REGISTRATION_DONE_capi_9b0a9b48af155b2f() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1076,7 +1076,7 @@ intgo _wrap_KVX_REGISTRATION_DONE_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_FAILED_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_REGISTRATION_FAILED_capi_9b0a9b48af155b2f() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1088,7 +1088,7 @@ intgo _wrap_KVX_REGISTRATION_FAILED_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_kvx_add_remote_peer_async_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
+intgo _wrap_kvx_add_remote_peer_async_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1132,7 +1132,7 @@ intgo _wrap_kvx_add_remote_peer_async_capi_b80c76efb181dd02(_goslice_ _swig_go_0
 }
 
 
-intgo _wrap_kvx_registration_status_capi_b80c76efb181dd02(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
+intgo _wrap_kvx_registration_status_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
   int *arg1 = (int *) 0 ;
   int *arg2 = (int *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1157,7 +1157,7 @@ intgo _wrap_kvx_registration_status_capi_b80c76efb181dd02(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_write_blocks_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
+intgo _wrap_kvx_write_blocks_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1197,7 +1197,7 @@ intgo _wrap_kvx_write_blocks_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_tra
 }
 
 
-intgo _wrap_kvx_poll_capi_b80c76efb181dd02(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
+intgo _wrap_kvx_poll_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
   size_t *arg1 = (size_t *) 0 ;
   size_t *arg2 = (size_t *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1243,7 +1243,7 @@ intgo _wrap_kvx_poll_capi_b80c76efb181dd02(_goslice_ _swig_go_0, _goslice_ _swig
 }
 
 
-intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_9b0a9b48af155b2f() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1255,7 +1255,7 @@ intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_KVX_CANCEL_WAIT_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_CANCEL_WAIT_capi_9b0a9b48af155b2f() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1267,7 +1267,7 @@ intgo _wrap_KVX_CANCEL_WAIT_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_kvx_cancel_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
+intgo _wrap_kvx_cancel_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   uint64_t *arg3 = (uint64_t *) 0 ;
@@ -1296,7 +1296,43 @@ intgo _wrap_kvx_cancel_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_transport
 }
 
 
-intgo _wrap_kvx_get_stats_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_wait_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, intgo _swig_go_2) {
+  size_t *arg1 = (size_t *) 0 ;
+  kvx_transport *arg2 = (kvx_transport *) 0 ;
+  int arg3 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (size_t *)(_swig_go_0.len ? _swig_go_0.array : NULL); 
+  arg2 = (kvx_transport *)_swig_go_1; 
+  arg3 = (int)_swig_go_2; 
+  
+  result = (int)kvx_wait(arg1,arg2,arg3);
+  _swig_go_result = result; 
+  
+  
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_completion_fd_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+  int *arg1 = (int *) 0 ;
+  kvx_transport *arg2 = (kvx_transport *) 0 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (int *)(_swig_go_0.len ? _swig_go_0.array : NULL); 
+  arg2 = (kvx_transport *)_swig_go_1; 
+  
+  result = (int)kvx_completion_fd(arg1,arg2);
+  _swig_go_result = result; 
+  
+  
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_get_stats_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
   kvx_stats *arg1 = (kvx_stats *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1326,7 +1362,7 @@ intgo _wrap_kvx_get_stats_capi_b80c76efb181dd02(_goslice_ _swig_go_0, kvx_transp
 }
 
 
-intgo _wrap_KVX_REGION_HUGE_PAGES_capi_b80c76efb181dd02() {
+intgo _wrap_KVX_REGION_HUGE_PAGES_capi_9b0a9b48af155b2f() {
   enum kvx_region_flag result;
   intgo _swig_go_result;
   
@@ -1338,7 +1374,7 @@ intgo _wrap_KVX_REGION_HUGE_PAGES_capi_b80c76efb181dd02() {
 }
 
 
-intgo _wrap_kvx_config_fingerprint_capi_b80c76efb181dd02(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_config_fingerprint_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;

@@ -9,7 +9,9 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::os::raw::c_char;
+use std::os::unix::io::RawFd;
 use std::ptr::{self, NonNull};
+use std::time::Duration;
 
 /// Transfers that finished since the last poll; each id appears exactly once
 /// over all polls, in `done` or in `failed`.
@@ -557,6 +559,39 @@ impl<'r> Transport<'r> {
         })?;
         inflight.truncate(n.min(ids.len()));
         Ok(inflight)
+    }
+
+    // ------------------------------------------------------------ waiting
+
+    /// Sleep until [`Transport::poll`] has something to report, or `timeout`
+    /// passes (`None`: no limit; zero: only look), and return how many ids a
+    /// poll would report now (0: the time ran out). Returns at once when ids
+    /// are ready already. Fails with `Closed`, also when another thread calls
+    /// [`Transport::close`] meanwhile: close wakes every waiter
+    /// (`kvx_wait(3)`).
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<usize> {
+        let ms: i32 = match timeout {
+            None => -1,
+            // rounded up, so that a short timeout still sleeps
+            Some(d) => i32::try_from((d.as_nanos() + 999_999) / 1_000_000).unwrap_or(i32::MAX),
+        };
+        let mut ready = 0usize;
+        // SAFETY: live handle; ready is a valid out-pointer.
+        check(unsafe { sys::kvx_wait(&mut ready, self.ptr(), ms) })?;
+        Ok(ready)
+    }
+
+    /// A file descriptor that is readable while [`Transport::poll`] has
+    /// something to report, for event loops (epoll, mio, tokio's `AsyncFd`):
+    /// level-triggered, readable until a poll has taken every ready id, and
+    /// readable for good once the transport is closed. The transport owns
+    /// it: never read, write or close it; it is closed with the transport
+    /// (`kvx_completion_fd(3)`).
+    pub fn completion_fd(&self) -> Result<RawFd> {
+        let mut fd: i32 = -1;
+        // SAFETY: live handle; fd is a valid out-pointer.
+        check(unsafe { sys::kvx_completion_fd(&mut fd, self.ptr()) })?;
+        Ok(fd)
     }
 
     // ------------------------------------------------------------ lifecycle

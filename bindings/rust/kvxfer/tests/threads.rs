@@ -152,3 +152,32 @@ fn close_while_other_threads_work() {
     });
     assert_eq!(a.poll(None).unwrap_err().kind(), kvxfer::ErrorKind::Closed);
 }
+
+#[test]
+fn wait_sleeps_until_ready_and_close_wakes_it() {
+    const N: u64 = 8;
+    const L: u64 = 512;
+    let opts = tcp_opts();
+    let a = Transport::new(region(N, L, src_byte), N, L, None, &opts).unwrap();
+    let b = Transport::new(region(N, L, canary_byte), N, L, None, &opts).unwrap();
+    connect(&a, "b", &b).unwrap();
+    assert_eq!(a.wait(Some(std::time::Duration::ZERO)).unwrap(), 0);
+    assert_eq!(a.wait(Some(std::time::Duration::from_millis(20))).unwrap(), 0);
+    let fd = a.completion_fd().unwrap();
+    assert!(fd >= 0);
+    assert_eq!(a.completion_fd().unwrap(), fd);
+    let id = a.write_blocks("b", &[1], &[2]).unwrap();
+    assert_eq!(a.wait(None).unwrap(), 1);
+    let p = a.poll(None).unwrap();
+    assert_eq!(p.done, vec![id]);
+    assert_eq!(a.wait(Some(std::time::Duration::ZERO)).unwrap(), 0);
+
+    // A thread waiting without limit leaves with Closed when another closes.
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| a.wait(None));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        a.close().unwrap();
+        let got = waiter.join().unwrap();
+        assert!(matches!(&got, Err(e) if e.kind() == kvxfer::ErrorKind::Closed), "{:?}", got);
+    });
+}
