@@ -49,10 +49,11 @@ static const char usage_text[] =
     "                             >= 64K)\n"
     "  --inflight N               max outstanding transfers (default: enough for\n"
     "                             2 MiB outstanding, 8..64: 32 for 64K, 8 for 1M)\n"
-    "  --idle spin|wait           what the initiator does while every slot is in\n"
-    "                             flight: spin (default: kvx_poll() in a loop,\n"
-    "                             yielding the CPU) or wait (sleep in kvx_wait()\n"
-    "                             until a transfer finishes)\n"
+    "  --idle wait|spin           what the initiator does while nothing can be\n"
+    "                             submitted: wait (default: sleep in kvx_wait()\n"
+    "                             until a transfer finishes) or spin (kvx_poll()\n"
+    "                             in a loop, yielding the CPU, as before 0.4: it\n"
+    "                             takes CPU from the library's threads)\n"
     "  --pattern seq|random       seq (default): each call writes consecutive local\n"
     "                             and consecutive remote blocks, so runs coalesce;\n"
     "                             random: distinct random remote blocks, random\n"
@@ -393,6 +394,7 @@ static void set_defaults(struct bench_opts *o)
     o->duration = 3;
     o->warmup = 0.2;
     o->verify = true;
+    o->idle_wait = true;
     o->progress = true;
     o->port_fd = -1;
 }
