@@ -22,6 +22,8 @@ family); with several, the reference of a round is the smallest of their
 best configurations (e.g. min(iperf3, openssl) for an encrypted stream).
 Given more than once for a kind, each --vs prints its own rows (a family
 measured at some block sizes only, e.g. tcp-ref, adds rows for those).
+FAMILY:KIND pins one configuration instead of the family's best, for a bar
+stated against it (e.g. iperf3:iperf3 -P 1, a single stream).
 The ratio printed is the median of the per-round ratios (kvxfer in round r
 over the reference in round r) with their min-max.
 
@@ -94,11 +96,20 @@ class Rounds:
             for n, fams in enumerate(vs.get(kind, [sorted(self.anchor)])):
                 self.print_rows(kind, rows, fams, n > 0)
 
+    def pick(self, spec, bs):
+        """(kind, {round: gbps}) for a --vs entry: FAMILY (its best) or FAMILY:KIND."""
+        fam, _, kind = spec.partition(":")
+        if not kind:
+            return self.best(fam, bs)
+        v = self.values(fam, kind, bs) if kind in self.anchor.get(fam, {}) else None
+        return (kind, v) if v else None
+
     def print_rows(self, kind, rows, fams, only_measured):
+        known = [f for f in fams if f.partition(":")[0] in self.anchor]
         for (bs, pat, batch), per in sorted(rows.items(), key=lambda kv: -kv[0][0]):
-            refs = [(f, self.best(f, bs)) for f in fams if f in self.anchor]
+            refs = [(f, self.pick(f, bs)) for f in known]
             refs = [(f, b) for f, b in refs if b]
-            if only_measured and len(refs) < len([f for f in fams if f in self.anchor]):
+            if only_measured and (not known or len(refs) < len(known)):
                 continue  # a family of this comparison was not measured at this size
             ratios, names = [], " / ".join("%s" % b[0] for _, b in refs) or "-"
             for rnd, g in per.items():
