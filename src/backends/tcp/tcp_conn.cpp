@@ -438,11 +438,9 @@ TcpConn::Next TcpConn::stale_landing(const iovec *chunk, size_t cnt) {
 // readv and here (SIGSTOP, a long preemption) whose initiator has meanwhile
 // failed the transfer leaves the chunk as ciphertext. Frozen while
 // decrypting, it changes at most the rest of this chunk: within the bound of
-// one chunk (docs/semantics.md). It also counts as the look before the
-// next chunk lands (reset_before). false: reset.
+// one chunk (docs/semantics.md). false: reset.
 bool TcpConn::decrypt_chunk(const iovec *chunk, size_t n) {
     if (net::pending_error(fd_.get()) != 0) return false;
-    unchecked_ = 0;  // the look for a reset came after these bytes landed
     for (size_t i = 0; n > 0; i++) {
         const size_t take = std::min(n, chunk[i].iov_len);
         auto *p = static_cast<uint8_t *>(chunk[i].iov_base);
