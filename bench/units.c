@@ -7,7 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <time.h>
 
 uint64_t now_ns(void)
@@ -104,4 +108,19 @@ char *touched_region(const char *prog, size_t len, int fill)
     }
     memset(p, fill, len);
     return p;
+}
+
+void loopback_pair(const char *prog, int *client, int *server)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    *client = socket(AF_INET, SOCK_STREAM, 0);
+    if (l < 0 || *client < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1) ||
+        getsockname(l, (struct sockaddr *)&a, &alen) || connect(*client, (struct sockaddr *)&a, sizeof a) ||
+        (*server = accept(l, NULL, NULL)) < 0) {
+        fprintf(stderr, "%s: loopback socket pair: %s\n", prog, strerror(errno));
+        exit(1);
+    }
+    close(l);
 }

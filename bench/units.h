@@ -21,5 +21,9 @@ void fmt_size(char *buf, size_t cap, uint64_t n);
  * pages exist before anything is timed); a message naming prog and exit(1)
  * when there is no memory. */
 char *touched_region(const char *prog, size_t len, int fill);
+/* Two connected TCP sockets on 127.0.0.1 (the listener is closed again):
+ * *client made the connection, *server accepted it; a message naming prog
+ * and exit(1) when that fails. */
+void loopback_pair(const char *prog, int *client, int *server);
 
 #endif

@@ -15,8 +15,6 @@
  * of kvxfer's cold start is that.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -89,21 +87,9 @@ int main(int argc, char **argv) {
     memset(src, 0x5a, src_len);
     memset(region, 0xa5, region_len); /* touched from user space, as the bench's target does */
 
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
     struct writer w = {.src = src, .src_len = src_len, .total = 2 * bytes};
-    w.fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (l < 0 || w.fd < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1) ||
-        getsockname(l, (struct sockaddr *)&a, &alen) || connect(w.fd, (struct sockaddr *)&a, sizeof a)) {
-        perror("kvxfer-cold-ref: loopback socket");
-        return 1;
-    }
-    int fd = accept(l, NULL, NULL);
-    if (fd < 0) {
-        perror("kvxfer-cold-ref: accept");
-        return 1;
-    }
+    int fd;
+    loopback_pair("kvxfer-cold-ref", &w.fd, &fd);
     pthread_t t;
     pthread_create(&t, NULL, write_all, &w);
     size_t at = 0;

@@ -16,8 +16,6 @@
  *   kvxfer-tcp-ref BLOCK_SIZE BATCH seq|random REGION_BYTES SECONDS WARMUP
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -124,20 +122,11 @@ int main(int argc, char **argv) {
     w.mark = calloc(blocks, sizeof *w.mark);
     r.mark = calloc(blocks, sizeof *r.mark);
 
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    w.fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (!w.mark || !r.mark || l < 0 || w.fd < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1) ||
-        getsockname(l, (struct sockaddr *)&a, &alen) || connect(w.fd, (struct sockaddr *)&a, sizeof a)) {
-        perror("kvxfer-tcp-ref: loopback socket");
+    if (!w.mark || !r.mark) {
+        perror("kvxfer-tcp-ref: calloc");
         return 1;
     }
-    r.fd = accept(l, NULL, NULL);
-    if (r.fd < 0) {
-        perror("kvxfer-tcp-ref: accept");
-        return 1;
-    }
+    loopback_pair(me, &w.fd, &r.fd);
     signal(SIGPIPE, SIG_IGN); /* the writer learns of the end from a failed writev */
     pthread_t t;
     pthread_create(&t, NULL, write_all, &w);

@@ -22,7 +22,6 @@
  * the client does not verify it (a reference of throughput, not of trust).
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
@@ -139,20 +138,8 @@ int main(int argc, char **argv) {
     struct side r = w;
     r.region = touched_region(me, region_len, 0xa5);
 
-    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    int cfd = socket(AF_INET, SOCK_STREAM, 0);
-    if (l < 0 || cfd < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1) ||
-        getsockname(l, (struct sockaddr *)&a, &alen) || connect(cfd, (struct sockaddr *)&a, sizeof a)) {
-        perror("kvxfer-tls-ref: loopback socket");
-        return 1;
-    }
-    int sfd = accept(l, NULL, NULL);
-    if (sfd < 0) {
-        perror("kvxfer-tls-ref: accept");
-        return 1;
-    }
+    int cfd, sfd, one = 1;
+    loopback_pair(me, &cfd, &sfd);
     setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(sfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 

@@ -12,7 +12,7 @@
 namespace kvx {
 
 void ReadySignal::taken(size_t n) {
-    ready_ -= n < ready_ ? n : ready_;
+    ready_ -= n;
     if (ready_ == 0 && !closed_) signal_fd(false);
 }
 
