@@ -48,7 +48,7 @@ static const char usage_text[] =
     "                             for 64 KiB per call, at most 256: 16 for 4K, 1 for\n"
     "                             >= 64K)\n"
     "  --inflight N               max outstanding transfers (default: enough for\n"
-    "                             2 MiB outstanding, 8..64: 32 for 64K, 8 for 1M)\n"
+    "                             8 MiB outstanding, 8..128: 128 for 64K, 8 for 1M)\n"
     "  --idle wait|spin           what the initiator does while nothing can be\n"
     "                             submitted: wait (default: sleep in kvx_wait()\n"
     "                             until a transfer finishes) or spin (kvx_poll()\n"
