@@ -64,6 +64,9 @@ void test_options_bad_integers(void **) {
     expect_option_rejected("verbs.port", "0", "0");
     expect_option_rejected("verbs.gid_index", "65536", "65536");
     expect_option_rejected("verbs.qps_per_peer", "17", "17");
+    expect_option_rejected("verbs.post_batch_bytes", "1073741825", "1073741825");
+    expect_option_rejected("verbs.post_batch_bytes", "-1", "'-1'");
+    expect_option_rejected("verbs.post_batch_bytes", "1M", "'1M'");
     // string options
     expect_option_rejected("backend", "rdma", "'rdma'");
     expect_option_rejected("backend", "", "''");
@@ -84,6 +87,7 @@ void test_options_good_values(void **) {
              {"tcp.listen", ":0"}, {"tcp.advertise", "10.0.0.1:1,10.0.0.2:0"}, {"tcp.streams", "1"},
              {"tcp.streams", "16"}, {"verbs.device", "rxe0"}, {"verbs.port", "1"}, {"verbs.port", "255"},
              {"verbs.gid_index", "0"}, {"verbs.gid_index", "65535"}, {"verbs.qps_per_peer", "16"},
+             {"verbs.post_batch_bytes", "0"}, {"verbs.post_batch_bytes", "1073741824"},
              {"verbs.listen", "0.0.0.0:0"}}) {
         std::string msg;
         int rc = code_of([&] { validate_option(kv.k, kv.v); }, &msg);

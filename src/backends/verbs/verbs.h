@@ -84,6 +84,10 @@ struct PeerConfig {
     uint32_t qps = 1;
     uint32_t sq_depth = 0;      // WRs per send queue the data path uses
     uint32_t signal_every = 0;  // at least one signalled WR per this many
+    // A transfer submitted while at least this many bytes stay in flight
+    // behind the next completion waits for it, and is posted with the others
+    // that waited as one chain ending in one signalled WR (0: post at once).
+    uint64_t post_batch_bytes = 0;
 };
 
 PeerConfig peer_config(const Device &dev, const Options &o);
@@ -148,28 +152,32 @@ private:
         size_t run = 0;         // next run to post
         uint64_t off = 0;       // bytes of part.runs[run] already posted
         uint64_t wrs_left = 0;  // WRs not posted yet
+        bool dropped = false;   // cancelled: a chain skipped it
     };
-    // Where a chain of WRs leaves a part and its QP's signalling.
-    struct Cursor {
-        size_t run;
-        uint64_t off;
-        uint32_t since_signal;
-        uint64_t seq;
-    };
-    // One signalled WR in flight: when it completes, wrs slots free up and,
-    // if op is set, that part of op is done (RC completes in order).
+    // A WR in flight that matters: it is signalled, or a part ends with it,
+    // or both. Its slots (wrs: WRs posted since the mark before) free up and
+    // op's part is done when a signalled WR at or after it completes (RC
+    // completes in order). seq numbers the marks of a QP; a signalled WR
+    // carries its mark's seq as wr_id.
     struct Mark {
         uint64_t seq;
         uint32_t wrs;
+        bool signalled;
         OpRef op;
     };
     struct Qp {
         CmId id;
         ibv_qp *qp = nullptr;
         uint32_t used = 0;          // posted WRs whose slot is not yet known free
-        uint32_t since_signal = 0;  // unsignalled WRs after the last signalled one
+        uint32_t since_signal = 0;  // WRs after the last signalled one
+        uint32_t since_mark = 0;    // WRs after the last mark
         uint64_t next_seq = 1;
         std::deque<Mark> marks;
+        // Bytes posted per signalled WR in flight (from the one before), and
+        // after the last one: what stays in flight once the oldest completes.
+        std::deque<uint64_t> seg_bytes;
+        uint64_t tail_bytes = 0;
+        uint64_t inflight_bytes = 0;
         std::deque<QueuedPart> waiting;
         uint64_t waiting_wrs = 0;
         bool dead = false;
@@ -190,8 +198,9 @@ private:
     // data path (mu_ held)
     std::vector<size_t> least_loaded() const;
     uint64_t wrs_for(const Runs &runs) const;
+    bool should_wait(const Qp &q) const;
     void post_ready(Qp &q, CompletionBatch &out);
-    Cursor build_chain(Qp &q, const QueuedPart &p, uint32_t n);
+    uint32_t build_chain(Qp &q, uint32_t room);
     void complete_marks(Qp &q, uint64_t seq, CompletionBatch &out);
     void handle_wc(const ibv_wc &wc, CompletionBatch &out);
     void fail_waiting(Qp &q, int status, CompletionBatch &out);

@@ -88,6 +88,7 @@ PeerConfig peer_config(const Device &dev, const Options &o) {
     // As UCX's tx moderation: one CQE per 64 WRs. <= depth/2 guarantees a
     // signalled WR is in flight whenever the queue is full.
     c.signal_every = std::max<uint32_t>(1, std::min<uint32_t>(64, depth / 2));
+    c.post_batch_bytes = o.uint("verbs.post_batch_bytes");
     return c;
 }
 

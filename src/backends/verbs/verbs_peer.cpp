@@ -283,62 +283,113 @@ void VerbsPeer::submit(Op op) {
         q.waiting_wrs += queued.wrs_left;
         q.waiting.push_back(std::move(queued));
     }
-    for (size_t i = 0; i < parts.size() && i < order.size(); i++) post_ready(qps_[order[i]], out);
+    for (size_t i = 0; i < parts.size() && i < order.size(); i++)
+        if (!should_wait(qps_[order[i]])) post_ready(qps_[order[i]], out);
     deliver(lk, out);
 }
 
-// Fills wr_buf_/sge_buf_ with the next n WRs of p, chained. Signalled: the
-// last WR of the part, and every signal_every-th WR so slots keep coming
-// back; each signalled WR leaves a Mark. Returns where the chain ends.
-VerbsPeer::Cursor VerbsPeer::build_chain(Qp &q, const QueuedPart &p, uint32_t n) {
-    Cursor c{p.run, p.off, q.since_signal, q.next_seq};
-    for (uint32_t i = 0; i < n; i++) {
-        const Run &r = p.part.runs[c.run];
-        const uint64_t len = std::min(r.len - c.off, dev_->max_msg);
-        ibv_sge &s = sge_buf_[i];
-        s.addr = reinterpret_cast<uintptr_t>(dev_->region.base) + r.local_off + c.off;
-        s.length = static_cast<uint32_t>(len);
-        s.lkey = dev_->lkey;
-        ibv_send_wr &w = wr_buf_[i];
-        w = ibv_send_wr{};
-        w.sg_list = &s;
-        w.num_sge = 1;
-        w.opcode = IBV_WR_RDMA_WRITE;
-        w.wr.rdma.remote_addr = remote_addr_ + r.remote_off + c.off;
-        w.wr.rdma.rkey = rkey_;
-        w.next = i + 1 < n ? &wr_buf_[i + 1] : nullptr;
-        c.off += len;
-        if (c.off == r.len) {
-            c.run++;
-            c.off = 0;
-        }
-        c.since_signal++;
-        const bool part_end = i + 1 == n && n == p.wrs_left;
-        if (part_end || c.since_signal >= cfg_.signal_every) {
-            w.send_flags = IBV_SEND_SIGNALED;
-            w.wr_id = c.seq;
-            q.marks.push_back(Mark{c.seq, c.since_signal, part_end ? p.part.op : OpRef()});
-            c.seq++;
-            c.since_signal = 0;
-        }
-    }
-    return c;
+// Whether what was just queued may wait for the QP's next completion: enough
+// stays in flight behind it that the link is still busy when poll_cq posts
+// everything that waited as one chain (one doorbell, one signalled WR
+// instead of one per transfer). A signalled WR is then always in flight, so
+// the completion that posts them comes. mu_ held.
+bool VerbsPeer::should_wait(const Qp &q) const {
+    return cfg_.post_batch_bytes != 0 && q.seg_bytes.size() >= 2 &&
+           q.inflight_bytes - q.seg_bytes.front() >= cfg_.post_batch_bytes;
 }
 
-// Posts waiting WRs while the send queue has room: each part's WRs (or as
-// many as fit) as one chain with one ibv_post_send. mu_ held.
+// Fills wr_buf_/sge_buf_ with up to room WRs of the waiting parts, front
+// first, as one chain, and pushes their marks. A WR is signalled when
+// signal_every WRs passed since the last signalled one (slots keep coming
+// back), and the chain's last WR when it takes everything that waited
+// (nothing is left for a later chain to complete). A part that ends inside
+// the chain leaves an unsignalled mark: the next signalled WR completes it.
+// Skips cancelled parts (marked dropped). Commits nothing but the marks and
+// counters: post_ready advances the queue once the post succeeded.
+uint32_t VerbsPeer::build_chain(Qp &q, uint32_t room) {
+    uint32_t n = 0;
+    size_t i = 0;
+    bool stopped = false;  // inside a part: no room for the rest
+    for (; i < q.waiting.size() && n < room; i++) {
+        QueuedPart &p = q.waiting[i];
+        if (i > 0 && !p.part.op->try_start()) {  // cancelled: skipped, and dropped once posted
+            p.dropped = true;
+            continue;
+        }
+        size_t run = p.run;
+        uint64_t off = p.off;
+        const uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(room - n, p.wrs_left));
+        for (uint32_t k = 0; k < take; k++, n++) {
+            const Run &r = p.part.runs[run];
+            const uint64_t len = std::min(r.len - off, dev_->max_msg);
+            ibv_sge &sg = sge_buf_[n];
+            sg.addr = reinterpret_cast<uintptr_t>(dev_->region.base) + r.local_off + off;
+            sg.length = static_cast<uint32_t>(len);
+            sg.lkey = dev_->lkey;
+            ibv_send_wr &w = wr_buf_[n];
+            w = ibv_send_wr{};
+            w.sg_list = &sg;
+            w.num_sge = 1;
+            w.opcode = IBV_WR_RDMA_WRITE;
+            w.wr.rdma.remote_addr = remote_addr_ + r.remote_off + off;
+            w.wr.rdma.rkey = rkey_;
+            w.next = nullptr;
+            if (n > 0) wr_buf_[n - 1].next = &w;
+            off += len;
+            if (off == r.len) {
+                run++;
+                off = 0;
+            }
+            q.since_signal++;
+            q.since_mark++;
+            q.tail_bytes += len;
+            q.inflight_bytes += len;
+            const bool part_end = k + 1 == p.wrs_left;
+            const bool signal = q.since_signal >= cfg_.signal_every;
+            if (part_end || signal) {
+                if (signal) {
+                    w.send_flags = IBV_SEND_SIGNALED;
+                    w.wr_id = q.next_seq;
+                    q.seg_bytes.push_back(q.tail_bytes);
+                    q.tail_bytes = 0;
+                    q.since_signal = 0;
+                }
+                q.marks.push_back(Mark{q.next_seq++, q.since_mark, signal, part_end ? p.part.op : OpRef()});
+                q.since_mark = 0;
+            }
+        }
+        if (take < p.wrs_left) {
+            stopped = true;
+            break;
+        }
+    }
+    // Everything that waited is in this chain: its last WR, where the last
+    // part ends (its mark is the last one), is signalled.
+    if (!stopped && n > 0 && i == q.waiting.size() && !(wr_buf_[n - 1].send_flags & IBV_SEND_SIGNALED)) {
+        Mark &mk = q.marks.back();
+        mk.signalled = true;
+        wr_buf_[n - 1].send_flags = IBV_SEND_SIGNALED;
+        wr_buf_[n - 1].wr_id = mk.seq;
+        q.seg_bytes.push_back(q.tail_bytes);
+        q.tail_bytes = 0;
+        q.since_signal = 0;
+    }
+    return n;
+}
+
+// Posts waiting WRs while the send queue has room, as few chains as the
+// room allows (one ibv_post_send each). mu_ held.
 void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
     const uint32_t depth = cfg_.sq_depth;
     while (!broken_ && !q.dead && !q.waiting.empty() && q.used < depth) {
-        QueuedPart &p = q.waiting.front();
-        if (!p.part.op->try_start()) {  // cancelled while waiting: never posted, never reported
-            q.waiting_wrs -= p.wrs_left;
+        QueuedPart &front = q.waiting.front();
+        if (!front.part.op->try_start()) {  // cancelled while waiting: never posted, never reported
+            q.waiting_wrs -= front.wrs_left;
             q.waiting.pop_front();
             continue;
         }
-        const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(depth - q.used, p.wrs_left));
         const size_t marks_before = q.marks.size();
-        const Cursor c = build_chain(q, p, n);
+        const uint32_t n = build_chain(q, depth - q.used);
         ibv_send_wr *bad = nullptr;
         if (int rc = ibv_post_send(q.qp, wr_buf_.data(), &bad)) {
             // Whatever was posted before bad flushes with the QP; track none of it.
@@ -350,13 +401,30 @@ void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
             return;
         }
         q.used += n;
-        q.since_signal = c.since_signal;
-        q.next_seq = c.seq;
-        p.run = c.run;
-        p.off = c.off;
-        p.wrs_left -= n;
         q.waiting_wrs -= n;
-        if (p.wrs_left == 0) q.waiting.pop_front();
+        // Advance the queue over what the chain took.
+        for (uint32_t left = n; left > 0;) {
+            QueuedPart &p = q.waiting.front();
+            if (p.dropped) {
+                q.waiting_wrs -= p.wrs_left;
+                q.waiting.pop_front();
+                continue;
+            }
+            if (left >= p.wrs_left) {
+                left -= static_cast<uint32_t>(p.wrs_left);
+                q.waiting.pop_front();
+                continue;
+            }
+            for (; left > 0; left--) {  // the chain ended inside this part
+                const uint64_t len = std::min(p.part.runs[p.run].len - p.off, dev_->max_msg);
+                p.off += len;
+                if (p.off == p.part.runs[p.run].len) {
+                    p.run++;
+                    p.off = 0;
+                }
+                p.wrs_left--;
+            }
+        }
     }
 }
 
@@ -376,7 +444,9 @@ void VerbsPeer::fail_inflight(Qp &q, int status, CompletionBatch &out) {
         if (mk.op) out.fail(*mk.op, status);
     q.marks.clear();
     q.used = 0;  // the WRs are flushing; a dead QP is never posted to again
-    q.since_signal = 0;
+    q.since_signal = q.since_mark = 0;
+    q.seg_bytes.clear();
+    q.tail_bytes = q.inflight_bytes = 0;
 }
 
 // The QP is done for: to ERR (what is posted flushes, and those completions
@@ -424,6 +494,10 @@ void VerbsPeer::complete_marks(Qp &q, uint64_t seq, CompletionBatch &out) {
     while (!q.marks.empty() && q.marks.front().seq <= seq) {
         Mark &mk = q.marks.front();
         q.used -= mk.wrs;
+        if (mk.signalled && !q.seg_bytes.empty()) {
+            q.inflight_bytes -= q.seg_bytes.front();
+            q.seg_bytes.pop_front();
+        }
         if (mk.op) out.part_done(*mk.op, 0);
         q.marks.pop_front();
         progressed_ = true;
