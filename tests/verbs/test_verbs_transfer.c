@@ -1,7 +1,8 @@
 /* verbs backend, two transports in one process (public API only): data with
  * canaries both ways, a 5000-WR transfer (more than the send queue holds), 2
  * QPs per peer, runs larger than max_msg_sz, cancel of queued transfers,
- * many small transfers posted in batches (and cancelled while they wait),
+ * many small transfers posted in batches (and cancelled while they wait,
+ * also inside a chain),
  * remove with transfers in flight, and a forged MR address that must not
  * reach outside the target's region. Skips (77) without an RDMA device. */
 #include <pthread.h>
@@ -284,6 +285,66 @@ static void batched(const char *batch_opt) {
     pair_down(&p);
 }
 
+/* Small transfers queued behind far more WRs than the send queue holds, every
+ * other one cancelled while it waits: the chains that later post the rest
+ * skip the cancelled ones in their middle. Kept ones land and surface once;
+ * cancelled ones never surface and never write. */
+static void test_cancel_inside_chain(void **state) {
+    (void)state;
+    enum { NB = 16384, BL = 4096, BIG = 8, PER = 1000, SMALL = 40 };
+    pair p;
+    pair_up(&p, NB, BL, NULL, 0);
+    for (uint64_t i = 0; i < NB; i++) fill_block(p.ra.base + i * BL, BL, i, 9);
+    /* bigs: local even blocks 2k -> remote odd blocks (one WR each, 8000 in
+     * all); smalls: local odd block 2k+1 -> remote even block 2(PER*BIG+k) */
+    static uint64_t bl_[PER], br[BIG][PER], sl[SMALL], sr[SMALL], ids[BIG + SMALL];
+    for (uint64_t k = 0; k < PER; k++) bl_[k] = 2 * k;
+    for (int t = 0; t < BIG; t++) {
+        for (uint64_t k = 0; k < PER; k++) br[t][k] = 2 * ((uint64_t)t * PER + k) + 1;
+        CHECK_OK(kvx_write_blocks(&ids[t], p.a, "b", bl_, br[t], PER));
+    }
+    for (uint64_t k = 0; k < SMALL; k++) {
+        sl[k] = 2 * k + 1;
+        sr[k] = 2 * ((uint64_t)PER * BIG + k);
+        CHECK_OK(kvx_write_blocks(&ids[BIG + k], p.a, "b", &sl[k], &sr[k], 1));
+    }
+    uint64_t cancel[SMALL / 2], inflight[SMALL / 2];
+    for (size_t k = 0; k < SMALL / 2; k++) cancel[k] = ids[BIG + 2 * k + 1];
+    size_t n_in = 99;
+    CHECK_OK(kvx_cancel(&n_in, p.a, cancel, SMALL / 2, KVX_CANCEL_WAIT, inflight));
+    static uint64_t want[BIG + SMALL];
+    size_t nw = 0;
+    for (size_t k = 0; k < BIG + SMALL; k++)
+        if (k < BIG || (k - BIG) % 2 == 0) want[nw++] = ids[k];
+    for (size_t k = 0; k < n_in; k++) want[nw++] = inflight[k];
+    size_t nf = 9;
+    assert_int_equal(wait_ids(p.a, "b", want, nw, 120000, &nf, NULL), nw);
+    assert_int_equal(nf, 0);
+    vt_expect_silence(p.a, 300);
+    static uint64_t vl[BIG * PER + SMALL], vr[BIG * PER + SMALL];
+    size_t nv = 0, untouched = 0;
+    for (int t = 0; t < BIG; t++)
+        for (uint64_t k = 0; k < PER; k++) vl[nv] = bl_[k], vr[nv++] = br[t][k];
+    for (size_t k = 0; k < SMALL; k++) {
+        int keep = k % 2 == 0;
+        for (size_t j = 0; !keep && j < n_in; j++) keep = inflight[j] == ids[BIG + k];
+        const uint8_t *b = p.rb.base + sr[k] * BL;
+        if (keep || !block_is(b, BL, p.rb.fill)) {
+            if (!keep) fail_msg("cancelled transfer %zu was never reported but wrote its block", k);
+            vl[nv] = sl[k], vr[nv++] = sr[k];
+        } else {
+            untouched++;
+        }
+    }
+    printf("cancel inside a chain: %d of %d small transfers cancelled behind %d WRs: %zu in flight, %zu dropped\n",
+           SMALL / 2, SMALL, BIG * PER, n_in, untouched);
+    /* 8000 WRs ahead of them against a 1024-entry send queue: they waited */
+    assert_int_equal(untouched + n_in, SMALL / 2);
+    assert_true(untouched > 0);
+    verify(&p.rb, vl, vr, nv, 9);
+    pair_down(&p);
+}
+
 static void test_batched_posts(void **state) {
     (void)state;
     batched("verbs.post_batch_bytes=1048576");
@@ -398,6 +459,7 @@ int main(void) {
         cmocka_unit_test(test_huge_run),      cmocka_unit_test(test_cancel_queued),
         cmocka_unit_test(test_remove_inflight), cmocka_unit_test(test_outside_region),
         cmocka_unit_test(test_threads),       cmocka_unit_test(test_batched_posts),
+        cmocka_unit_test(test_cancel_inside_chain),
     };
     return cmocka_run_group_tests_name("verbs_transfer", tests, NULL, NULL);
 }
