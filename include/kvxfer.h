@@ -223,14 +223,13 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        address of the chosen port, any port.
  *   verbs.qps_per_peer   RC queue pairs per peer, 1..16, default 1;
  *                        transfers of 512 KiB or more are split over them.
- *   verbs.post_batch_bytes  0..1073741824, default 1048576 (since 0.4): while
- *                        at least this many bytes stay in flight on a queue
- *                        pair behind its next completion, a new transfer
- *                        waits for that completion and is posted with the
- *                        others that waited, one doorbell and one signalled
- *                        work request for all; 0 posts each at once (the
- *                        link never idles either way; 0 saves the wait of a
- *                        transfer queued behind that many bytes anyway).
+ *   verbs.post_batch_bytes  0..1073741824, default 0 (since 0.4): when not
+ *                        0, while at least this many bytes stay in flight on
+ *                        a queue pair behind its next completion, a new
+ *                        transfer waits for that completion and is posted
+ *                        with the others that waited, one doorbell and one
+ *                        signalled work request for all (e.g. 1048576 on a
+ *                        hardware NIC); 0 posts each at once.
  *   The verbs.* keys are ignored by other backends. With backend "verbs" a
  *   device that cannot be used (none, no ACTIVE port, RLIMIT_MEMLOCK too low
  *   for the region, verbs.* naming something absent) fails creation with

@@ -46,9 +46,9 @@ constexpr OptionSpec kOptions[] = {
     {"verbs.listen", OptType::hostport, 0, 0, "",
      "IP:PORT for rdma_cm to listen on (an address of the RDMA device; PORT 0 = any); default: the chosen port's IPv4 address"},
     {"verbs.qps_per_peer", OptType::uint, 1, 16, "1", "RC queue pairs per peer; transfers of 512 KiB or more are split over them"},
-    {"verbs.post_batch_bytes", OptType::uint, 0, 1ull << 30, "1048576",
-     "while this many bytes stay in flight on a QP behind its next completion, new transfers wait for it and are posted "
-     "together, one doorbell and one signalled WR for all (0: post each at once)"},
+    {"verbs.post_batch_bytes", OptType::uint, 0, 1ull << 30, "0",
+     "when not 0: while this many bytes stay in flight on a QP behind its next completion, new transfers wait for it and "
+     "are posted together, one doorbell and one signalled WR for all (0: post each at once)"},
 };
 
 Selection selection(const Options &o) {
