@@ -400,8 +400,12 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
         }
         inflight_.insert(op.state);
         telemetry_.submitted(peer->stats.get(), op.bytes);
-        // Idle until now: the stall clock starts with this work.
-        if (peer->outstanding.fetch_add(1) == 0) peer->progress();
+        // Idle until now: the stall clock starts with this work. Restarted
+        // before the work counts: the watchdog reads both without mu_, and
+        // one that saw the count first could take the old clock for a stall
+        // (it did: a peer never given work before has a clock of 0).
+        if (peer->outstanding.load() == 0) peer->progress();
+        peer->outstanding.fetch_add(1);
     }
     peer->link->submit(std::move(op));
     return id;
