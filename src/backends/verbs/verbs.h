@@ -152,7 +152,13 @@ private:
         size_t run = 0;         // next run to post
         uint64_t off = 0;       // bytes of part.runs[run] already posted
         uint64_t wrs_left = 0;  // WRs not posted yet
-        bool dropped = false;   // cancelled: a chain skipped it
+    };
+    // What build_chain built: n WRs, and when the room ran out inside a part,
+    // where that part goes on (its next run and offset).
+    struct Chain {
+        uint32_t n = 0;
+        size_t run = 0;
+        uint64_t off = 0;
     };
     // A WR in flight that matters: it is signalled, or a part ends with it,
     // or both. Its slots (wrs: WRs posted since the mark before) free up and
@@ -200,7 +206,7 @@ private:
     uint64_t wrs_for(const Runs &runs) const;
     bool should_wait(const Qp &q) const;
     void post_ready(Qp &q, CompletionBatch &out);
-    uint32_t build_chain(Qp &q, uint32_t room);
+    Chain build_chain(Qp &q, uint32_t room);
     void complete_marks(Qp &q, uint64_t seq, CompletionBatch &out);
     void handle_wc(const ibv_wc &wc, CompletionBatch &out);
     void fail_waiting(Qp &q, int status, CompletionBatch &out);

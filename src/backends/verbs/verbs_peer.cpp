@@ -304,18 +304,16 @@ bool VerbsPeer::should_wait(const Qp &q) const {
 // back), and the chain's last WR when it takes everything that waited
 // (nothing is left for a later chain to complete). A part that ends inside
 // the chain leaves an unsignalled mark: the next signalled WR completes it.
-// Skips cancelled parts (marked dropped). Commits nothing but the marks and
-// counters: post_ready advances the queue once the post succeeded.
-uint32_t VerbsPeer::build_chain(Qp &q, uint32_t room) {
-    uint32_t n = 0;
+// Skips cancelled parts. Commits nothing but the marks and counters:
+// post_ready advances the queue once the post succeeded.
+VerbsPeer::Chain VerbsPeer::build_chain(Qp &q, uint32_t room) {
+    Chain c;
+    uint32_t &n = c.n;
     size_t i = 0;
     bool stopped = false;  // inside a part: no room for the rest
     for (; i < q.waiting.size() && n < room; i++) {
-        QueuedPart &p = q.waiting[i];
-        if (i > 0 && !p.part.op->try_start()) {  // cancelled: skipped, and dropped once posted
-            p.dropped = true;
-            continue;
-        }
+        const QueuedPart &p = q.waiting[i];
+        if (i > 0 && !p.part.op->try_start()) continue;  // cancelled: post_ready drops it
         size_t run = p.run;
         uint64_t off = p.off;
         const uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(room - n, p.wrs_left));
@@ -360,6 +358,8 @@ uint32_t VerbsPeer::build_chain(Qp &q, uint32_t room) {
         }
         if (take < p.wrs_left) {
             stopped = true;
+            c.run = run;
+            c.off = off;
             break;
         }
     }
@@ -374,7 +374,7 @@ uint32_t VerbsPeer::build_chain(Qp &q, uint32_t room) {
         q.tail_bytes = 0;
         q.since_signal = 0;
     }
-    return n;
+    return c;
 }
 
 // Posts waiting WRs while the send queue has room, as few chains as the
@@ -389,7 +389,8 @@ void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
             continue;
         }
         const size_t marks_before = q.marks.size();
-        const uint32_t n = build_chain(q, depth - q.used);
+        const Chain c = build_chain(q, depth - q.used);
+        const uint32_t n = c.n;
         ibv_send_wr *bad = nullptr;
         if (int rc = ibv_post_send(q.qp, wr_buf_.data(), &bad)) {
             // Whatever was posted before bad flushes with the QP; track none of it.
@@ -402,27 +403,22 @@ void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
         }
         q.used += n;
         q.waiting_wrs -= n;
-        // Advance the queue over what the chain took.
+        // Advance the queue over what the chain took: whole parts, the
+        // cancelled ones it skipped (try_start() says false for those alone),
+        // and where it ended inside a part.
         for (uint32_t left = n; left > 0;) {
             QueuedPart &p = q.waiting.front();
-            if (p.dropped) {
+            if (!p.part.op->try_start()) {
                 q.waiting_wrs -= p.wrs_left;
                 q.waiting.pop_front();
-                continue;
-            }
-            if (left >= p.wrs_left) {
+            } else if (left >= p.wrs_left) {
                 left -= static_cast<uint32_t>(p.wrs_left);
                 q.waiting.pop_front();
-                continue;
-            }
-            for (; left > 0; left--) {  // the chain ended inside this part
-                const uint64_t len = std::min(p.part.runs[p.run].len - p.off, dev_->max_msg);
-                p.off += len;
-                if (p.off == p.part.runs[p.run].len) {
-                    p.run++;
-                    p.off = 0;
-                }
-                p.wrs_left--;
+            } else {
+                p.run = c.run;
+                p.off = c.off;
+                p.wrs_left -= left;
+                left = 0;
             }
         }
     }
