@@ -100,6 +100,11 @@ struct CmIdDeleter {
     void operator()(rdma_cm_id *id) const { destroy_cm_id(id); }
 };
 using CmId = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
+// A QP of ours not yet handed to its cm_id.
+struct QpDeleter {
+    void operator()(ibv_qp *qp) const { ibv_destroy_qp(qp); }
+};
+using OwnedQp = std::unique_ptr<ibv_qp, QpDeleter>;
 
 // A CM event, copied out of the channel and acknowledged.
 struct CmEvent {
@@ -201,6 +206,7 @@ private:
     handshake::Challenge challenge_in(const CmEvent &e, const char *what) const;
     [[noreturn]] void connect_failed(const CmEvent &e, const char *what) const;
     void adopt(CmId id, size_t index);
+    void move_qp(rdma_cm_id *id, ibv_qp *qp, ibv_qp_state st) const;
     // data path (mu_ held)
     std::vector<size_t> least_loaded() const;
     uint64_t wrs_for(const Runs &runs) const;
@@ -213,6 +219,7 @@ private:
     void fail_all_waiting(int status, CompletionBatch &out);
     void fail_inflight(Qp &q, int status, CompletionBatch &out);
     void kill_qp(Qp &q, int status, CompletionBatch &out);
+    void break_peer(int status, CompletionBatch &out);
     void set_broken(int status);
     void to_error(Qp &q);
     void deliver(std::unique_lock<std::mutex> &lk, CompletionBatch &out);

@@ -202,15 +202,24 @@ handshake::Challenge VerbsPeer::hello(const Dial &d) {
 // AUTH answering *ch on a cm_id with its QP. true: accepted, the QP is ours;
 // false: the target challenged again, *ch is the new challenge (or the
 // target's CM took the request for a stale connection, *ch unchanged).
+//
+// The QP is ours, not rdma_create_qp's: rdma_cm would move that one to RTR
+// with remote write access when the REP arrives, before we verified who sent
+// it, and whoever accepted could write into our region until we took the
+// access away. Ours goes through INIT, RTR and RTS with rdma_cm's attributes
+// but no remote access, and reaches RTR only after the accept's proof
+// verified (CONNECT_RESPONSE, then rdma_establish sends the RTU).
 bool VerbsPeer::authenticate(const Dial &d, handshake::Challenge *ch) {
     CmId id = resolve(d);
     ibv_qp_init_attr qa = rc_qp_attr(cq_, cfg_.sq_depth + 1);  // +1: shutdown's drain marker
-    if (rdma_create_qp(id.get(), dev_->pd, &qa) != 0)
-        fail(KVX_EBACKEND, "%s: rdma_create_qp (send queue %u): %s", where_.c_str(), cfg_.sq_depth + 1,
-             strerror(errno));
+    OwnedQp qp(ibv_create_qp(dev_->pd, &qa));
+    if (!qp)
+        fail(KVX_EBACKEND, "%s: ibv_create_qp (send queue %u): %s", where_.c_str(), cfg_.sq_depth + 1, strerror(errno));
+    move_qp(id.get(), qp.get(), IBV_QPS_INIT);
     handshake::Auth a = handshake::answer(*ch, d.meta.instance_id, d.meta.secret, d.ours);
     handshake::Bytes b;
     rdma_conn_param cp = conn_param(b.data(), handshake::encode(a, b.data()));
+    cp.qp_num = qp->qp_num;
     if (rdma_connect(id.get(), &cp) != 0) fail(KVX_EBACKEND, "%s: rdma_connect: %s", where_.c_str(), strerror(errno));
     CmEvent e = wait_cm(id.get(), d, "AUTH");
     if (stale_reject(e)) return false;  // *ch is still good: again, with a new QP
@@ -218,18 +227,42 @@ bool VerbsPeer::authenticate(const Dial &d, handshake::Challenge *ch) {
         *ch = challenge_in(e, "AUTH");  // returns only for a new challenge
         return false;
     }
-    if (e.type != RDMA_CM_EVENT_ESTABLISHED) connect_failed(e, "connect");
+    if (e.type != RDMA_CM_EVENT_CONNECT_RESPONSE) connect_failed(e, "connect");
+    // Throws on a bad proof; destroying the id then rejects the REP.
     handshake::expect_accept(e.pdata.data(), e.pdata.size(), *ch, a, d.meta.secret, where_.c_str());
+    move_qp(id.get(), qp.get(), IBV_QPS_RTR);
+    move_qp(id.get(), qp.get(), IBV_QPS_RTS);
+    ibv_qp_attr at{};
+    ibv_qp_init_attr ia{};
+    if (ibv_query_qp(qp.get(), &at, IBV_QP_ACCESS_FLAGS, &ia) != 0)
+        fail(KVX_EBACKEND, "%s: ibv_query_qp: %s", where_.c_str(), strerror(errno));
+    constexpr unsigned kRemote = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    if (at.qp_access_flags & kRemote)
+        fail(KVX_EBACKEND, "%s: the outbound QP has remote access (0x%x) after RTS; not taken", where_.c_str(),
+             at.qp_access_flags);
+    if (rdma_establish(id.get()) != 0)
+        fail(KVX_EBACKEND, "%s: rdma_establish: %s", where_.c_str(), strerror(errno));
+    id->qp = qp.release();  // the cm_id owns it from here (CmIdDeleter: rdma_destroy_qp)
     adopt(std::move(id), d.index);
     return true;
 }
 
-void VerbsPeer::adopt(CmId id, size_t index) {
-    // rdma_cm granted our QP remote write access too; nobody may use it.
+// qp to state st with the attributes rdma_cm has for id, and no remote access:
+// only our writes go out through it, nothing comes in.
+void VerbsPeer::move_qp(rdma_cm_id *id, ibv_qp *qp, ibv_qp_state st) const {
     ibv_qp_attr at{};
+    int mask = 0;
+    at.qp_state = st;
+    if (rdma_init_qp_attr(id, &at, &mask) != 0)
+        fail(KVX_EBACKEND, "%s: rdma_init_qp_attr (QP state %d): %s", where_.c_str(), static_cast<int>(st),
+             strerror(errno));
     at.qp_access_flags = 0;
-    if (ibv_modify_qp(id->qp, &at, IBV_QP_ACCESS_FLAGS) != 0)
-        KVX_LOG(debug, "verbs: cannot drop remote access of an outbound QP: %s", strerror(errno));
+    if (ibv_modify_qp(qp, &at, mask) != 0)
+        fail(KVX_EBACKEND, "%s: QP %u to state %d: %s", where_.c_str(), qp->qp_num, static_cast<int>(st),
+             strerror(errno));
+}
+
+void VerbsPeer::adopt(CmId id, size_t index) {
     Qp q;
     q.qp = id->qp;
     q.id = std::move(id);
@@ -301,9 +334,12 @@ bool VerbsPeer::should_wait(const Qp &q) const {
 // Fills wr_buf_/sge_buf_ with up to room WRs of the waiting parts, front
 // first, as one chain, and pushes their marks. A WR is signalled when
 // signal_every WRs passed since the last signalled one (slots keep coming
-// back), and the chain's last WR when it takes everything that waited
-// (nothing is left for a later chain to complete). A part that ends inside
-// the chain leaves an unsignalled mark: the next signalled WR completes it.
+// back), and the chain's last WR whenever it ends where a part ends: what
+// waits behind it may be cancelled before a later chain goes out, and then
+// no later WR would complete that part. A part that ends inside the chain
+// leaves an unsignalled mark: the next signalled WR completes it. A chain
+// that ends inside a part needs no signal there: the rest of that part has
+// started, cannot be cancelled, and goes out later with its own.
 // Skips cancelled parts. Commits nothing but the marks and counters:
 // post_ready advances the queue once the post succeeded.
 VerbsPeer::Chain VerbsPeer::build_chain(Qp &q, uint32_t room) {
@@ -363,9 +399,9 @@ VerbsPeer::Chain VerbsPeer::build_chain(Qp &q, uint32_t room) {
             break;
         }
     }
-    // Everything that waited is in this chain: its last WR, where the last
-    // part ends (its mark is the last one), is signalled.
-    if (!stopped && n > 0 && i == q.waiting.size() && !(wr_buf_[n - 1].send_flags & IBV_SEND_SIGNALED)) {
+    // The chain ends where a part ends (its mark is the last one): signalled,
+    // whether or not more waits (room ran out right there).
+    if (!stopped && n > 0 && !(wr_buf_[n - 1].send_flags & IBV_SEND_SIGNALED)) {
         Mark &mk = q.marks.back();
         mk.signalled = true;
         wr_buf_[n - 1].send_flags = IBV_SEND_SIGNALED;
@@ -396,9 +432,7 @@ void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
             // Whatever was posted before bad flushes with the QP; track none of it.
             q.marks.erase(q.marks.begin() + static_cast<std::ptrdiff_t>(marks_before), q.marks.end());
             KVX_LOG(warn, "verbs: %s: ibv_post_send of %u WRs: %s", where_.c_str(), n, strerror(rc));
-            set_broken(KVX_ECONNRESET);
-            kill_qp(q, break_status_, out);
-            fail_all_waiting(break_status_, out);
+            break_peer(KVX_ECONNRESET, out);
             return;
         }
         q.used += n;
@@ -509,13 +543,20 @@ void VerbsPeer::handle_wc(const ibv_wc &wc, CompletionBatch &out) {
         complete_marks(*q, wc.wr_id, out);
         return;
     }
-    // The first error fails this QP's transfers from the oldest unfinished
-    // on; the rest of its queue flushes. Other QPs finish what they posted.
+    // The first error breaks the peer: every QP to ERR, then everything in
+    // flight or queued fails (a transfer split over QPs must not keep
+    // landing from another QP after it was reported failed).
     if (!q->dead && !broken_)
         KVX_LOG(warn, "verbs: %s: %s (vendor error 0x%x) on QP %u; the peer is broken until re-added",
                 where_.c_str(), ibv_wc_status_str(wc.status), wc.vendor_err, wc.qp_num);
-    set_broken(KVX_ECONNRESET);
-    kill_qp(*q, break_status_, out);
+    break_peer(KVX_ECONNRESET, out);
+}
+
+// Every QP to ERR (the NIC starts nothing more of ours), then every transfer
+// in flight or queued fails with the peer's break status. mu_ held.
+void VerbsPeer::break_peer(int status, CompletionBatch &out) {
+    set_broken(status);
+    for (Qp &q : qps_) kill_qp(q, break_status_, out);
     fail_all_waiting(break_status_, out);
 }
 
@@ -551,9 +592,7 @@ bool VerbsPeer::poll_cq(CompletionBatch &out) {
     int n = ibv_poll_cq(cq_, kCqPollBatch, wc);
     if (n < 0) {
         KVX_LOG(error, "verbs: %s: ibv_poll_cq failed", where_.c_str());
-        set_broken(KVX_EBACKEND);
-        for (Qp &q : qps_) kill_qp(q, break_status_, out);
-        fail_all_waiting(break_status_, out);
+        break_peer(KVX_EBACKEND, out);
         return false;
     }
     for (int i = 0; i < n; i++) handle_wc(wc[i], out);
@@ -570,10 +609,13 @@ void VerbsPeer::on_cm_event() {
         if (stopping_) continue;
         if (!broken_) KVX_LOG(warn, "verbs: %s: connection lost (%s)", where_.c_str(), rdma_event_str(ev.type));
         set_broken(KVX_ECONNRESET);
-        // Not yet posted: fail now. Posted: ERR flushes them through the CQ,
-        // after the completions of whatever did finish.
-        fail_all_waiting(break_status_, out);
-        for (Qp &q : qps_) to_error(q);
+        // What finished before the disconnect is in the CQ: reported done
+        // first (broken, so nothing more is posted). Then every QP to ERR
+        // and the rest fails now rather than through flushed completions:
+        // a part whose last WR was unsignalled and already executed flushes
+        // nothing that would end it.
+        for (bool more = true; more;) more = poll_cq(out);
+        break_peer(KVX_ECONNRESET, out);
         deliver(lk, out);
     }
 }
