@@ -137,6 +137,13 @@ void vt_meta_add_mr_addr(metablob *m, int64_t delta) {
     vt_meta_fix_checksum(m);
 }
 
+void vt_meta_mr(const metablob *m, uint64_t *addr, uint32_t *rkey) {
+    size_t v = vt_meta_verbs_off(m);
+    assert_true(v != 0);
+    *addr = rd(m->bytes + v + 20, 8);
+    *rkey = (uint32_t)rd(m->bytes + v + 36, 4);
+}
+
 uint64_t vt_meta_instance(const metablob *m) { return rd(m->bytes + OFF_INSTANCE, 8); }
 
 const uint8_t *vt_meta_secret(const metablob *m) { return m->bytes + OFF_SECRET; }

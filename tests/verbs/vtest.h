@@ -41,6 +41,8 @@ void vt_meta_add_mr_addr(metablob *m, int64_t delta);
 uint64_t vt_meta_instance(const metablob *m);
 const uint8_t *vt_meta_secret(const metablob *m);
 void vt_meta_endpoint(const metablob *m, uint8_t ip[4], uint16_t *port);
+/* The region's MR as the metadata offers it to writers: address and rkey. */
+void vt_meta_mr(const metablob *m, uint64_t *addr, uint32_t *rkey);
 
 /* Polls for a while and fails the test if anything at all surfaces. */
 void vt_expect_silence(kvx_transport *t, int ms);
