@@ -11,6 +11,7 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <list>
 #include <memory>
@@ -93,6 +94,7 @@ private:
     void land_from(const uint8_t *src, size_t n, const iovec *iov);
     size_t ahead() const { return ahead_len_ - ahead_at_; }
     bool flush();
+    void compact_out();
     void update_interest();
 
     TcpServer &server_;
@@ -290,6 +292,8 @@ private:
     std::atomic<bool> broken_{false};
     std::atomic<int> break_status_{0};
     std::once_flag shutdown_once_;
+    int aborting_ = 0;  // abort() calls under way, under mu_; shutdown() waits for them
+    std::condition_variable aborted_;
 };
 
 // Opens and authenticates the streams to a peer; throws Error.

@@ -131,6 +131,11 @@ TcpConn::Next TcpConn::read_turn() {
         }
         if (n != Next::more || (out_.size() - out_at_ >= kMaxUnsent && ahead() == 0)) return n;
     }
+    // The turn ends with the socket maybe not drained. Mid-payload, the mark
+    // must not ask for more than the frame still brings: one left from an
+    // earlier, larger rest (drained()) would never be reached, the rest of
+    // the frame would sit in the socket, and its ack with it.
+    if (state_ == State::payload) wake_at(payload_left_);
     return Next::wait;
 }
 
@@ -184,6 +189,14 @@ TcpConn::Next TcpConn::answer() {
 
 // false: the transport holds tcp.max_connections already; close without an ACCEPT.
 bool TcpConn::on_authenticated(const handshake::Auth &a, const handshake::Accept &acc) {
+    // Keys first: what may throw (OpenSSL) does so while the connection still
+    // counts as handshaking, so a refusal leaves the server's books right.
+    if (acc.flags & handshake::kFlagTcpAead) {
+        handshake::Keys k = handshake::derive_keys(ctx_.identity.secret, challenge_, a, acc);
+        rx_ = std::make_unique<Aead>(k.to_target, false);
+        tx_ = std::make_unique<Aead>(k.to_initiator, true);
+        plain_.resize(kMaxHead);
+    }
     if (!server_.authenticated(*this)) {
         KVX_LOG(warn, "tcp: closing an authenticated connection: tcp.max_connections are open");
         return false;
@@ -193,12 +206,6 @@ bool TcpConn::on_authenticated(const handshake::Auth &a, const handshake::Accept
     net::set_nodelay(fd_.get());
     const int on = 1;  // receive timestamps: how long payload waited (read_payload)
     ::setsockopt(fd_.get(), SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on);
-    if (acc.flags & handshake::kFlagTcpAead) {
-        handshake::Keys k = handshake::derive_keys(ctx_.identity.secret, challenge_, a, acc);
-        rx_ = std::make_unique<Aead>(k.to_target, false);
-        tx_ = std::make_unique<Aead>(k.to_initiator, true);
-        plain_.resize(kMaxHead);
-    }
     need_ = rx_ ? kSealedHeadLen : kHeadLen;
     head_.resize(need_);
     have_ = 0;
@@ -490,12 +497,21 @@ bool TcpConn::flush() {
     while (out_at_ < out_.size()) {
         ssize_t r = ::send(fd_.get(), out_.data() + out_at_, out_.size() - out_at_, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r > 0) out_at_ += static_cast<size_t>(r);
-        else if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        else if (errno == EAGAIN || errno == EWOULDBLOCK) return compact_out(), true;
         else if (errno != EINTR) return false;
     }
     out_.clear();
     out_at_ = 0;
     return true;
+}
+
+// What the socket took leaves the buffer once it is half of it: a peer that
+// reads its acks slowly but steadily never lets the buffer drain, and
+// kMaxUnsent bounds only the unsent part.
+void TcpConn::compact_out() {
+    if (out_at_ == 0 || out_at_ * 2 < out_.size()) return;
+    out_.erase(out_.begin(), out_.begin() + static_cast<std::ptrdiff_t>(out_at_));
+    out_at_ = 0;
 }
 
 // Read unless refused or the peer does not take its acks; wait to write

@@ -341,11 +341,17 @@ void TcpPeer::fail_now(int status) {
 }
 
 void TcpPeer::abort(int status) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        aborting_++;
+    }
     CompletionBatch victims;
     uint32_t us = 0;
     loop_->call([&] { us = fail_on_loop(status, victims); });
     settle(us);
     victims.deliver(*sink_);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (--aborting_ == 0) aborted_.notify_all();
 }
 
 void TcpPeer::shutdown() {
@@ -360,6 +366,10 @@ void TcpPeer::shutdown() {
         loop_->call([&] { us = fail_on_loop(KVX_ECONNRESET, victims); });  // resets and closes every stream
         settle(us);
         victims.deliver(*sink_);
+        // An abort (the stall watchdog) may have taken the victims first and
+        // be settling still: the sink hears nothing of this peer after we return.
+        std::unique_lock<std::mutex> lk(mu_);
+        aborted_.wait(lk, [&] { return aborting_ == 0; });
     });
 }
 
