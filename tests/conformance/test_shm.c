@@ -322,6 +322,83 @@ static void test_dev_shm_file_and_truncation(void **state) {
     region_free(&ra);
 }
 
+/* A SIGBUS that is not the writer's copy faulting in a peer's mapping goes
+ * where it went before kvxfer installed its guard. The child sets SIGBUS to
+ * the default through a struct with SA_SIGINFO (a common way to reset a
+ * handler), makes a mapped transfer (which installs the guard), then either
+ * touches a truncated file of its own (how == 0) or writes from a local
+ * region whose file it truncated (how == 1: the fault is in the source, not
+ * the peer's mapping). Either way it must die of SIGBUS: not hang on the
+ * faulting instruction, not report a broken peer and live on. */
+static void sigbus_child(int how) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sa.sa_flags = SA_SIGINFO;
+    if (sigaction(SIGBUS, &sa, NULL) != 0) _exit(10);
+    char pb[64], pl[64];
+    snprintf(pb, sizeof pb, "/dev/shm/kvxfer-test-bus-b-%d", (int)getpid());
+    snprintf(pl, sizeof pl, "/dev/shm/kvxfer-test-bus-l-%d", (int)getpid());
+    int fb = open(pb, O_RDWR | O_CREAT | O_EXCL, 0600), fl = open(pl, O_RDWR | O_CREAT | O_EXCL, 0600);
+    unlink(pb);
+    unlink(pl);
+    if (fb < 0 || fl < 0) _exit(11);
+    const size_t len = NB * BL;
+    if (ftruncate(fb, (off_t)len) != 0 || ftruncate(fl, (off_t)len) != 0) _exit(12);
+    uint8_t *tb = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fb, 0);
+    uint8_t *la = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fl, 0);
+    if (tb == MAP_FAILED || la == MAP_FAILED) _exit(13);
+    kvx_transport *a = NULL, *b = NULL;
+    if (kvx_transport_create(&a, la, NB, BL, NULL, opts("shm", NULL)) != 0 ||
+        kvx_transport_create(&b, tb, NB, BL, NULL, opts("shm", NULL)) != 0)
+        _exit(14);
+    metablob m;
+    get_meta(b, &m);
+    if (kvx_add_remote_peer(a, "b", m.bytes, m.len, m.base, m.nb, m.bl) != 0) _exit(15);
+    const char *bk = "", *path = "";
+    if (kvx_peer_backend(&bk, &path, a, "b") != 0 || strcmp(path, "mapped") != 0) _exit(16);
+    uint64_t l[] = {1}, r[] = {2}, id;
+    size_t nf = 9;
+    if (kvx_write_blocks(&id, a, "b", l, r, 1) != 0 || wait_ids(a, "b", &id, 1, 20000, &nf, NULL) != 1 || nf != 0)
+        _exit(17);  /* the guard is in place now */
+    if (how == 0) {
+        char pc[64];
+        snprintf(pc, sizeof pc, "/dev/shm/kvxfer-test-bus-c-%d", (int)getpid());
+        int fc = open(pc, O_RDWR | O_CREAT | O_EXCL, 0600);
+        unlink(pc);
+        if (fc < 0 || ftruncate(fc, 4096) != 0) _exit(18);
+        volatile uint8_t *c = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fc, 0);
+        if (c == MAP_FAILED || ftruncate(fc, 0) != 0) _exit(19);
+        c[0] = 1; /* SIGBUS: past the end of the file */
+        _exit(20);
+    }
+    if (ftruncate(fl, 0) != 0) _exit(21); /* our own source region loses its pages */
+    if (kvx_write_blocks(&id, a, "b", l, r, 1) != 0) _exit(22);
+    wait_ids(a, "b", &id, 1, 5000, &nf, NULL);
+    _exit(23); /* the fault was taken for the peer's */
+}
+
+static void test_foreign_sigbus(void **state) {
+    (void)state;
+    if (access("/dev/shm", W_OK) != 0) skip();
+    for (int how = 0; how < 2; how++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) sigbus_child(how);
+        int st = 0;
+        pid_t w = 0;
+        for (int i = 0; i < 300 && (w = waitpid(pid, &st, WNOHANG)) == 0; i++) usleep(50000);
+        if (w == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            fail_msg("case %d: the child hung on its SIGBUS (still alive after 15 s)", how);
+        }
+        if (WIFEXITED(st)) fail_msg("case %d: the child exited with %d instead of dying of SIGBUS", how, WEXITSTATUS(st));
+        assert_true(WIFSIGNALED(st));
+        assert_int_equal(WTERMSIG(st), SIGBUS);
+    }
+}
+
 /* The application's own memfd (Python's mmap of one, say): found through
  * the read-write descriptor the process holds, with no option; once that
  * descriptor is closed the region is private memory as far as kvxfer can
@@ -600,6 +677,7 @@ int main(void) {
         cmocka_unit_test(test_mapped_threads),
         cmocka_unit_test(test_private_threads),
         cmocka_unit_test(test_dev_shm_file_and_truncation),
+        cmocka_unit_test(test_foreign_sigbus),
         cmocka_unit_test(test_app_memfd),
         cmocka_unit_test(test_huge_pages),
         cmocka_unit_test(test_staged_ring),

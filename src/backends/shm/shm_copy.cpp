@@ -21,26 +21,36 @@ namespace {
 
 constexpr uint64_t kChunk = 8u << 20;  // a halt is seen at least this often while copying
 
-// Set only while a copy thread copies into a peer's mapping. initial-exec:
-// the signal handler must not allocate thread storage.
+// Set only while a copy thread copies into a peer's mapping, with the range
+// of that mapping. initial-exec: the signal handler must not allocate
+// thread storage.
 __attribute__((tls_model("initial-exec"))) thread_local sigjmp_buf *t_guard = nullptr;
+__attribute__((tls_model("initial-exec"))) thread_local uintptr_t t_guard_lo = 0, t_guard_hi = 0;
 struct sigaction g_prev_sigbus;
 
+// Ours: a fault (not a signal someone sent) at an address of the mapping
+// this thread is copying into. Anything else (a fault in the source region,
+// kill -BUS) goes where it went before us.
 void on_sigbus(int sig, siginfo_t *si, void *uc) {
-    if (sigjmp_buf *jb = t_guard) {
-        t_guard = nullptr;
-        siglongjmp(*jb, 1);
+    const bool sent = !si || si->si_code <= 0;  // SI_USER, SI_QUEUE, SI_TKILL...
+    if (sigjmp_buf *jb = t_guard; jb && !sent) {
+        const auto a = reinterpret_cast<uintptr_t>(si->si_addr);
+        if (a >= t_guard_lo && a < t_guard_hi) {
+            t_guard = nullptr;
+            siglongjmp(*jb, 1);
+        }
     }
-    // Not ours: whoever handled SIGBUS before us does, or the default kills.
-    if (g_prev_sigbus.sa_flags & SA_SIGINFO) {
-        if (g_prev_sigbus.sa_sigaction) g_prev_sigbus.sa_sigaction(sig, si, uc);
-        return;
+    // sa_handler and sa_sigaction share storage: SIG_DFL/SIG_IGN are seen
+    // the same with or without SA_SIGINFO.
+    const struct sigaction &p = g_prev_sigbus;
+    if (p.sa_handler == SIG_IGN && sent) return;  // ignored, as before us
+    if (p.sa_handler == SIG_DFL || p.sa_handler == SIG_IGN) {
+        signal(SIGBUS, SIG_DFL);
+        if (sent) raise(SIGBUS);  // the default action now (SA_NODEFER: not blocked here)
+        return;                   // a fault repeats on return and kills, as without us
     }
-    if (g_prev_sigbus.sa_handler != SIG_DFL && g_prev_sigbus.sa_handler != SIG_IGN) {
-        g_prev_sigbus.sa_handler(sig);
-        return;
-    }
-    signal(SIGBUS, SIG_DFL);  // the fault repeats on return and kills, as without us
+    if (p.sa_flags & SA_SIGINFO) p.sa_sigaction(sig, si, uc);
+    else p.sa_handler(sig);
 }
 
 // The runs of p into the mapping: 0, 1 when halted, -1 on a fault.
@@ -53,6 +63,8 @@ int copy_mapped(Link &l, const Part &p) {
         pthread_sigmask(SIG_UNBLOCK, &s, nullptr);  // the handler left it blocked
         return -1;
     }
+    t_guard_lo = reinterpret_cast<uintptr_t>(l.map_base);
+    t_guard_hi = t_guard_lo + l.map_len;
     t_guard = &jb;
     for (const Run &r : p.runs) {
         for (uint64_t done = 0; done < r.len; done += kChunk) {
