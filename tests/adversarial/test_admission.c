@@ -13,7 +13,8 @@
  *     never lands a byte (canaries in every block);
  *   - tcp.max_connections bounds the authenticated connections;
  *   - the accept loop of a target out of descriptors (EMFILE) uses <= 5 % of
- *     a core, and accepts again once descriptors are free.
+ *     a core, and accepts again once descriptors are free; the shm backend's
+ *     listener too.
  * tcp only (exits 77 for another KVX_TEST_BACKEND). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -28,7 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <stddef.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -547,6 +550,88 @@ static void test_emfile(void **state) {
     region_free(&r);
 }
 
+/* The same for the shm listener (an abstract unix socket): the child serves
+ * shm only; its listening socket is found in /proc/net/unix by an inode the
+ * child holds. */
+static int child_holds_inode(pid_t pid, unsigned long inode) {
+    char want[64], dpath[64], path[400], link[128];
+    snprintf(want, sizeof want, "socket:[%lu]", inode);
+    snprintf(dpath, sizeof dpath, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dpath);
+    struct dirent *e;
+    int found = 0;
+    while (d && (e = readdir(d))) {
+        snprintf(path, sizeof path, "%s/%s", dpath, e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n > 0) {
+            link[n] = 0;
+            found |= strcmp(link, want) == 0;
+        }
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+static void shm_listener_name(pid_t pid, char *name, size_t cap) {
+    FILE *f = fopen("/proc/net/unix", "r");
+    assert_non_null(f);
+    char line[512];
+    name[0] = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned flags, type, st;
+        unsigned long inode;
+        char p[256];
+        if (sscanf(line, "%*s %*x %*x %x %x %x %lu %255s", &flags, &type, &st, &inode, p) != 5) continue;
+        if (type == SOCK_SEQPACKET && (flags & 0x10000) && p[0] == '@' && child_holds_inode(pid, inode))
+            snprintf(name, cap, "%.*s", (int)(cap - 1), p + 1);
+    }
+    fclose(f);
+    assert_true(name[0] != 0);
+}
+
+static int open_unix_idle(const char *name) {
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0); /* a full backlog: EAGAIN, not a wait */
+    assert_true(fd >= 0);
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    memcpy(a.sun_path + 1, name, strlen(name));
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name));
+    if (connect(fd, (struct sockaddr *)&a, len) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void test_shm_emfile(void **state) {
+    (void)state;
+    static const char *const opts[] = {"backend=shm", NULL};
+    child_target c;
+    child_start_opts(&c, NB, BL, NULL, opts, NOFILE);
+    char name[256];
+    shm_listener_name(c.pid, name, sizeof name);
+    static int fds[OVER];
+    int opened = 0;
+    for (int i = 0; i < OVER; i++) opened += (fds[i] = open_unix_idle(name)) >= 0;
+    usleep(1000000);
+    long hz = sysconf(_SC_CLK_TCK);
+    long t0 = cpu_ticks(c.pid);
+    uint64_t w0 = now_ms();
+    usleep(4000000);
+    long ticks = cpu_ticks(c.pid) - t0;
+    uint64_t wall = now_ms() - w0;
+    double share = (double)ticks / (double)hz * 1000.0 / (double)wall;
+    print_message("shm EMFILE: %d idle connections to @%s (the child may hold %d descriptors); its CPU over %llu ms: "
+                  "%ld ticks = %.1f %% of a core\n",
+                  opened, name, NOFILE, (unsigned long long)wall, ticks, share * 100);
+    assert_true(opened > NOFILE); /* more than it can accept: it ran out */
+    assert_true(share <= 0.05);
+    for (int i = 0; i < OVER; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    assert_int_equal(child_stop(&c), 0);
+}
+
 static int setup(void **state) {
     (void)state;
     if (strcmp(test_backend(), "tcp") != 0) {
@@ -562,6 +647,7 @@ int main(void) {
         cmocka_unit_test(test_idle_flood),      cmocka_unit_test(test_per_source_cap),
         cmocka_unit_test(test_crowd),           cmocka_unit_test(test_garbage_flood),
         cmocka_unit_test(test_max_connections), cmocka_unit_test(test_emfile),
+        cmocka_unit_test(test_shm_emfile),
     };
     return cmocka_run_group_tests_name("adversarial_admission", tests, setup, NULL);
 }

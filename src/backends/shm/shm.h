@@ -99,9 +99,11 @@ private:
     struct Listener final : EventLoop::Source {
         explicit Listener(ShmServer &s) : server(s) {}
         void on_event(int, uint32_t) override { server.accept_all(); }
+        void on_timer(int) override { server.resume_accepting(); }
         ShmServer &server;
     };
     void accept_all();
+    void resume_accepting();
 
     BackendContext ctx_;
     SectionInfo info_;
@@ -111,6 +113,7 @@ private:
     net::Fd listen_fd_;
     Listener listener_{*this};
     uint64_t listen_tok_ = 0;
+    uint64_t resume_timer_ = 0;  // accepting paused: out of descriptors (the loop thread's)
     std::unordered_map<ShmConn *, std::unique_ptr<ShmConn>> conns_;  // the loop thread's
     std::mutex mu_;
     std::condition_variable cv_;

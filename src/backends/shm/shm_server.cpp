@@ -26,6 +26,7 @@ namespace {
 constexpr auto kHandshakeTimeout = std::chrono::milliseconds(1000);
 constexpr size_t kMaxConnections = 1024;
 constexpr auto kRevokeWait = std::chrono::milliseconds(2000);
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);  // after running out of descriptors
 constexpr uint32_t kRingSlots = 8, kRingSlotLen = 1u << 20;  // a staged writer's ring: 8 MiB
 
 // The one place a staged writer's bytes reach the region (named in
@@ -278,13 +279,29 @@ ShmServer::~ShmServer() { shutdown(); }
 void ShmServer::accept_all() {
     for (;;) {
         net::Fd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-        if (!fd) return;  // EAGAIN, or out of descriptors: the next event retries
+        if (!fd) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                // The level-triggered listener would wake the loop without end
+                // while no descriptor is free: stop listening for a while.
+                KVX_LOG(warn, "shm: cannot accept: %s; pausing for %lld ms", strerror(errno),
+                        static_cast<long long>(kAcceptPause.count()));
+                ctx_.loop->modify(listen_tok_, 0);
+                resume_timer_ = ctx_.loop->add_timer(Clock::now() + kAcceptPause, &listener_, 0);
+            }
+            return;  // EAGAIN: none left
+        }
         if (conns_.size() >= kMaxConnections) continue;  // closed: the writer's connect fails
         auto c = std::make_unique<ShmConn>(*this, std::move(fd));
         ShmConn *p = c.get();
         conns_.emplace(p, std::move(c));
         if (!p->start(Clock::now() + kHandshakeTimeout)) close(*p);
     }
+}
+
+void ShmServer::resume_accepting() {
+    resume_timer_ = 0;
+    ctx_.loop->modify(listen_tok_, EPOLLIN);
 }
 
 void ShmServer::close(ShmConn &c) {
@@ -310,6 +327,8 @@ void ShmServer::shutdown() {
     size_t asked = 0;
     ctx_.loop->call([&] {
         ctx_.loop->detach(listen_tok_);
+        ctx_.loop->cancel_timer(resume_timer_);
+        resume_timer_ = 0;
         std::vector<ShmConn *> idle;
         for (auto &[p, c] : conns_) {
             if (p->revoke()) asked++;
