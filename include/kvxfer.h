@@ -365,7 +365,9 @@ KVX_API int kvx_get_agent_metadata(size_t *out_len, kvx_transport *t, void *buf,
  *         (metadata); KVX_EGEOMETRY; KVX_EFINGERPRINT; KVX_ENOTSUP (no backend
  *         in common, or the peer's tcp.protection differs from ours: one side
  *         requires AEAD, the other offers none); KVX_ECONNREFUSED /
- *         KVX_ETIMEDOUT / KVX_EHOSTUNREACH / KVX_EAUTH (connection); KVX_ECLOSED.
+ *         KVX_ETIMEDOUT / KVX_EHOSTUNREACH / KVX_EAUTH / KVX_ECONNRESET (the
+ *         peer closed the connection during the handshake) (connection);
+ *         KVX_ECLOSED.
  * Blocks the calling thread up to connect_timeout_ms; other calls proceed.
  * kvx_add_remote_peer_async() is the non-blocking form, and the one that can
  * replace a registered peer (KVX_PEER_REPLACE).

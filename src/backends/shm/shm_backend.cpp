@@ -59,7 +59,18 @@ bool probe(const Options &, std::string *why) {
     return true;
 }
 
-std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) { return std::make_unique<ShmBackend>(ctx); }
+// A listener that cannot be set up (out of descriptors, say) makes shm not
+// usable here: with backend=auto the transport serves on the others (logged),
+// with shm named the create fails with KVX_ENOTSUP and this reason.
+std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *why) {
+    try {
+        return std::make_unique<ShmBackend>(ctx);
+    } catch (const Error &e) {
+        if (e.code() == KVX_ECLOSED || e.code() == KVX_ENOMEM) throw;
+        *why = e.what();
+        return nullptr;
+    }
+}
 
 void check_section(const wire::Section &s, const wire::AgentMetadata &) { decode_section(s); }
 

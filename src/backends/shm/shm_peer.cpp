@@ -90,7 +90,7 @@ void map_region(Link &l, int fd, const CtlMsg &g, const std::string &where) {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) fail(KVX_EAUTH, "%s: the granted descriptor is not a file", where.c_str());
     if (g.offset > UINT64_MAX - g.size || static_cast<uint64_t>(st.st_size) < g.offset + g.size)
-        fail(KVX_EBACKEND, "%s: the granted file has %lld bytes, the region needs %" PRIu64 " at offset %" PRIu64,
+        fail(KVX_EAUTH, "%s: the granted file has %lld bytes, the region needs %" PRIu64 " at offset %" PRIu64,
              where.c_str(), static_cast<long long>(st.st_size), g.size, g.offset);
     const uint64_t page = static_cast<uint64_t>(st.st_blksize > 0 ? st.st_blksize : sysconf(_SC_PAGESIZE));
     const uint64_t align = std::max<uint64_t>(page, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)));
