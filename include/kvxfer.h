@@ -300,7 +300,9 @@ KVX_API int kvx_transport_create(kvx_transport **out, void *base, uint64_t num_b
  * kvx_add_remote_peer() in other threads) fail with KVX_ECLOSED at once;
  * close calls their connection attempts off and waits for them to end,
  * which takes tens of milliseconds, not connect_timeout_ms (since 0.3).
- * Idempotent: a second close returns 0. Every other call afterwards returns
+ * Idempotent: a second close returns 0, and, like kvx_transport_destroy(),
+ * not before the first one finished: two threads closing at once both return
+ * only once nothing lands any more. Every other call afterwards returns
  * KVX_ECLOSED (properties, kvx_registration_status() and kvx_get_stats()
  * stay usable).
  * @return 0, KVX_EINVAL (t NULL).

@@ -163,23 +163,39 @@ void Transport::close() {
     std::map<std::string, std::shared_ptr<Peer>> peers;
     {
         std::unique_lock<std::mutex> lk(mu_);
-        if (closed_) return;
+        if (closed_) {  // another close is under way or done: return once it is done
+            close_cv_.wait(lk, [&] { return close_done_; });
+            return;
+        }
         closed_ = true;
         peers.swap(peers_);
         registrations_.cancel_all_locked(KVX_ECLOSED, "the transport was closed");
         wd_cv_.notify_all();
         ready_.close(lk);  // threads in wait() leave with KVX_ECLOSED before close goes on
     }
-    if (watchdog_.joinable()) watchdog_.join();
-    registrations_.shutdown();  // connection attempts, called off above, end within a slice
-    for (auto &[id, p] : peers) p->link->shutdown();
-    for (auto &b : backends_) b->shutdown();
-    loop_->stop();
+    // Set whatever happens below, or a later close would wait for good.
+    struct Done {
+        Transport *t;
+        ~Done() {
+            std::lock_guard<std::mutex> lk(t->mu_);
+            t->close_done_ = true;
+            t->close_cv_.notify_all();
+        }
+    } done{this};
+    shut_down(peers);
     std::lock_guard<std::mutex> lk(mu_);
     inflight_.for_each([&](const OpState &op) { count_end_locked(op, Ending::failed); });
     inflight_.clear();
     listed_.clear();
     completions_.clear();
+}
+
+void Transport::shut_down(std::map<std::string, std::shared_ptr<Peer>> &peers) {
+    if (watchdog_.joinable()) watchdog_.join();
+    registrations_.shutdown();  // connection attempts, called off above, end within a slice
+    for (auto &[id, p] : peers) p->link->shutdown();
+    for (auto &b : backends_) b->shutdown();
+    loop_->stop();
 }
 
 void Transport::add_peer(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,

@@ -33,6 +33,7 @@ public:
     Transport(const Transport &) = delete;
     Transport &operator=(const Transport &) = delete;
 
+    // Idempotent; every call returns only once the first one finished.
     void close();
     const Region &region() const { return region_; }
     const std::string &fingerprint() const { return fingerprint_; }
@@ -111,6 +112,8 @@ private:
     void poll_all_locked(uint64_t *done, size_t done_cap, size_t *nd, uint64_t *failed, size_t failed_cap,
                          size_t *nf);
     void check_open_locked() const;
+    // close(): stops the threads, links and backends (closed_ set, no lock).
+    void shut_down(std::map<std::string, std::shared_ptr<Peer>> &peers);
     void watchdog();
     // Peers stalled now (work outstanding, no progress for the timeout); sets
     // *next to when the next one could stall.
@@ -148,6 +151,11 @@ private:
     mutable std::mutex mu_;
     std::condition_variable wd_cv_;
     bool closed_ = false;
+    // The close that set closed_ has finished its shutdown: a later close
+    // (another thread's, or the destructor's) waits for it on close_cv_, so
+    // that it too returns only once nothing lands in the region any more.
+    bool close_done_ = false;
+    std::condition_variable close_cv_;
     uint64_t next_id_ = 1;
     std::map<std::string, std::shared_ptr<Peer>> peers_;
     Registrations registrations_{mu_};

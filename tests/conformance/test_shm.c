@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/sha.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -668,6 +670,83 @@ static void test_staged_when_the_kernel_refuses(void **state) {
     region_free(&rb);
 }
 
+/* Two threads close the target at once while a writer copies into its region
+ * (mapped path): each close returns 0, and only once nothing lands any more.
+ * A close that found the other one under way used to return at once, while
+ * the writer's copy threads still wrote (the review saw 610 KB change). */
+enum { CNB = 16, CBL = 1 << 20 };
+typedef struct {
+    kvx_transport *a;
+    atomic_int stop;
+} close_writer;
+typedef struct {
+    kvx_transport *b;
+    const uint8_t *region;
+    pthread_barrier_t *go;
+    int rc;
+    size_t changed; /* bytes of the region that changed after close returned */
+} closer;
+
+static void *close_write_loop(void *arg) {
+    close_writer *w = arg;
+    uint64_t l[CNB], r[CNB], id, d[256], f[256];
+    size_t nd, nf;
+    for (unsigned k = 0; !atomic_load(&w->stop); k++) {
+        for (int i = 0; i < CNB; i++) l[i] = (k & 1) * CNB + i, r[i] = i;
+        if (kvx_write_blocks(&id, w->a, "b", l, r, CNB) != 0) break; /* the target revoked us */
+        kvx_poll(&nd, &nf, w->a, NULL, d, 256, f, 256);
+    }
+    return NULL;
+}
+
+static void *close_and_watch(void *arg) {
+    closer *c = arg;
+    uint8_t *snap = malloc((size_t)CNB * CBL);
+    pthread_barrier_wait(c->go);
+    c->rc = kvx_transport_close(c->b);
+    memcpy(snap, c->region, (size_t)CNB * CBL);
+    usleep(100 * 1000);
+    for (size_t i = 0; i < (size_t)CNB * CBL; i++) c->changed += snap[i] != c->region[i];
+    free(snap);
+    return NULL;
+}
+
+static void test_concurrent_close_waits(void **state) {
+    (void)state;
+    for (int round = 0; round < 3; round++) {
+        void *mem = NULL;
+        CHECK_OK(kvx_region_alloc(&mem, (uint64_t)CNB * CBL, 0));
+        region ra = region_new(2 * CNB, CBL, 0x11);
+        memset(ra.base + (size_t)CNB * CBL, 0x22, (size_t)CNB * CBL);
+        kvx_transport *a = make(ra.base, 2 * CNB, CBL, opts("shm", NULL));
+        kvx_transport *b = make(mem, CNB, CBL, opts("shm", NULL));
+        connect_ab(a, b);
+        expect_path(a, "b", "shm", "mapped");
+        close_writer w = {.a = a};
+        pthread_t wt, ct[2];
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, 2);
+        closer c[2] = {{.b = b, .region = mem, .go = &go}, {.b = b, .region = mem, .go = &go}};
+        assert_int_equal(pthread_create(&wt, NULL, close_write_loop, &w), 0);
+        usleep(20 * 1000);
+        for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&ct[i], NULL, close_and_watch, &c[i]), 0);
+        for (int i = 0; i < 2; i++) pthread_join(ct[i], NULL);
+        atomic_store(&w.stop, 1);
+        pthread_join(wt, NULL);
+        print_message("round %d: bytes changed after each close returned: %zu, %zu\n", round, c[0].changed,
+                      c[1].changed);
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(c[i].rc, 0);
+            assert_int_equal(c[i].changed, 0);
+        }
+        pthread_barrier_destroy(&go);
+        kvx_transport_destroy(a);
+        kvx_transport_destroy(b);
+        kvx_region_free(mem);
+        region_free(&ra);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auto_picks_shm),
@@ -683,6 +762,7 @@ int main(void) {
         cmocka_unit_test(test_staged_ring),
         cmocka_unit_test(test_staged_withdrawn_never_land),
         cmocka_unit_test(test_staged_when_the_kernel_refuses),
+        cmocka_unit_test(test_concurrent_close_waits),
     };
     return cmocka_run_group_tests_name("shm", tests, NULL, NULL);
 }
