@@ -143,6 +143,12 @@ void Registrations::shutdown() {
         workers.swap(workers_);
     }
     for (auto &w : workers) w.thread.join();  // called off: their waits end within a slice (net::Deadline)
+    std::unique_lock<std::mutex> lk(mu_);
+    sync_cv_.wait(lk, [&] { return sync_ == 0; });  // called off too
+}
+
+void Registrations::sync_ended_locked() {
+    if (--sync_ == 0) sync_cv_.notify_all();
 }
 
 }  // namespace kvx

@@ -74,7 +74,13 @@ public:
     // Has fn run on a thread of its own, for registration r (which fails
     // with KVX_ENOMEM if no thread can be started).
     void submit_locked(const Ref &r, std::function<void()> fn);
-    // Stops the launcher and joins every thread (close; without the lock).
+    // A synchronous registration (kvx_add_remote_peer() in the caller's
+    // thread) began / ended: shutdown() waits for every one that began to
+    // end, as it joins the threads of the asynchronous ones.
+    void sync_began_locked() { sync_++; }
+    void sync_ended_locked();
+    // Stops the launcher, joins every thread and waits for the synchronous
+    // registrations (close; without the lock).
     void shutdown();
 
 private:
@@ -99,6 +105,8 @@ private:
     bool stopping_ = false;
     std::condition_variable launch_cv_;
     std::thread launcher_;
+    size_t sync_ = 0;                  // synchronous registrations under way
+    std::condition_variable sync_cv_;  // sync_ reached 0
 };
 
 }  // namespace kvx

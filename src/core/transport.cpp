@@ -205,7 +205,18 @@ void Transport::add_peer(const std::string &id, const uint8_t *meta, size_t meta
     {
         std::lock_guard<std::mutex> lk(mu_);
         r = reserve_locked(id, 0, false, nullptr);
+        registrations_.sync_began_locked();
     }
+    // Ends the attempt for close, which waits for it: the last this thread
+    // does with the transport (a link it made but did not publish is shut
+    // down by then).
+    struct Ended {
+        Transport *t;
+        ~Ended() {
+            std::lock_guard<std::mutex> lk(t->mu_);
+            t->registrations_.sync_ended_locked();
+        }
+    } ended{this};
     connect_and_publish(r, m);
 }
 

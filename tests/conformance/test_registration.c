@@ -8,6 +8,8 @@
  *     caller-sized struct, the histogram. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +204,56 @@ static void test_async_cancel_and_close(void **state) {
     region_free(&rb);
 }
 
+/* A synchronous kvx_add_remote_peer() in another thread, hanging on a silent
+ * peer: close calls it off and returns only after the add returned (with
+ * KVX_ECLOSED), not while the attempt still runs on the closed transport. */
+typedef struct {
+    kvx_transport *t;
+    const metablob *m;
+    int rc;
+    atomic_int returned;
+} sync_add;
+
+static void *sync_add_run(void *arg) {
+    sync_add *s = arg;
+    s->rc = kvx_add_remote_peer(s->t, "slow", s->m->bytes, s->m->len, s->m->base, s->m->nb, s->m->bl);
+    atomic_store(&s->returned, 1);
+    return NULL;
+}
+
+static void test_close_waits_for_sync_add(void **state) {
+    (void)state;
+    if (skip_unless_tcp()) return;
+    region ra = region_new(NB, BL, 1), rb = region_new(NB, BL, 2);
+    kvx_transport *a = transport_new(&ra, NULL, test_options("connect_timeout_ms=60000", NULL));
+    metablob mb;
+    int hole;
+    kvx_transport *b = silent_target(&rb, &mb, &hole);
+    sync_add s = {.t = a, .m = &mb};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, sync_add_run, &s), 0);
+    kvx_stats st = KVX_STATS_INIT;
+    for (int i = 0; i < 5000 && st.peers_connecting == 0; i++) {
+        CHECK_OK(kvx_get_stats(&st, a, NULL));
+        if (st.peers_connecting == 0) usleep(1000);
+    }
+    assert_int_equal(st.peers_connecting, 1);
+    usleep(50 * 1000); /* inside the connection attempt */
+    const uint64_t t0 = now_ms();
+    CHECK_OK(kvx_transport_close(a));
+    const int returned = atomic_load(&s.returned);
+    print_message("close with a synchronous add hanging: %llu ms, the add %s\n",
+                  (unsigned long long)(now_ms() - t0), returned ? "had returned" : "still ran");
+    pthread_join(th, NULL);
+    assert_int_equal(returned, 1);
+    assert_int_equal(s.rc, KVX_ECLOSED);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    close(hole);
+    region_free(&ra);
+    region_free(&rb);
+}
+
 /* KVX_PEER_REPLACE: a registered peer's transfers fail and the new
  * registration takes the id; a registration in progress is superseded and
  * never publishes, even though its peer answers later. */
@@ -353,6 +405,7 @@ int main(void) {
         cmocka_unit_test(test_async_refused),
         cmocka_unit_test(test_async_silent_peer),
         cmocka_unit_test(test_async_cancel_and_close),
+        cmocka_unit_test(test_close_waits_for_sync_add),
         cmocka_unit_test(test_replace_and_supersede),
         cmocka_unit_test(test_stats_add_up),
         cmocka_unit_test(test_stats_failed_and_cancelled),
