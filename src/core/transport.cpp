@@ -460,12 +460,29 @@ void Transport::queue_locked(const std::string &peer_id, uint64_t id, bool done)
     ready_.added(1);
     if (!it->second.listed) {
         it->second.listed = true;
+        it->second.slot = listed_.size();
         listed_.push_back(it);
     }
 }
 
 void Transport::forget_drained_locked(CompletionsMap::iterator it) {
-    if (it->second.empty() && !it->second.registered && !it->second.listed) completions_.erase(it);
+    if (!it->second.empty() || it->second.registered) return;
+    if (it->second.listed) {
+        listed_[it->second.slot] = completions_.end();
+        if (++unlisted_ * 2 > listed_.size()) compact_listed_locked();
+    }
+    completions_.erase(it);
+}
+
+void Transport::compact_listed_locked() {
+    size_t keep = 0;
+    for (CompletionsMap::iterator it : listed_) {
+        if (it == completions_.end()) continue;
+        it->second.slot = keep;
+        listed_[keep++] = it;
+    }
+    listed_.resize(keep);
+    unlisted_ = 0;
 }
 
 namespace {
@@ -515,14 +532,17 @@ int Transport::completion_fd() {
 }
 
 // poll(NULL): the listed queues in the order they got ids; those drained
-// leave the list (and the map, if their peer is gone).
+// leave the list (and the map, if their peer is gone), and so do the slots of
+// queues erased meanwhile.
 void Transport::poll_all_locked(uint64_t *done, size_t done_cap, size_t *nd, uint64_t *failed, size_t failed_cap,
                                 size_t *nf) {
     size_t keep = 0;
     for (CompletionsMap::iterator it : listed_) {
+        if (it == completions_.end()) continue;  // erased by poll(peer) or remove
         drain(it->second.done, done, done_cap, nd);
         drain(it->second.failed, failed, failed_cap, nf);
         if (!it->second.empty()) {
+            it->second.slot = keep;
             listed_[keep++] = it;
             continue;
         }
@@ -530,6 +550,7 @@ void Transport::poll_all_locked(uint64_t *done, size_t done_cap, size_t *nd, uin
         forget_drained_locked(it);
     }
     listed_.resize(keep);
+    unlisted_ = 0;
 }
 
 size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *inflight) {
@@ -573,6 +594,7 @@ void Transport::drop_unpolled_locked(const std::unordered_set<uint64_t> &ids) {
     // Every queue holding ids is listed; those emptied here go at the next poll.
     size_t dropped = 0;
     for (CompletionsMap::iterator it : listed_) {
+        if (it == completions_.end()) continue;
         dropped += std::erase_if(it->second.done, gone);
         dropped += std::erase_if(it->second.failed, gone);
     }

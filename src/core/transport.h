@@ -62,6 +62,14 @@ public:
     size_t wait(int timeout_ms);
     // kvx_completion_fd.
     int completion_fd();
+    // For tests: the completion queues kept, and the slots of listed_.
+    struct QueueCounts {
+        size_t queues, listed;
+    };
+    QueueCounts queue_counts() const {
+        std::lock_guard<std::mutex> lk(mu_);
+        return {completions_.size(), listed_.size()};
+    }
 
 private:
     // A registered peer; also the sink its link reports to.
@@ -96,6 +104,7 @@ private:
         std::deque<uint64_t> done, failed;
         bool registered = false;  // a peer is published under this id
         bool listed = false;      // in listed_ (it got ids since poll(NULL) last drained it)
+        size_t slot = 0;          // its index in listed_ while listed
         bool empty() const { return done.empty() && failed.empty(); }
     };
     using CompletionsMap = std::map<std::string, Completions>;
@@ -107,8 +116,11 @@ private:
     // one pass over the queues, so cancel stays off poll's path.
     void drop_unpolled_locked(const std::unordered_set<uint64_t> &ids);
     void queue_locked(const std::string &peer_id, uint64_t id, bool done);
-    // Erases the queue of a removed peer once it is drained.
+    // Erases the queue of a removed peer once it is drained (taking it off
+    // listed_ if it is listed: poll(peer) and remove drain queues too).
     void forget_drained_locked(CompletionsMap::iterator it);
+    // Squeezes the slots of erased queues out of listed_.
+    void compact_listed_locked();
     void poll_all_locked(uint64_t *done, size_t done_cap, size_t *nd, uint64_t *failed, size_t failed_cap,
                          size_t *nf);
     void check_open_locked() const;
@@ -165,8 +177,12 @@ private:
     CompletionsMap completions_;
     ReadySignal ready_;  // how many ids completions_ holds, for wait() and completion_fd()
     // The queues that got ids, in that order: poll(NULL) visits these, not
-    // every peer's. A listed queue is never erased.
+    // every peer's. A queue erased while listed leaves completions_.end() in
+    // its slot (unlisted_ counts those); they are squeezed out once they are
+    // half of listed_, or by the next poll(NULL), so that an application
+    // that polls only by peer id does not keep removed peers' queues.
     std::vector<CompletionsMap::iterator> listed_;
+    size_t unlisted_ = 0;
     std::thread watchdog_;
 };
 
