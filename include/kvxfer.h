@@ -508,7 +508,7 @@ KVX_API int kvx_registration_status(int *out_state, int *out_error, kvx_transpor
  * @return 0; KVX_EINVAL (NULL arrays with n > 0, bad peer id); KVX_ERANGE
  *         (an index >= num_blocks on either side, message names it);
  *         KVX_EINVAL (a remote index repeated in one call); KVX_ENOENT
- *         (unknown peer); KVX_EPEERBROKEN (peer's connection failed: remove
+ *         (unknown peer, or removed while the call ran); KVX_EPEERBROKEN (peer's connection failed: remove
  *         and re-add it); KVX_ECLOSED; KVX_ENOMEM.
  * vLLM's DataTransport "None" result maps to any failure here.
  */

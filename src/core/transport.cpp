@@ -352,9 +352,13 @@ void Transport::remove_peer(const std::string &id) {
         std::lock_guard<std::mutex> lk(mu_);
         if (auto q = completions_.find(id); q != completions_.end()) forget_drained_locked(q);
     }
-    if (uint64_t left = peer->outstanding.load())
+    // Transfers still being submitted are not the backend's: submit() fails
+    // them on the shut-down link. (submitting first: each of those counts in
+    // it until after it left outstanding, and none is added after the erase.)
+    const uint64_t racing = peer->submitting.load();
+    if (uint64_t left = peer->outstanding.load(); left > racing)
         KVX_LOG(error, "peer '%s': backend %s left %llu transfers unreported at remove", id.c_str(),
-                peer->backend, (unsigned long long)left);
+                peer->backend, (unsigned long long)(left - racing));
 }
 
 // The registered peer id (mu_ held); KVX_ECLOSED, or KVX_ENOENT naming a
@@ -418,7 +422,10 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
     uint64_t id;
     {
         std::lock_guard<std::mutex> lk(mu_);
-        check_open_locked();
+        // Still registered: nothing is added to a peer whose remove began
+        // (its link may be shut down and its count checked already).
+        if (registered_locked(peer_id) != peer)
+            fail(KVX_ENOENT, "peer '%s' was removed (and registered again) during the call", peer_id.c_str());
         id = op.state->id = next_id_++;
         if (n == 0) {
             queue_locked(peer_id, id, true);
@@ -433,7 +440,12 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
         // (it did: a peer never given work before has a clock of 0).
         if (peer->outstanding.load() == 0) peer->progress();
         peer->outstanding.fetch_add(1);
+        peer->submitting.fetch_add(1);
     }
+    struct Submitted {
+        Peer &p;
+        ~Submitted() { p.submitting.fetch_sub(1); }
+    } submitted{*peer};
     peer->link->submit(std::move(op));
     return id;
 }

@@ -88,6 +88,10 @@ private:
         // watchdog without it.
         std::atomic<uint64_t> outstanding{0};
         std::atomic<int64_t> progress_ns{0};
+        // Transfers counted in outstanding whose write_blocks has not returned
+        // from link->submit() yet: a remove racing them shuts the link down
+        // before they reach it, and submit() fails them (not a backend's leak).
+        std::atomic<uint64_t> submitting{0};
         Telemetry::Slot stats;  // written under mu_
 
         void complete(uint64_t op_id, int status) override { t->complete(*this, op_id, status); }

@@ -1,7 +1,9 @@
 #include "instant_backend.h"
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "backend/registry.h"
@@ -13,28 +15,36 @@ namespace {
 
 constexpr uint16_t kSectionId = 0x7e57;  // outside the range of shipped backends
 std::atomic<bool> g_hold{false};
+std::atomic<int> g_delay_ms{0};
 
 class InstantPeer final : public BackendPeer {
 public:
     explicit InstantPeer(CompletionSink *sink) : sink_(sink) {}
     void submit(Op op) override {
+        if (int ms = g_delay_ms.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
         if (!op.state->try_start()) return;  // cancelled before it started
-        if (g_hold.load(std::memory_order_relaxed)) {
+        // Shut down: failed at once, as the real backends do.
+        int status = stopped_.load() ? KVX_ECLOSED : 0;
+        if (status == 0 && g_hold.load(std::memory_order_relaxed)) {
             std::lock_guard<std::mutex> lk(mu_);
-            held_.push_back(std::move(op.state));
-            return;
+            if (!stopped_.load()) {
+                held_.push_back(std::move(op.state));
+                return;
+            }
+            status = KVX_ECLOSED;
         }
-        if (op.state->report()) sink_->complete(op.state->id, 0);
+        if (op.state->report()) sink_->complete(op.state->id, status);
     }
     bool broken() const override { return false; }
-    void abort(int status) override { fail_held(status); }
-    void shutdown() override { fail_held(KVX_ECLOSED); }
+    void abort(int status) override { fail_held(status, false); }
+    void shutdown() override { fail_held(KVX_ECLOSED, true); }
 
 private:
-    void fail_held(int status) {
+    void fail_held(int status, bool stop) {
         std::vector<OpRef> held;
         {
             std::lock_guard<std::mutex> lk(mu_);
+            if (stop) stopped_.store(true);
             held.swap(held_);
         }
         for (OpRef &op : held)
@@ -44,6 +54,7 @@ private:
     CompletionSink *sink_;
     std::mutex mu_;
     std::vector<OpRef> held_;
+    std::atomic<bool> stopped_{false};
 };
 
 class InstantBackend final : public Backend {
@@ -63,6 +74,7 @@ void check_section(const wire::Section &, const wire::AgentMetadata &) {}
 }  // namespace
 
 void hold(bool on) { g_hold.store(on); }
+void submit_delay_ms(int ms) { g_delay_ms.store(ms); }
 
 }  // namespace kvx::instant
 

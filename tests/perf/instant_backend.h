@@ -9,5 +9,7 @@ namespace kvx::instant {
 // While set, submitted transfers stay in flight (to measure the core with
 // many of them outstanding); they end when their peer is removed.
 void hold(bool on);
+// Each submit() first sleeps this long (0: not at all), to race a remove.
+void submit_delay_ms(int ms);
 
 }  // namespace kvx::instant
