@@ -343,6 +343,7 @@ void Transport::remove_peer(const std::string &id) {
             fail(KVX_ENOENT, "peer '%s' is not registered", id.c_str());
         }
         peer = std::move(it->second);
+        peer->removed = true;
         peers_.erase(it);
     }
     // Its pending ops come back failed through complete(): after this
@@ -422,10 +423,10 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
     uint64_t id;
     {
         std::lock_guard<std::mutex> lk(mu_);
-        // Still registered: nothing is added to a peer whose remove began
-        // (its link may be shut down and its count checked already).
-        if (registered_locked(peer_id) != peer)
-            fail(KVX_ENOENT, "peer '%s' was removed (and registered again) during the call", peer_id.c_str());
+        // Still registered: nothing is added to a peer whose remove (or
+        // replace) began: its link may be shut down and its count checked.
+        check_open_locked();
+        if (peer->removed) fail(KVX_ENOENT, "peer '%s' was removed during the call", peer_id.c_str());
         id = op.state->id = next_id_++;
         if (n == 0) {
             queue_locked(peer_id, id, true);

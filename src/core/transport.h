@@ -92,6 +92,7 @@ private:
         // from link->submit() yet: a remove racing them shuts the link down
         // before they reach it, and submit() fails them (not a backend's leak).
         std::atomic<uint64_t> submitting{0};
+        bool removed = false;  // taken out of peers_ (remove, replace); under mu_
         Telemetry::Slot stats;  // written under mu_
 
         void complete(uint64_t op_id, int status) override { t->complete(*this, op_id, status); }

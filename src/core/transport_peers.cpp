@@ -49,6 +49,7 @@ Registrations::Ref Transport::reserve_locked(const std::string &id, uint64_t reg
     if (it != peers_.end()) {
         if (!replace) fail(KVX_EEXIST, "peer '%s' is already registered", id.c_str());
         *replaced = std::move(it->second);
+        (*replaced)->removed = true;  // write_blocks adds nothing to it any more
         peers_.erase(it);
         completions_[id].registered = false;  // until the new registration publishes
     }
