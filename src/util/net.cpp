@@ -264,4 +264,6 @@ int write_full_by(int fd, const void *buf, size_t n, const Deadline &deadline) {
     return 0;
 }
 
+bool accept_exhausted(int err) { return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM; }
+
 }  // namespace kvx::net

@@ -84,6 +84,10 @@ int ms_left(Clock::time_point deadline);
 // -ETIMEDOUT, -ECANCELED (called off), -errno.
 int wait_fd(int fd, short events, const Deadline &deadline);
 
+// accept4() failed for want of descriptors or kernel memory (errno err): a
+// level-triggered listener would fire again at once, so pause it instead.
+bool accept_exhausted(int err);
+
 // Connects before the deadline; returns the fd or -errno.
 int connect_by(const Endpoint &e, const Deadline &deadline, Fd *out);
 

@@ -42,9 +42,29 @@
 
 /* ---- helpers */
 
+/* 1 when pid holds the socket with this inode among its descriptors. */
+static int child_holds_inode(pid_t pid, unsigned long inode) {
+    char want[64], dpath[64], path[400], link[128];
+    snprintf(want, sizeof want, "socket:[%lu]", inode);
+    snprintf(dpath, sizeof dpath, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dpath);
+    struct dirent *e;
+    int found = 0;
+    while (d && (e = readdir(d))) {
+        snprintf(path, sizeof path, "%s/%s", dpath, e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n > 0) {
+            link[n] = 0;
+            found |= strcmp(link, want) == 0;
+        }
+    }
+    if (d) closedir(d);
+    return found;
+}
+
 static uint16_t target_port(const child_target *c) {
     /* The metadata's tcp endpoint: the child listens on 127.0.0.1:PORT; ask the kernel which. */
-    char path[300], link[128];
+    char path[300];
     snprintf(path, sizeof path, "/proc/%d/net/tcp", (int)c->pid);
     FILE *f = fopen(path, "r");
     assert_non_null(f);
@@ -56,21 +76,7 @@ static uint16_t target_port(const child_target *c) {
             /* a listener on 127.0.0.1: ours is the one whose inode the child holds */
             unsigned long inode = 0;
             if (sscanf(line, " %*d: %*x:%*x %*x:%*x %*x %*x:%*x %*x:%*x %*x %*u %*u %lu", &inode) != 1) continue;
-            char want[64];
-            snprintf(want, sizeof want, "socket:[%lu]", inode);
-            char dpath[64];
-            snprintf(dpath, sizeof dpath, "/proc/%d/fd", (int)c->pid);
-            DIR *d = opendir(dpath);
-            struct dirent *e;
-            while (d && (e = readdir(d))) {
-                snprintf(path, sizeof path, "/proc/%d/fd/%s", (int)c->pid, e->d_name);
-                ssize_t n = readlink(path, link, sizeof link - 1);
-                if (n > 0) {
-                    link[n] = 0;
-                    if (strcmp(link, want) == 0) port = lp;
-                }
-            }
-            if (d) closedir(d);
+            if (child_holds_inode(c->pid, inode)) port = lp;
         }
     }
     fclose(f);
@@ -110,6 +116,18 @@ static long cpu_ticks(pid_t pid) {
     /* after ")": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
     assert_int_equal(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
     return (long)(ut + st);
+}
+
+/* The share of one core pid used over about ms milliseconds (its ticks and
+ * the wall time measured come back too). */
+static double cpu_share(pid_t pid, unsigned ms, long *ticks, uint64_t *wall) {
+    long hz = sysconf(_SC_CLK_TCK);
+    long t0 = cpu_ticks(pid);
+    uint64_t w0 = now_ms();
+    usleep(ms * 1000u);
+    *ticks = cpu_ticks(pid) - t0;
+    *wall = now_ms() - w0;
+    return (double)*ticks / (double)hz * 1000.0 / (double)*wall;
 }
 
 static void raise_nofile(void) {
@@ -528,13 +546,9 @@ static void test_emfile(void **state) {
     while (readdir(d)) nfd++;
     closedir(d);
     nfd -= 2; /* . and .. */
-    long hz = sysconf(_SC_CLK_TCK);
-    long t0 = cpu_ticks(c.pid);
-    uint64_t w0 = now_ms();
-    usleep(4000000);
-    long ticks = cpu_ticks(c.pid) - t0;
-    uint64_t wall = now_ms() - w0;
-    double share = (double)ticks / (double)hz * 1000.0 / (double)wall;
+    long ticks;
+    uint64_t wall;
+    double share = cpu_share(c.pid, 4000, &ticks, &wall);
     print_message("EMFILE: the target holds %d of %d descriptors; its CPU over %llu ms: %ld ticks = %.1f %% of a core\n",
                   nfd, NOFILE, (unsigned long long)wall, ticks, share * 100);
     assert_true(nfd >= NOFILE - 1); /* it really ran out */
@@ -553,25 +567,6 @@ static void test_emfile(void **state) {
 /* The same for the shm listener (an abstract unix socket): the child serves
  * shm only; its listening socket is found in /proc/net/unix by an inode the
  * child holds. */
-static int child_holds_inode(pid_t pid, unsigned long inode) {
-    char want[64], dpath[64], path[400], link[128];
-    snprintf(want, sizeof want, "socket:[%lu]", inode);
-    snprintf(dpath, sizeof dpath, "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(dpath);
-    struct dirent *e;
-    int found = 0;
-    while (d && (e = readdir(d))) {
-        snprintf(path, sizeof path, "%s/%s", dpath, e->d_name);
-        ssize_t n = readlink(path, link, sizeof link - 1);
-        if (n > 0) {
-            link[n] = 0;
-            found |= strcmp(link, want) == 0;
-        }
-    }
-    if (d) closedir(d);
-    return found;
-}
-
 static void shm_listener_name(pid_t pid, char *name, size_t cap) {
     FILE *f = fopen("/proc/net/unix", "r");
     assert_non_null(f);
@@ -615,13 +610,9 @@ static void test_shm_emfile(void **state) {
     int opened = 0;
     for (int i = 0; i < OVER; i++) opened += (fds[i] = open_unix_idle(name)) >= 0;
     usleep(1000000);
-    long hz = sysconf(_SC_CLK_TCK);
-    long t0 = cpu_ticks(c.pid);
-    uint64_t w0 = now_ms();
-    usleep(4000000);
-    long ticks = cpu_ticks(c.pid) - t0;
-    uint64_t wall = now_ms() - w0;
-    double share = (double)ticks / (double)hz * 1000.0 / (double)wall;
+    long ticks;
+    uint64_t wall;
+    double share = cpu_share(c.pid, 4000, &ticks, &wall);
     print_message("shm EMFILE: %d idle connections to @%s (the child may hold %d descriptors); its CPU over %llu ms: "
                   "%ld ticks = %.1f %% of a core\n",
                   opened, name, NOFILE, (unsigned long long)wall, ticks, share * 100);

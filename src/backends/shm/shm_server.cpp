@@ -281,7 +281,7 @@ void ShmServer::accept_all() {
         net::Fd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
         if (!fd) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            if (net::accept_exhausted(errno)) {
                 // The level-triggered listener would wake the loop without end
                 // while no descriptor is free: stop listening for a while.
                 KVX_LOG(warn, "shm: cannot accept: %s; pausing for %lld ms", strerror(errno),

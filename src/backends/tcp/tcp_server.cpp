@@ -142,7 +142,7 @@ void TcpServer::on_event(int, uint32_t) {
         int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr *>(&ss), &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd >= 0) {
             admit(net::Fd(fd), source_of(ss));
-        } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        } else if (net::accept_exhausted(errno)) {
             return pause_accepting();
         } else if (errno != ECONNABORTED && errno != EINTR) {
             return;  // EAGAIN: none left
