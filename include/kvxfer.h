@@ -181,6 +181,9 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        TCP_USER_TIMEOUT from it: the connection of a peer
  *                        host that vanishes without a FIN is released
  *                        within it (for 2000 and more; 2 s below that).
+ *                        A verbs target probes each inbound connection
+ *                        every half of it and closes one whose initiator
+ *                        stopped answering within about this long.
  *   tcp.listen           "HOST:PORT" to listen on (IPv4, or [IPv6]:PORT),
  *                        default "0.0.0.0:0" (all IPv4 interfaces, any port).
  *   tcp.advertise        comma-separated "HOST:PORT" list put in the metadata

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,6 +275,42 @@ void child_start_opts(child_target *c, uint64_t nb, uint64_t bl, const char *con
     c->to_child = a[1];
     c->from_child = b[0];
     if (read_full(c->from_child, &c->meta, sizeof c->meta) != 0) fail_msg("child target did not start");
+}
+
+extern char **environ;
+
+#define CHILD_EXEC_FLAG "--kvx-child-target"
+
+void child_start_exec(child_target *c, uint64_t nb, uint64_t bl, const char *config, const char *const *opts) {
+    int a[2], b[2];
+    assert_int_equal(pipe(a), 0);
+    assert_int_equal(pipe(b), 0);
+    char snb[24], sbl[24];
+    snprintf(snb, sizeof snb, "%llu", (unsigned long long)nb);
+    snprintf(sbl, sizeof sbl, "%llu", (unsigned long long)bl);
+    const char *argv[64] = {"kvx-child-target", CHILD_EXEC_FLAG, snb, sbl, config ? config : ""};
+    size_t n = 5;
+    for (; opts && *opts && n < 63; opts++) argv[n++] = *opts;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, a[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, b[1], 1);
+    posix_spawn_file_actions_addclose(&fa, a[1]);
+    posix_spawn_file_actions_addclose(&fa, b[0]);
+    fflush(NULL);
+    assert_int_equal(posix_spawn(&c->pid, "/proc/self/exe", &fa, NULL, (char *const *)argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(a[0]);
+    close(b[1]);
+    c->to_child = a[1];
+    c->from_child = b[0];
+    if (read_full(c->from_child, &c->meta, sizeof c->meta) != 0) fail_msg("child target did not start");
+}
+
+void child_exec_dispatch(int argc, char **argv) {
+    if (argc < 5 || strcmp(argv[1], CHILD_EXEC_FLAG) != 0) return;
+    const char *const *opts = (const char *const *)argv + 5;
+    child_main(0, 1, strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10), argv[4][0] ? argv[4] : NULL, opts);
 }
 
 void child_start(child_target *c, uint64_t nb, uint64_t bl, const char *config) {

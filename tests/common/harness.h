@@ -90,6 +90,15 @@ void child_start_opts(child_target *c, uint64_t nb, uint64_t bl, const char *con
                       long nofile);
 /* Asks the child to verify block remote_idx holds fill_block(local_idx, seed);
  * returns 1 if it does. */
+/* The same target in a fresh process: this test program again
+ * (/proc/self/exe), whose main() must call child_exec_dispatch() first. For
+ * what a forked child cannot do: one forked after its parent opened an RDMA
+ * device shares the parent's uverbs file, and rxe refuses its sends (EACCES:
+ * the file carries the parent's credentials). */
+void child_start_exec(child_target *c, uint64_t nb, uint64_t bl, const char *config, const char *const *opts);
+/* First thing in main(): serves as the target (and exits) when this process
+ * was started by child_start_exec(); returns otherwise. */
+void child_exec_dispatch(int argc, char **argv);
 int child_verify(child_target *c, uint64_t remote_idx, uint64_t local_idx, uint32_t seed);
 /* Asks the child whether blocks not listed still hold the initial fill and
  * its guards are intact. */

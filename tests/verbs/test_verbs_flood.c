@@ -306,10 +306,8 @@ typedef struct kept {
     struct rdma_cm_id *id;
 } kept;
 
-static int request_keep(const metablob *m, const uint8_t *pdata, size_t n, uint8_t *answer, size_t *alen,
-                        kept *keep) {
-    struct rdma_event_channel *ch = rdma_create_event_channel();
-    assert_non_null(ch);
+/* A new id on ch, its address and route resolved to the target of m. */
+static struct rdma_cm_id *resolved_id(const metablob *m, struct rdma_event_channel *ch) {
     struct rdma_cm_id *id = NULL;
     assert_int_equal(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP), 0);
     uint8_t ip[4];
@@ -326,6 +324,15 @@ static int request_keep(const metablob *m, const uint8_t *pdata, size_t n, uint8
     assert_int_equal(rdma_get_cm_event(ch, &ev), 0);
     assert_int_equal(ev->event, RDMA_CM_EVENT_ROUTE_RESOLVED);
     rdma_ack_cm_event(ev);
+    return id;
+}
+
+static int request_keep(const metablob *m, const uint8_t *pdata, size_t n, uint8_t *answer, size_t *alen,
+                        kept *keep) {
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    assert_non_null(ch);
+    struct rdma_cm_id *id = resolved_id(m, ch);
+    struct rdma_cm_event *ev;
     struct rdma_conn_param cp = {.private_data = pdata, .private_data_len = (uint8_t)n, .retry_count = 7};
     cp.qp_num = 2 + (uint32_t)random() % 0xfffffd;
     assert_int_equal(rdma_connect(id, &cp), 0);
@@ -380,6 +387,120 @@ static void test_half_open(void **state) {
     assert_true(type >= 0);
     rdma_destroy_id(k.id);
     rdma_destroy_event_channel(k.ch);
+    assert_int_equal(child_stop(&c), 0);
+}
+
+/* Our own initiator with a real RC QP (rdma_cm's), the handshake done by
+ * hand; nrecv zero-length receives posted for the target's probes. */
+typedef struct raw_conn {
+    struct rdma_event_channel *ch;
+    struct rdma_cm_id *id;
+    struct ibv_cq *cq;
+} raw_conn;
+
+static void raw_connect(const metablob *m, int nrecv, raw_conn *rc) {
+    uint8_t b[64], ans[64];
+    size_t alen = 0;
+    challenge ch;
+    assert_int_equal(request(m, b, hello(b, vt_meta_instance(m)), ans, &alen), RDMA_CM_EVENT_REJECTED);
+    assert_true(parse_challenge(ans, alen, &ch));
+    rc->ch = rdma_create_event_channel();
+    assert_non_null(rc->ch);
+    rc->id = resolved_id(m, rc->ch);
+    rc->cq = ibv_create_cq(rc->id->verbs, 16, NULL, NULL, 0);
+    assert_non_null(rc->cq);
+    struct ibv_qp_init_attr qa = {.send_cq = rc->cq, .recv_cq = rc->cq, .qp_type = IBV_QPT_RC};
+    qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    assert_int_equal(rdma_create_qp(rc->id, NULL, &qa), 0);
+    for (int i = 0; i < nrecv; i++) {
+        struct ibv_recv_wr w = {.wr_id = (uint64_t)i}, *bad;
+        assert_int_equal(ibv_post_recv(rc->id->qp, &w, &bad), 0);
+    }
+    /* as kvxfer asks since 0.4.2: rxe retries forever with 7 */
+    struct rdma_conn_param cp = {.private_data = b, .private_data_len = (uint8_t)auth(b, m, &ch), .retry_count = 6,
+                                 .rnr_retry_count = 7};
+    assert_int_equal(rdma_connect(rc->id, &cp), 0);
+    struct rdma_cm_event *ev;
+    assert_int_equal(rdma_get_cm_event(rc->ch, &ev), 0);
+    assert_int_equal(ev->event, RDMA_CM_EVENT_ESTABLISHED);
+    rdma_ack_cm_event(ev);
+}
+
+/* Waits up to ms for a CM event on rc (-1: none); counts the receives that
+ * completed meanwhile (the target's probes) into *probes. */
+static int raw_wait(raw_conn *rc, int ms, int *probes) {
+    uint64_t until = now_ms() + (uint64_t)ms;
+    for (;;) {
+        struct ibv_wc wc[4];
+        int n = ibv_poll_cq(rc->cq, 4, wc);
+        for (int i = 0; i < n; i++) *probes += wc[i].status == IBV_WC_SUCCESS && (wc[i].opcode & IBV_WC_RECV);
+        struct pollfd p = {rc->ch->fd, POLLIN, 0};
+        if (poll(&p, 1, 20) == 1) {
+            struct rdma_cm_event *ev;
+            assert_int_equal(rdma_get_cm_event(rc->ch, &ev), 0);
+            int type = ev->event;
+            rdma_ack_cm_event(ev);
+            return type;
+        }
+        if (now_ms() >= until) return -1;
+    }
+}
+
+static void raw_close(raw_conn *rc) {
+    rdma_destroy_qp(rc->id);
+    rdma_destroy_id(rc->id);
+    ibv_destroy_cq(rc->cq);
+    rdma_destroy_event_channel(rc->ch);
+}
+
+/* An initiator host that vanishes without a DREQ: the target probes each
+ * established connection (a zero-length SEND every half transfer_timeout_ms)
+ * and closes it once the initiator's NIC stops answering. Our QP answers
+ * first with receives (3 probes land), then with RNR NAKs (alive, no
+ * receives left: an initiator before 0.4.2), and must keep its connection
+ * through both; then it goes to RESET, which drops every packet as a
+ * vanished host would, and the target's DREQ must come within twice the
+ * timeout. Then the target still serves a kvxfer initiator, which keeps
+ * receives posted and survives its own probes. */
+#define LIVE_TIMEOUT_MS 2000
+static void test_vanished_initiator(void **state) {
+    (void)state;
+    static const char *const opts[] = {"transfer_timeout_ms=2000", NULL};
+    child_target c;
+    child_start_exec(&c, NB, BL, NULL, opts); /* it sends: not a fork of this process (harness.h) */
+    raw_conn rc;
+    raw_connect(&c.meta, 3, &rc);
+    int probes = 0;
+    int ev = raw_wait(&rc, 3 * LIVE_TIMEOUT_MS, &probes);
+    print_message("vanished: %d probe(s) answered with receives and RNR NAKs over %d ms, CM event: %s\n", probes,
+                  3 * LIVE_TIMEOUT_MS, ev < 0 ? "none" : rdma_event_str(ev));
+    assert_int_equal(ev, -1);  /* alive: answered, then RNR NAKs */
+    assert_int_equal(probes, 3); /* one a second: every receive taken */
+    struct ibv_qp_attr at = {.qp_state = IBV_QPS_RESET};
+    assert_int_equal(ibv_modify_qp(rc.id->qp, &at, IBV_QP_STATE), 0);
+    uint64_t t0 = now_ms();
+    ev = raw_wait(&rc, 2 * LIVE_TIMEOUT_MS + 2000, &probes);
+    print_message("vanished: the target ended the connection %llu ms after the QP went silent (%s)\n",
+                  (unsigned long long)(now_ms() - t0), ev < 0 ? "nothing" : rdma_event_str(ev));
+    assert_int_equal(ev, RDMA_CM_EVENT_DISCONNECTED);
+    raw_close(&rc);
+    /* A kvxfer initiator idles through several probes, then writes. */
+    region r = region_new(NB, BL, 0x31);
+    kvx_options *o = vt_options("transfer_timeout_ms=2000", NULL);
+    kvx_transport *a = vt_transport(&r, NULL, o);
+    kvx_options_destroy(o);
+    CHECK_OK(vt_add(a, "t", &c.meta));
+    usleep(3 * LIVE_TIMEOUT_MS * 1000 / 2);
+    uint64_t z = 0, id;
+    fill_block(r.base, BL, 0, 5);
+    CHECK_OK(kvx_write_blocks(&id, a, "t", &z, &z, 1));
+    size_t nf = 9;
+    assert_int_equal(wait_ids(a, "t", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(nf, 0);
+    assert_int_equal(child_verify(&c, 0, 0, 5), 1);
+    kvx_transport_destroy(a);
+    region_free(&r);
     assert_int_equal(child_stop(&c), 0);
 }
 
@@ -580,10 +701,12 @@ static void test_crowd(void **state) {
     assert_int_equal(child_stop(&c), 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    child_exec_dispatch(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slow_auth),
         cmocka_unit_test(test_half_open),
+        cmocka_unit_test(test_vanished_initiator),
         cmocka_unit_test(test_flood),
         cmocka_unit_test(test_crowd),
     };

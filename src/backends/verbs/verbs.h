@@ -123,8 +123,19 @@ int connect_failure_code(rdma_cm_event_type type, int status);
 // Connect/accept parameters of the write-only protocol carrying one handshake
 // message: no RDMA READ/atomic resources either way.
 rdma_conn_param conn_param(const void *pdata, size_t len);
-// An RC QP with send_wr send-queue slots of one SGE, both queues on cq.
-ibv_qp_init_attr rc_qp_attr(ibv_cq *cq, uint32_t send_wr);
+// An RC QP with send_wr send-queue and recv_wr receive-queue slots of one
+// SGE, both queues on cq.
+ibv_qp_init_attr rc_qp_attr(ibv_cq *cq, uint32_t send_wr, uint32_t recv_wr);
+
+// Liveness of a connection whose initiator host may vanish without a DREQ:
+// the target sends a zero-length SEND on each established passive QP every
+// half transfer_timeout_ms (one at a time), and closes the connection when
+// the send fails (the initiator's NIC stopped acknowledging: retries
+// exhausted). The initiator keeps kProbeRecvs zero-length receives posted
+// on each QP for them, so a probe completes at once. An initiator without
+// receives (before 0.4.2) answers with RNR NAKs, retried forever (rnr_retry
+// 7): alive too, just slower to confirm.
+constexpr uint32_t kProbeRecvs = 2;
 
 // Initiator side towards one peer. Created connected (dial), then start()ed.
 class VerbsPeer final : public BackendPeer, private EventLoop::Source {
@@ -214,6 +225,7 @@ private:
     void post_ready(Qp &q, CompletionBatch &out);
     Chain build_chain(Qp &q, uint32_t room);
     void complete_marks(Qp &q, uint64_t seq, CompletionBatch &out);
+    static int post_probe_recv(ibv_qp *qp);
     void handle_wc(const ibv_wc &wc, CompletionBatch &out);
     void fail_waiting(Qp &q, int status, CompletionBatch &out);
     void fail_all_waiting(int status, CompletionBatch &out);

@@ -32,7 +32,8 @@ constexpr size_t kMaxAuthPerEpoch = 1 << 16;
 // (ucma clamps it to net.rdma_ucm.max_backlog, 1024 by default).
 constexpr int kListenBacklog = 1024;
 constexpr size_t kDestroyBatch = 64;  // refused ids destroyed together (see on_event)
-enum { kTagSweep = 1 };
+enum { kTagListener = 0, kTagSweep = 1, kTagProbes = 2 };
+constexpr uint64_t kProbeWrId = 1;
 
 constexpr uint16_t kSectionId = 3;
 constexpr uint8_t kSectionVersion = 0;
@@ -151,6 +152,12 @@ private:
     // accepted connections that never became established
     void on_timer(int tag) override;
     void arm_sweep();
+    // liveness of established connections (verbs.h, kProbeRecvs)
+    struct Conn;
+    void probe(Conn &c);
+    void on_probe_events();
+    void set_probe_timing();
+    void close_conn(rdma_cm_id *id);
 
     BackendContext ctx_;
     std::shared_ptr<Device> dev_;
@@ -158,17 +165,35 @@ private:
     PeerConfig peer_cfg_;
     rdma_event_channel *listen_ch_ = nullptr;
     rdma_cm_id *listen_id_ = nullptr;
-    ibv_cq *passive_cq_ = nullptr;  // never signalled: RDMA WRITEs complete nothing at the target
-    uint64_t listen_tok_ = 0;
+    // The completion channel of every passive QP's CQ: only probes complete
+    // there (RDMA WRITEs complete nothing at the target).
+    ibv_comp_channel *probe_ch_ = nullptr;
+    uint64_t listen_tok_ = 0, probe_tok_ = 0;
     net::Endpoint advertised_;
     uint32_t rkey_ = 0;
 
-    // Loop thread only (or after the listener is detached).
-    struct Conn {
+    // An accepted connection: its QP's own CQ (one probe in flight at most)
+    // and its probe timer. Loop thread only (or after the listener is detached).
+    struct Conn final : EventLoop::Source {
+        Conn(VerbsBackend &b, rdma_cm_id *i) : backend(b), id(i) {}
+        void on_event(int, uint32_t) override {}
+        void on_timer(int) override {
+            timer = 0;
+            backend.probe(*this);
+        }
+        VerbsBackend &backend;
+        rdma_cm_id *id;
+        ibv_cq *cq = nullptr;
         bool established = false;
         Clock::time_point deadline;  // to be established by then, or it goes
+        uint64_t timer = 0;          // the next probe
+        bool probing = false;        // a probe is in flight
     };
-    std::unordered_map<rdma_cm_id *, Conn> conns_;  // accepted ids
+    std::unordered_map<rdma_cm_id *, std::unique_ptr<Conn>> conns_;  // accepted ids
+    std::chrono::milliseconds probe_every_{0};
+    uint8_t ack_timeout_ = 0;  // of the passive QPs: 4.096 us << this per try
+    uint64_t reaped_ = 0;      // connections closed because their initiator stopped answering
+    uint64_t probes_failed_ = 0;  // probes that could not be posted
     std::unique_ptr<handshake::ChallengeCookies> challenges_;
     std::chrono::milliseconds connect_timeout_{0};
     uint64_t sweep_tok_ = 0;
@@ -263,8 +288,10 @@ void VerbsBackend::choose_addresses(const ListenPlan &lp) {
 }
 
 void VerbsBackend::start_listening() {
-    passive_cq_ = ibv_create_cq(dev_->ctx, 16, nullptr, nullptr, 0);
-    if (!passive_cq_) fail(KVX_EBACKEND, "verbs: ibv_create_cq: %s", strerror(errno));
+    probe_ch_ = ibv_create_comp_channel(dev_->ctx);
+    if (!probe_ch_) fail(KVX_EBACKEND, "verbs: ibv_create_comp_channel: %s", strerror(errno));
+    net::set_nonblocking(probe_ch_->fd, "probe completion channel");
+    set_probe_timing();
     if (rdma_listen(listen_id_, kListenBacklog) != 0)
         fail(KVX_EBACKEND, "verbs: rdma_listen on %s: %s", advertised_.str().c_str(), strerror(errno));
     net::set_nonblocking(listen_ch_->fd, "rdma_cm listener channel");
@@ -272,8 +299,9 @@ void VerbsBackend::start_listening() {
     connect_timeout_ = std::chrono::milliseconds(ctx_.options->uint("connect_timeout_ms"));
     challenges_ = std::make_unique<handshake::ChallengeCookies>(connect_timeout_, kMaxAuthPerEpoch);
     loop_ = ctx_.loop;
-    listen_tok_ = loop_->attach(listen_ch_->fd, EPOLLIN, this, 0);
-    if (!listen_tok_) fail(KVX_EBACKEND, "verbs: cannot watch the rdma_cm listener");
+    listen_tok_ = loop_->attach(listen_ch_->fd, EPOLLIN, this, kTagListener);
+    probe_tok_ = loop_->attach(probe_ch_->fd, EPOLLIN, this, kTagProbes);
+    if (!listen_tok_ || !probe_tok_) fail(KVX_EBACKEND, "verbs: cannot watch the rdma_cm listener");
     KVX_LOG(info, "verbs: listening on %s (device %s port %u, MR %llu bytes rkey 0x%x, %u QP(s)/peer, SQ %u, signal every %u)",
             advertised_.str().c_str(), dev_->name.c_str(), dev_->port, (unsigned long long)ctx_.region.size(), rkey_,
             peer_cfg_.qps, peer_cfg_.sq_depth, peer_cfg_.signal_every);
@@ -296,7 +324,8 @@ std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
 // Refused ids go in batches, after their rejects are on their way: the
 // kernel's destroy waits for the reject to be sent, so destroying each one
 // at once would make every request wait for the sends of all before it.
-void VerbsBackend::on_event(int, uint32_t) {
+void VerbsBackend::on_event(int tag, uint32_t) {
+    if (tag == kTagProbes) return on_probe_events();
     CmEvent ev;
     std::vector<rdma_cm_id *> done;
     bool more = true;
@@ -317,19 +346,25 @@ bool VerbsBackend::on_cm_event(const CmEvent &ev) {
     switch (ev.type) {
     case RDMA_CM_EVENT_CONNECT_REQUEST: return on_request(ev);
     case RDMA_CM_EVENT_ESTABLISHED:
-        if (auto it = conns_.find(ev.id); it != conns_.end()) it->second.established = true;
+        if (auto it = conns_.find(ev.id); it != conns_.end() && !it->second->established) {
+            Conn &c = *it->second;
+            c.established = true;
+            c.timer = loop_->add_timer(Clock::now() + probe_every_, &c, 0);
+        }
         KVX_LOG(debug, "verbs: inbound connection established (qp %u)", ev.id->qp ? ev.id->qp->qp_num : 0);
         return false;
     case RDMA_CM_EVENT_DISCONNECTED:
     case RDMA_CM_EVENT_CONNECT_ERROR:
     case RDMA_CM_EVENT_UNREACHABLE:
     case RDMA_CM_EVENT_REJECTED:
-        if (!conns_.erase(ev.id)) return false;
+        if (!conns_.count(ev.id)) return false;
         KVX_LOG(debug, "verbs: inbound connection closed (%s)", rdma_event_str(ev.type));
-        return true;
+        close_conn(ev.id);
+        return false;
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
         KVX_LOG(error, "verbs: device %s removed: peers can no longer write here", dev_->name.c_str());
-        return ev.id != listen_id_ && conns_.erase(ev.id);
+        if (ev.id != listen_id_ && conns_.count(ev.id)) close_conn(ev.id);
+        return false;
     default:  // TIMEWAIT_EXIT, ADDR_CHANGE: nothing to do
         KVX_LOG(debug, "verbs: listener event %s", rdma_event_str(ev.type));
         return false;
@@ -425,21 +460,33 @@ bool VerbsBackend::accept(rdma_cm_id *id, const handshake::Accept &acc) {
         refuse(id, KVX_ECONNREFUSED);
         return false;
     }
-    ibv_qp_init_attr qa = rc_qp_attr(passive_cq_, 1);
-    if (rdma_create_qp(id, dev_->pd, &qa) != 0) {
-        KVX_LOG(error, "verbs: rdma_create_qp for an inbound connection: %s", strerror(errno));
+    auto c = std::make_unique<Conn>(*this, id);
+    // Room for the one probe in flight and a flush of the receive queue.
+    c->cq = ibv_create_cq(dev_->ctx, 2, id, probe_ch_, 0);
+    ibv_qp_init_attr qa = rc_qp_attr(c->cq, 1, 1);
+    if (!c->cq || ibv_req_notify_cq(c->cq, 0) != 0 || rdma_create_qp(id, dev_->pd, &qa) != 0) {
+        KVX_LOG(error, "verbs: CQ or QP for an inbound connection: %s", strerror(errno));
+        if (c->cq) ibv_destroy_cq(c->cq);
         refuse(id, KVX_ECONNREFUSED);
         return false;
     }
+    // Probes retry within about half transfer_timeout_ms (set_probe_timing).
+    uint8_t t = ack_timeout_;
+    if (rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t) != 0)
+        KVX_LOG(debug, "verbs: rdma_set_option(ACK_TIMEOUT): %s; rdma_cm's timeout stays", strerror(errno));
     handshake::Bytes b;
     rdma_conn_param cp = conn_param(b.data(), handshake::encode(acc, b.data()));
     if (rdma_accept(id, &cp) != 0) {
         KVX_LOG(warn, "verbs: rdma_accept: %s", strerror(errno));
+        rdma_destroy_qp(id);  // before its CQ; the caller destroys the id
+        id->qp = nullptr;
+        ibv_destroy_cq(c->cq);
         return false;
     }
     // Established within twice the connect timeout (the initiator's whole
     // budget, and then some), or the sweep tears it down.
-    conns_[id] = Conn{false, Clock::now() + 2 * connect_timeout_};
+    c->deadline = Clock::now() + 2 * connect_timeout_;
+    conns_[id] = std::move(c);
     arm_sweep();
     KVX_LOG(info, "verbs: accepted an authenticated connection (qp %u)", id->qp->qp_num);
     return true;
@@ -456,18 +503,98 @@ void VerbsBackend::on_timer(int) {
     on_event(0, 0);  // an ESTABLISHED already queued counts
     const auto now = Clock::now();
     bool pending = false;
-    for (auto it = conns_.begin(); it != conns_.end();) {
-        if (it->second.established || it->second.deadline > now) {
-            pending |= !it->second.established;
-            ++it;
+    std::vector<rdma_cm_id *> stale;
+    for (auto &[id, c] : conns_) {
+        if (c->established || c->deadline > now) {
+            pending |= !c->established;
             continue;
         }
         KVX_LOG(warn, "verbs: an accepted connection (qp %u) never became established: closed",
-                it->first->qp ? it->first->qp->qp_num : 0);
-        destroy_cm_id(it->first);
-        it = conns_.erase(it);
+                id->qp ? id->qp->qp_num : 0);
+        stale.push_back(id);
     }
+    for (rdma_cm_id *id : stale) close_conn(id);
     if (pending) arm_sweep();
+}
+
+// Each probe retries for about half transfer_timeout_ms (8 tries of the ACK
+// timeout), one is sent every half transfer_timeout_ms: an initiator whose
+// NIC stops answering (its host vanished, no DREQ) loses its connection
+// within about transfer_timeout_ms.
+void VerbsBackend::set_probe_timing() {
+    const uint64_t t_ms = ctx_.options->uint("transfer_timeout_ms");
+    probe_every_ = std::chrono::milliseconds(std::max<uint64_t>(t_ms / 2, 50));
+    const double per_try_us = static_cast<double>(probe_every_.count()) * 1000.0 / 8;
+    uint8_t t = 12;  // 16.8 ms: below that, a busy link would see spurious retries
+    while (t < 20 && 4.096 * static_cast<double>(uint64_t{1} << (t + 1)) <= per_try_us) t++;
+    ack_timeout_ = t;
+}
+
+// A zero-length SEND on an established connection, unless one is in flight.
+void VerbsBackend::probe(Conn &c) {
+    if (c.probing) return;
+    ibv_send_wr w{};
+    w.wr_id = kProbeWrId;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr *bad = nullptr;
+    if (int rc = ibv_post_send(c.id->qp, &w, &bad)) {
+        // Not a sign of a dead peer: this process cannot send (e.g. rxe in a
+        // child forked after its parent opened the device: EACCES). Serve on
+        // without probes.
+        if (!probes_failed_++)
+            KVX_LOG(warn, "verbs: cannot send liveness probes (ibv_post_send: %s): inbound connections of initiators "
+                    "that vanish without a DREQ stay until the transport closes", strerror(rc));
+        return;
+    }
+    c.probing = true;
+}
+
+// Probe completions: a success re-arms the connection's timer; a failure
+// (retries or RNR retries exhausted, the QP in error) closes it.
+void VerbsBackend::on_probe_events() {
+    ibv_cq *cq = nullptr;
+    void *ctx = nullptr;
+    std::vector<rdma_cm_id *> dead;
+    while (ibv_get_cq_event(probe_ch_, &cq, &ctx) == 0) {
+        ibv_ack_cq_events(cq, 1);  // at once: closing the connection destroys its CQ
+        auto it = conns_.find(static_cast<rdma_cm_id *>(ctx));
+        if (it == conns_.end() || it->second->cq != cq) continue;
+        Conn &c = *it->second;
+        if (ibv_req_notify_cq(cq, 0) != 0) KVX_LOG(error, "verbs: ibv_req_notify_cq (probe) failed");
+        ibv_wc wc[2];
+        int n;
+        while ((n = ibv_poll_cq(cq, 2, wc)) > 0) {
+            for (int i = 0; i < n; i++) {
+                if (wc[i].wr_id != kProbeWrId) continue;  // a flushed receive
+                c.probing = false;
+                if (wc[i].status == IBV_WC_SUCCESS) {
+                    KVX_LOG(debug, "verbs: the initiator of qp %u answered a probe", wc[i].qp_num);
+                    if (!c.timer) c.timer = loop_->add_timer(Clock::now() + probe_every_, &c, 0);
+                    continue;
+                }
+                reaped_++;
+                KVX_LOG(info, "verbs: an initiator stopped answering (qp %u: %s): its connection is closed",
+                        wc[i].qp_num, ibv_wc_status_str(wc[i].status));
+                dead.push_back(c.id);
+            }
+        }
+    }
+    for (rdma_cm_id *id : dead)
+        if (conns_.count(id)) close_conn(id);
+}
+
+// The QP, its CQ, the id and the timer of an accepted connection (the
+// initiator sees a DREQ, or nothing when it is gone).
+void VerbsBackend::close_conn(rdma_cm_id *id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    std::unique_ptr<Conn> c = std::move(it->second);
+    conns_.erase(it);
+    loop_->cancel_timer(c->timer);
+    if (c->established) rdma_disconnect(id);
+    destroy_cm_id(id);  // the QP before its CQ
+    if (c->cq) ibv_destroy_cq(c->cq);
 }
 
 void VerbsBackend::shutdown() {
@@ -479,19 +606,16 @@ void VerbsBackend::shutdown() {
         // Detached: the loop never calls us again, the passive ids are ours alone.
         if (loop_) {
             loop_->detach(listen_tok_);
+            loop_->detach(probe_tok_);
             loop_->cancel_timer(sweep_tok_);
         }
-        for (auto &[id, c] : conns_) {
-            if (c.established) rdma_disconnect(id);
-            destroy_cm_id(id);
-        }
-        conns_.clear();
+        while (!conns_.empty()) close_conn(conns_.begin()->first);
         destroy_cm_id(listen_id_);
         listen_id_ = nullptr;
         // Any events still queued for destroyed ids were dropped with them.
         if (dev_) dev_->deregister();  // from here on no byte can land in the region
-        if (passive_cq_) ibv_destroy_cq(passive_cq_);
-        passive_cq_ = nullptr;
+        if (probe_ch_) ibv_destroy_comp_channel(probe_ch_);
+        probe_ch_ = nullptr;
         if (listen_ch_) rdma_destroy_event_channel(listen_ch_);
         listen_ch_ = nullptr;
         KVX_LOG(info, "verbs: backend shut down");

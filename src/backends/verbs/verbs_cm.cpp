@@ -56,19 +56,22 @@ rdma_conn_param conn_param(const void *pdata, size_t len) {
     // passive QP no remote read access either.
     cp.responder_resources = 0;
     cp.initiator_depth = 0;
-    cp.retry_count = 7;  // used by the initiator only
-    cp.rnr_retry_count = 7;
+    // Transport retries of both QPs (the REQ carries it to the target). Not
+    // 7: rxe takes 7 for "retry forever", and the target's liveness probes
+    // must fail when the initiator is gone (verbs.h, kProbeRecvs).
+    cp.retry_count = 6;
+    cp.rnr_retry_count = 7;  // forever: an initiator without receives answers probes with RNR NAKs
     return cp;
 }
 
-ibv_qp_init_attr rc_qp_attr(ibv_cq *cq, uint32_t send_wr) {
+ibv_qp_init_attr rc_qp_attr(ibv_cq *cq, uint32_t send_wr, uint32_t recv_wr) {
     ibv_qp_init_attr qa{};
     qa.send_cq = cq;
     qa.recv_cq = cq;
     qa.qp_type = IBV_QPT_RC;
     qa.sq_sig_all = 0;  // selective signalling
     qa.cap.max_send_wr = send_wr;
-    qa.cap.max_recv_wr = 1;
+    qa.cap.max_recv_wr = recv_wr;
     qa.cap.max_send_sge = 1;  // one SGE per WR: a Run is contiguous locally
     qa.cap.max_recv_sge = 1;
     return qa;

@@ -80,9 +80,10 @@ PeerConfig peer_config(const Device &dev, const Options &o) {
     // small enough that big transfers exercise the software queue.
     uint32_t depth = 1024;
     depth = std::min<uint32_t>(depth, static_cast<uint32_t>(std::max(dev.attr.max_qp_wr, 2)) - 1);  // +1: drain marker
-    // One CQ per peer holds a completion for every WR (flushes complete unsignalled WRs too).
+    // One CQ per peer holds a completion for every WR (flushes complete
+    // unsignalled WRs too), and for the receives kept for liveness probes.
     uint32_t cqe = static_cast<uint32_t>(std::max(dev.attr.max_cqe, 2));
-    depth = std::min<uint32_t>(depth, cqe / c.qps - 1);
+    depth = std::min<uint32_t>(depth, cqe / c.qps > kProbeRecvs + 1 ? cqe / c.qps - 1 - kProbeRecvs : 0);
     if (depth < 2) fail(KVX_EBACKEND, "verbs: device %s allows only %u WRs per queue", dev.name.c_str(), depth);
     c.sq_depth = depth;
     // As UCX's tx moderation: one CQE per 64 WRs. <= depth/2 guarantees a

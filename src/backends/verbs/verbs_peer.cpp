@@ -21,7 +21,8 @@ namespace kvx::verbs {
 
 namespace {
 
-constexpr uint64_t kDrainWrId = UINT64_MAX;  // shutdown's marker WR
+constexpr uint64_t kDrainWrId = UINT64_MAX;     // shutdown's marker WR
+constexpr uint64_t kRecvWrId = UINT64_MAX - 1;  // a receive kept for the target's liveness probes
 constexpr uint64_t kSplitMin = 256 << 10;    // with several QPs, ops of 2x this are spread over them
 constexpr int kCqPollBatch = 32;
 // IB CM reject reason: the REQ's (QP number, CA GUID) matches a connection
@@ -95,8 +96,9 @@ void VerbsPeer::setup_channels() {
     // One CQ per peer: its lifetime is the peer's, so removing a peer never
     // leaves stale completions in a shared CQ, and a broken peer's flushes
     // cannot crowd out another peer's completions. Every WR may complete
-    // (flushes complete unsignalled WRs too), plus one drain marker per QP.
-    int cqe = static_cast<int>(cfg_.qps * (cfg_.sq_depth + 1));
+    // (flushes complete unsignalled WRs too), plus one drain marker and the
+    // probe receives per QP.
+    int cqe = static_cast<int>(cfg_.qps * (cfg_.sq_depth + 1 + kProbeRecvs));
     cq_ = ibv_create_cq(dev_->ctx, cqe, this, comp_ch_, 0);
     if (!cq_) fail(KVX_EBACKEND, "verbs: ibv_create_cq(%d): %s", cqe, strerror(errno));
     if (ibv_req_notify_cq(cq_, 0) != 0) fail(KVX_EBACKEND, "verbs: ibv_req_notify_cq failed");
@@ -211,11 +213,14 @@ handshake::Challenge VerbsPeer::hello(const Dial &d) {
 // verified (CONNECT_RESPONSE, then rdma_establish sends the RTU).
 bool VerbsPeer::authenticate(const Dial &d, handshake::Challenge *ch) {
     CmId id = resolve(d);
-    ibv_qp_init_attr qa = rc_qp_attr(cq_, cfg_.sq_depth + 1);  // +1: shutdown's drain marker
+    ibv_qp_init_attr qa = rc_qp_attr(cq_, cfg_.sq_depth + 1, kProbeRecvs);  // +1: shutdown's drain marker
     OwnedQp qp(ibv_create_qp(dev_->pd, &qa));
     if (!qp)
         fail(KVX_EBACKEND, "%s: ibv_create_qp (send queue %u): %s", where_.c_str(), cfg_.sq_depth + 1, strerror(errno));
     move_qp(id.get(), qp.get(), IBV_QPS_INIT);
+    for (uint32_t i = 0; i < kProbeRecvs; i++)
+        if (int rc = post_probe_recv(qp.get()))
+            fail(KVX_EBACKEND, "%s: ibv_post_recv: %s", where_.c_str(), strerror(rc));
     handshake::Auth a = handshake::answer(*ch, d.meta.instance_id, d.meta.secret, d.ours);
     handshake::Bytes b;
     rdma_conn_param cp = conn_param(b.data(), handshake::encode(a, b.data()));
@@ -534,12 +539,35 @@ void VerbsPeer::complete_marks(Qp &q, uint64_t seq, CompletionBatch &out) {
     }
 }
 
+// A zero-length receive for the target's liveness probes (verbs.h): it takes
+// no bytes, so a SEND with any payload fails it (and breaks the peer).
+// 0 or an errno value.
+int VerbsPeer::post_probe_recv(ibv_qp *qp) {
+    ibv_recv_wr w{};
+    w.wr_id = kRecvWrId;
+    ibv_recv_wr *bad = nullptr;
+    return ibv_post_recv(qp, &w, &bad);
+}
+
 void VerbsPeer::handle_wc(const ibv_wc &wc, CompletionBatch &out) {
     Qp *q = nullptr;
     for (Qp &c : qps_)
         if (c.qp && c.qp->qp_num == wc.qp_num) q = &c;
     if (!q || wc.wr_id == kDrainWrId) return;
-    if (wc.status == IBV_WC_SUCCESS) {
+    if (wc.wr_id == kRecvWrId) {
+        // A probe arrived: the receive goes back. A flushed one means the QP
+        // went to ERR, which the send side reports.
+        if (wc.status == IBV_WC_WR_FLUSH_ERR) return;
+        if (wc.status == IBV_WC_SUCCESS) {
+            if (q->dead || broken_) return;
+            int rc = post_probe_recv(q->qp);
+            if (rc == 0) return;
+            KVX_LOG(warn, "verbs: %s: ibv_post_recv on QP %u: %s; the peer is broken until re-added", where_.c_str(),
+                    wc.qp_num, strerror(rc));
+            break_peer(KVX_EBACKEND, out);
+            return;
+        }
+    } else if (wc.status == IBV_WC_SUCCESS) {
         complete_marks(*q, wc.wr_id, out);
         return;
     }
