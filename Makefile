@@ -77,4 +77,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-deb build-rpm
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-deb build-rpm build-noverbs

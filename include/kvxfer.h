@@ -233,7 +233,10 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        with the others that waited, one doorbell and one
  *                        signalled work request for all (e.g. 1048576 on a
  *                        hardware NIC); 0 posts each at once.
- *   The verbs.* keys are ignored by other backends. With backend "verbs" a
+ *   The verbs.* keys are ignored by other backends, and exist only in builds
+ *   with the verbs backend (KVX_VERBS=ON, the default and the packages'): a
+ *   build without it refuses them as unknown (KVX_EINVAL), while backend
+ *   "verbs" is accepted there and fails creation with KVX_ENOTSUP. With backend "verbs" a
  *   device that cannot be used (none, no ACTIVE port, RLIMIT_MEMLOCK too low
  *   for the region, verbs.* naming something absent) fails creation with
  *   KVX_ENOTSUP and the reason; with "auto" it selects tcp (logged).
