@@ -183,7 +183,10 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        within it (for 2000 and more; 2 s below that).
  *                        A verbs target probes each inbound connection
  *                        every half of it and closes one whose initiator
- *                        stopped answering within about this long.
+ *                        stopped answering within about this long (at
+ *                        least 0.5 s). A verbs queue pair whose target
+ *                        acknowledges nothing for 7 ACK timeouts (rdma_cm's:
+ *                        about 4 s on RoCE) breaks its peer, also sooner.
  *   tcp.listen           "HOST:PORT" to listen on (IPv4, or [IPv6]:PORT),
  *                        default "0.0.0.0:0" (all IPv4 interfaces, any port).
  *   tcp.advertise        comma-separated "HOST:PORT" list put in the metadata

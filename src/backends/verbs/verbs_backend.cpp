@@ -34,6 +34,7 @@ constexpr int kListenBacklog = 1024;
 constexpr size_t kDestroyBatch = 64;  // refused ids destroyed together (see on_event)
 enum { kTagListener = 0, kTagSweep = 1, kTagProbes = 2 };
 constexpr uint64_t kProbeWrId = 1;
+constexpr int kProbeTries = 7;  // transmissions of a probe: retry_count 6 (conn_param) + 1
 
 constexpr uint16_t kSectionId = 3;
 constexpr uint8_t kSectionVersion = 0;
@@ -324,8 +325,19 @@ std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
 // Refused ids go in batches, after their rejects are on their way: the
 // kernel's destroy waits for the reject to be sent, so destroying each one
 // at once would make every request wait for the sends of all before it.
-void VerbsBackend::on_event(int tag, uint32_t) {
-    if (tag == kTagProbes) return on_probe_events();
+void VerbsBackend::on_event(int tag, uint32_t events) {
+    if (tag == kTagProbes) {
+        if (events & (EPOLLERR | EPOLLHUP)) {
+            // The device went away (disassociated): the channel stays in
+            // error and would wake the loop for ever. The probes stop.
+            KVX_LOG(warn, "verbs: the probe completion channel failed (device %s removed?): probes stop",
+                    dev_->name.c_str());
+            loop_->detach(probe_tok_);
+            probe_tok_ = 0;
+            return;
+        }
+        return on_probe_events();
+    }
     CmEvent ev;
     std::vector<rdma_cm_id *> done;
     bool more = true;
@@ -517,15 +529,16 @@ void VerbsBackend::on_timer(int) {
     if (pending) arm_sweep();
 }
 
-// Each probe retries for about half transfer_timeout_ms (8 tries of the ACK
-// timeout), one is sent every half transfer_timeout_ms: an initiator whose
-// NIC stops answering (its host vanished, no DREQ) loses its connection
-// within about transfer_timeout_ms.
+// Each probe retries for about half transfer_timeout_ms (7 tries of the ACK
+// timeout: retry_count 6), one is sent every half transfer_timeout_ms: an
+// initiator whose NIC stops answering (its host vanished, no DREQ) loses its
+// connection within about transfer_timeout_ms, and never in less than 7
+// tries of 67 ms (a live initiator's NIC may miss an ACK for a while).
 void VerbsBackend::set_probe_timing() {
     const uint64_t t_ms = ctx_.options->uint("transfer_timeout_ms");
     probe_every_ = std::chrono::milliseconds(std::max<uint64_t>(t_ms / 2, 50));
-    const double per_try_us = static_cast<double>(probe_every_.count()) * 1000.0 / 8;
-    uint8_t t = 12;  // 16.8 ms: below that, a busy link would see spurious retries
+    const double per_try_us = static_cast<double>(probe_every_.count()) * 1000.0 / kProbeTries;
+    uint8_t t = 14;  // 67 ms
     while (t < 20 && 4.096 * static_cast<double>(uint64_t{1} << (t + 1)) <= per_try_us) t++;
     ack_timeout_ = t;
 }
@@ -539,12 +552,19 @@ void VerbsBackend::probe(Conn &c) {
     w.send_flags = IBV_SEND_SIGNALED;
     ibv_send_wr *bad = nullptr;
     if (int rc = ibv_post_send(c.id->qp, &w, &bad)) {
-        // Not a sign of a dead peer: this process cannot send (e.g. rxe in a
-        // child forked after its parent opened the device: EACCES). Serve on
-        // without probes.
-        if (!probes_failed_++)
-            KVX_LOG(warn, "verbs: cannot send liveness probes (ibv_post_send: %s): inbound connections of initiators "
-                    "that vanish without a DREQ stay until the transport closes", strerror(rc));
+        // Not a sign of a dead peer. EACCES/EPERM: this process may not ring
+        // the doorbell (rxe in a child forked after its parent opened the
+        // device: the uverbs file carries the parent's credentials); its
+        // connections are served without probes. Anything else: again at
+        // the next period.
+        if (rc != EACCES && rc != EPERM) {
+            KVX_LOG(debug, "verbs: cannot probe an inbound connection (qp %u, ibv_post_send: %s); again later",
+                    c.id->qp->qp_num, strerror(rc));
+            c.timer = loop_->add_timer(Clock::now() + probe_every_, &c, 0);
+        } else if (!probes_failed_++) {
+            KVX_LOG(warn, "verbs: cannot send liveness probes (ibv_post_send: %s): connections of initiators that "
+                    "vanish without a DREQ stay until the transport closes", strerror(rc));
+        }
         return;
     }
     c.probing = true;
@@ -603,13 +623,16 @@ void VerbsBackend::shutdown() {
             std::lock_guard<std::mutex> lk(mu_);
             closed_ = true;
         }
-        // Detached: the loop never calls us again, the passive ids are ours alone.
-        if (loop_) {
+        // On the loop thread (inline once it is stopped), between two rounds
+        // of events and timers: no probe or sweep is running, and once this
+        // returns the loop never calls us again; the passive ids are ours alone.
+        if (loop_) loop_->call([this] {
             loop_->detach(listen_tok_);
             loop_->detach(probe_tok_);
             loop_->cancel_timer(sweep_tok_);
-        }
-        while (!conns_.empty()) close_conn(conns_.begin()->first);
+            listen_tok_ = probe_tok_ = sweep_tok_ = 0;
+            while (!conns_.empty()) close_conn(conns_.begin()->first);
+        });
         destroy_cm_id(listen_id_);
         listen_id_ = nullptr;
         // Any events still queued for destroyed ids were dropped with them.

@@ -275,14 +275,19 @@ void VerbsPeer::adopt(CmId id, size_t index) {
     qps_.push_back(std::move(q));
 }
 
+// On the loop thread, as the tokens are only touched there.
 bool VerbsPeer::start() {
-    tok_cq_ = loop_->attach(comp_ch_->fd, EPOLLIN, this, kTagCq);
-    tok_cm_ = loop_->attach(cm_ch_->fd, EPOLLIN, this, kTagCm);
-    if (tok_cq_ && tok_cm_) return true;
-    loop_->detach(tok_cq_);
-    loop_->detach(tok_cm_);
-    tok_cq_ = tok_cm_ = 0;
-    return false;
+    bool ok = false;
+    loop_->call([&] {
+        tok_cq_ = loop_->attach(comp_ch_->fd, EPOLLIN, this, kTagCq);
+        tok_cm_ = loop_->attach(cm_ch_->fd, EPOLLIN, this, kTagCm);
+        ok = tok_cq_ && tok_cm_;
+        if (ok) return;
+        loop_->detach(tok_cq_);
+        loop_->detach(tok_cm_);
+        tok_cq_ = tok_cm_ = 0;
+    });
+    return ok;
 }
 
 // ------------------------------------------------------------------ data path
@@ -590,9 +595,21 @@ void VerbsPeer::break_peer(int status, CompletionBatch &out) {
 
 // ------------------------------------------------------------------ events
 
-void VerbsPeer::on_event(int tag, uint32_t) {
-    if (tag == kTagCq) on_cq_event();
-    else on_cm_event();
+void VerbsPeer::on_event(int tag, uint32_t events) {
+    if (tag != kTagCq) return on_cm_event();
+    if (events & (EPOLLERR | EPOLLHUP)) {
+        // The device went away (disassociated): the channel stays in error
+        // and would wake the loop for ever. Nothing completes any more.
+        loop_->detach(tok_cq_);
+        tok_cq_ = 0;
+        CompletionBatch out;
+        std::unique_lock<std::mutex> lk(mu_);
+        if (!broken_) KVX_LOG(warn, "verbs: %s: the completion channel failed (device removed?)", where_.c_str());
+        break_peer(KVX_ECONNRESET, out);
+        deliver(lk, out);
+        return;
+    }
+    on_cq_event();
 }
 
 void VerbsPeer::on_cq_event() {
@@ -662,9 +679,11 @@ void VerbsPeer::abort(int status) {
 
 void VerbsPeer::shutdown() {
     std::call_once(shutdown_once_, [this] {
-        loop_->detach(tok_cq_);  // from here on the event loop never calls us
-        loop_->detach(tok_cm_);
-        tok_cq_ = tok_cm_ = 0;
+        loop_->call([this] {  // from here on the event loop never calls us
+            loop_->detach(tok_cq_);
+            loop_->detach(tok_cm_);
+            tok_cq_ = tok_cm_ = 0;
+        });
         {
             CompletionBatch out;
             std::unique_lock<std::mutex> lk(mu_);
