@@ -545,7 +545,7 @@ void VerbsBackend::set_probe_timing() {
 
 // A zero-length SEND on an established connection, unless one is in flight.
 void VerbsBackend::probe(Conn &c) {
-    if (c.probing) return;
+    if (c.probing || !probe_tok_) return;  // no channel: nothing would hear the answer
     ibv_send_wr w{};
     w.wr_id = kProbeWrId;
     w.opcode = IBV_WR_SEND;
@@ -581,7 +581,14 @@ void VerbsBackend::on_probe_events() {
         auto it = conns_.find(static_cast<rdma_cm_id *>(ctx));
         if (it == conns_.end() || it->second->cq != cq) continue;
         Conn &c = *it->second;
-        if (ibv_req_notify_cq(cq, 0) != 0) KVX_LOG(error, "verbs: ibv_req_notify_cq (probe) failed");
+        if (ibv_req_notify_cq(cq, 0) != 0) {
+            // Its next probe would complete unheard: the connection could
+            // never be judged again. Closed, as a connection we cannot watch.
+            KVX_LOG(warn, "verbs: ibv_req_notify_cq on an inbound connection (qp %u) failed: closed",
+                    c.id->qp->qp_num);
+            dead.push_back(c.id);
+            continue;
+        }
         ibv_wc wc[2];
         int n;
         while ((n = ibv_poll_cq(cq, 2, wc)) > 0) {

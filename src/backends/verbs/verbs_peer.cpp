@@ -605,6 +605,9 @@ void VerbsPeer::on_event(int tag, uint32_t events) {
         CompletionBatch out;
         std::unique_lock<std::mutex> lk(mu_);
         if (!broken_) KVX_LOG(warn, "verbs: %s: the completion channel failed (device removed?)", where_.c_str());
+        set_broken(KVX_ECONNRESET);
+        // What completed is still in the CQ: reported done first, as on a disconnect.
+        for (bool more = true; more;) more = poll_cq(out);
         break_peer(KVX_ECONNRESET, out);
         deliver(lk, out);
         return;
