@@ -281,16 +281,10 @@ extern char **environ;
 
 #define CHILD_EXEC_FLAG "--kvx-child-target"
 
-void child_start_exec(child_target *c, uint64_t nb, uint64_t bl, const char *config, const char *const *opts) {
+pid_t spawn_self(const char *const *argv, int *to_child, int *from_child) {
     int a[2], b[2];
     assert_int_equal(pipe(a), 0);
     assert_int_equal(pipe(b), 0);
-    char snb[24], sbl[24];
-    snprintf(snb, sizeof snb, "%llu", (unsigned long long)nb);
-    snprintf(sbl, sizeof sbl, "%llu", (unsigned long long)bl);
-    const char *argv[64] = {"kvx-child-target", CHILD_EXEC_FLAG, snb, sbl, config ? config : ""};
-    size_t n = 5;
-    for (; opts && *opts && n < 63; opts++) argv[n++] = *opts;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, a[0], 0);
@@ -298,12 +292,24 @@ void child_start_exec(child_target *c, uint64_t nb, uint64_t bl, const char *con
     posix_spawn_file_actions_addclose(&fa, a[1]);
     posix_spawn_file_actions_addclose(&fa, b[0]);
     fflush(NULL);
-    assert_int_equal(posix_spawn(&c->pid, "/proc/self/exe", &fa, NULL, (char *const *)argv, environ), 0);
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, "/proc/self/exe", &fa, NULL, (char *const *)argv, environ), 0);
     posix_spawn_file_actions_destroy(&fa);
     close(a[0]);
     close(b[1]);
-    c->to_child = a[1];
-    c->from_child = b[0];
+    *to_child = a[1];
+    *from_child = b[0];
+    return pid;
+}
+
+void child_start_exec(child_target *c, uint64_t nb, uint64_t bl, const char *config, const char *const *opts) {
+    char snb[24], sbl[24];
+    snprintf(snb, sizeof snb, "%llu", (unsigned long long)nb);
+    snprintf(sbl, sizeof sbl, "%llu", (unsigned long long)bl);
+    const char *argv[64] = {"kvx-child-target", CHILD_EXEC_FLAG, snb, sbl, config ? config : ""};
+    size_t n = 5;
+    for (; opts && *opts && n < 63; opts++) argv[n++] = *opts;
+    c->pid = spawn_self(argv, &c->to_child, &c->from_child);
     if (read_full(c->from_child, &c->meta, sizeof c->meta) != 0) fail_msg("child target did not start");
 }
 

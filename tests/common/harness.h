@@ -95,6 +95,9 @@ void child_start_opts(child_target *c, uint64_t nb, uint64_t bl, const char *con
  * what a forked child cannot do: one forked after its parent opened an RDMA
  * device shares the parent's uverbs file, and rxe refuses its sends (EACCES:
  * the file carries the parent's credentials). */
+/* This test program again (/proc/self/exe) with argv; its stdin and stdout
+ * are pipes from and to us (*to_child, *from_child). */
+pid_t spawn_self(const char *const *argv, int *to_child, int *from_child);
 void child_start_exec(child_target *c, uint64_t nb, uint64_t bl, const char *config, const char *const *opts);
 /* First thing in main(): serves as the target (and exits) when this process
  * was started by child_start_exec(); returns otherwise. */

@@ -70,22 +70,8 @@ typedef struct child {
 } child;
 
 static void vchild_start(child *c) {
-    int in[2], out[2];
-    assert_int_equal(pipe(in), 0);
-    assert_int_equal(pipe(out), 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addclose(&fa, in[1]);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    char *argv[] = {"test_verbs_procs", "--target", NULL};
-    assert_int_equal(posix_spawn(&c->pid, "/proc/self/exe", &fa, NULL, argv, environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    close(in[0]);
-    close(out[1]);
-    c->to = in[1];
-    c->from = out[0];
+    const char *argv[] = {"test_verbs_procs", "--target", NULL};
+    c->pid = spawn_self(argv, &c->to, &c->from);
     assert_int_equal(read_full(c->from, &c->meta, sizeof c->meta), 0);
 }
 

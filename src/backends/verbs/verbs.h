@@ -232,6 +232,7 @@ private:
     void fail_inflight(Qp &q, int status, CompletionBatch &out);
     void kill_qp(Qp &q, int status, CompletionBatch &out);
     void break_peer(int status, CompletionBatch &out);
+    void drain_and_break(int status, CompletionBatch &out);
     void set_broken(int status);
     void to_error(Qp &q);
     void deliver(std::unique_lock<std::mutex> &lk, CompletionBatch &out);

@@ -193,7 +193,6 @@ private:
     std::unordered_map<rdma_cm_id *, std::unique_ptr<Conn>> conns_;  // accepted ids
     std::chrono::milliseconds probe_every_{0};
     uint8_t ack_timeout_ = 0;  // of the passive QPs: 4.096 us << this per try
-    uint64_t reaped_ = 0;      // connections closed because their initiator stopped answering
     uint64_t probes_failed_ = 0;  // probes that could not be posted
     std::unique_ptr<handshake::ChallengeCookies> challenges_;
     std::chrono::milliseconds connect_timeout_{0};
@@ -600,7 +599,6 @@ void VerbsBackend::on_probe_events() {
                     if (!c.timer) c.timer = loop_->add_timer(Clock::now() + probe_every_, &c, 0);
                     continue;
                 }
-                reaped_++;
                 KVX_LOG(info, "verbs: an initiator stopped answering (qp %u: %s): its connection is closed",
                         wc[i].qp_num, ibv_wc_status_str(wc[i].status));
                 dead.push_back(c.id);

@@ -585,6 +585,17 @@ void VerbsPeer::handle_wc(const ibv_wc &wc, CompletionBatch &out) {
     break_peer(KVX_ECONNRESET, out);
 }
 
+// The connection is gone (a disconnect, a failed completion channel): what
+// finished before is in the CQ and is reported done first (broken, so
+// nothing more is posted). Then every QP to ERR and the rest fails now
+// rather than through flushed completions: a part whose last WR was
+// unsignalled and already executed flushes nothing that would end it. mu_ held.
+void VerbsPeer::drain_and_break(int status, CompletionBatch &out) {
+    set_broken(status);
+    for (bool more = true; more;) more = poll_cq(out);
+    break_peer(status, out);
+}
+
 // Every QP to ERR (the NIC starts nothing more of ours), then every transfer
 // in flight or queued fails with the peer's break status. mu_ held.
 void VerbsPeer::break_peer(int status, CompletionBatch &out) {
@@ -605,10 +616,7 @@ void VerbsPeer::on_event(int tag, uint32_t events) {
         CompletionBatch out;
         std::unique_lock<std::mutex> lk(mu_);
         if (!broken_) KVX_LOG(warn, "verbs: %s: the completion channel failed (device removed?)", where_.c_str());
-        set_broken(KVX_ECONNRESET);
-        // What completed is still in the CQ: reported done first, as on a disconnect.
-        for (bool more = true; more;) more = poll_cq(out);
-        break_peer(KVX_ECONNRESET, out);
+        drain_and_break(KVX_ECONNRESET, out);
         deliver(lk, out);
         return;
     }
@@ -656,14 +664,7 @@ void VerbsPeer::on_cm_event() {
         std::unique_lock<std::mutex> lk(mu_);
         if (stopping_) continue;
         if (!broken_) KVX_LOG(warn, "verbs: %s: connection lost (%s)", where_.c_str(), rdma_event_str(ev.type));
-        set_broken(KVX_ECONNRESET);
-        // What finished before the disconnect is in the CQ: reported done
-        // first (broken, so nothing more is posted). Then every QP to ERR
-        // and the rest fails now rather than through flushed completions:
-        // a part whose last WR was unsignalled and already executed flushes
-        // nothing that would end it.
-        for (bool more = true; more;) more = poll_cq(out);
-        break_peer(KVX_ECONNRESET, out);
+        drain_and_break(KVX_ECONNRESET, out);
         deliver(lk, out);
     }
 }
