@@ -4,6 +4,8 @@
 # loopback does cold on the same machine (kvxfer-cold-ref: a fresh region,
 # every page touched from user space first, recv() into it), in one run:
 #   kvxfer-bench --backend tcp --cold 512M, 64K and 1M blocks (256 MiB regions)
+#   the same with --option region_prewarm=1 (both transports have the kernel
+#                read their region at create; the create time is not counted)
 #   kvxfer-cold-ref, the same block sizes, region and bytes
 # REPEAT rounds (default 3), interleaved; printed: cold GB/s, steady GB/s and
 # cold/steady for both, median (min-max).
@@ -34,6 +36,10 @@ for round in $(seq "$repeat"); do
     "$bench" --backend tcp --json --no-progress --block-size 64K,1M --cold 512M --warmup 0 \
         --duration "$duration" "$@" >"$tmp/kvx.json" || die "kvxfer-bench failed: $(cat "$tmp/kvx.json")"
     kvx_tag "kvxfer tcp" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
+    "$bench" --backend tcp --json --no-progress --block-size 64K,1M --cold 512M --warmup 0 \
+        --duration "$duration" --option region_prewarm=1 "$@" >"$tmp/kvx.json" ||
+        die "kvxfer-bench region_prewarm=1 failed: $(cat "$tmp/kvx.json")"
+    kvx_tag "kvxfer prewarm" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
     for bs in 64K 1M; do
         "$ref" "$bs" 256M 512M | kvx_tag "plain tcp" "$round" >>"$tmp/all.jsonl"
     done

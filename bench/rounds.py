@@ -126,9 +126,9 @@ def print_cold(rows):
     for r in rows:
         by.setdefault((r["block_size"], r["kind"]), []).append((r["cold_gb_per_s"], r["gb_per_s"]))
     print("the first bytes after connecting (cold) vs the same again right after (steady), GB/s: median (min-max)")
-    print("  %-12s %5s %24s %24s %24s" % ("kind", "block", "cold", "steady", "cold/steady"))
+    print("  %-15s %5s %24s %24s %24s" % ("kind", "block", "cold", "steady", "cold/steady"))
     for (bs, kind), v in sorted(by.items()):
-        print("  %-12s %5s %24s %24s %24s" % (kind, size_name(bs), fmt([c for c, _ in v]), fmt([g for _, g in v]),
+        print("  %-15s %5s %24s %24s %24s" % (kind, size_name(bs), fmt([c for c, _ in v]), fmt([g for _, g in v]),
                                              fmt([c / g for c, g in v if g > 0])))
 
 

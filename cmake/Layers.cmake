@@ -48,7 +48,7 @@ kvx_layer(backends
 kvx_layer(core
   SOURCES src/core/options.cpp src/core/fingerprint.cpp src/core/id_table.cpp src/core/transport.cpp
           src/core/transport_peers.cpp src/core/registrations.cpp src/core/telemetry.cpp
-          src/core/ready.cpp
+          src/core/ready.cpp src/core/prewarm.cpp
   SEES util wire handshake backend core
   LIBS OpenSSL::Crypto nlohmann_json::nlohmann_json)
 kvx_layer(capi

@@ -187,6 +187,16 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        least 0.5 s). A verbs queue pair whose target
  *                        acknowledges nothing for 7 ACK timeouts (rdma_cm's:
  *                        about 4 s on RoCE) breaks its peer, also sooner.
+ *   region_prewarm       0..1, default 0. 1: kvx_transport_create() has the
+ *                        kernel read every page of the region once (through
+ *                        its user address; read-only, bytes written
+ *                        meanwhile are kept) before it returns, so that the
+ *                        first transfers do not pay a first kernel access
+ *                        per page, which costs about 10x a later one on some
+ *                        hypervisors (touching the pages from user space does
+ *                        not help there). Costs one pass over the region. A
+ *                        page that cannot be read fails the create with
+ *                        KVX_EINVAL naming its offset and block.
  *   tcp.listen           "HOST:PORT" to listen on (IPv4, or [IPv6]:PORT),
  *                        default "0.0.0.0:0" (all IPv4 interfaces, any port).
  *   tcp.advertise        comma-separated "HOST:PORT" list put in the metadata
@@ -290,7 +300,8 @@ KVX_API int kvx_options_set(kvx_options *opts, const char *key, const char *valu
  *                    first 16 hex chars; NULL, "null" or "{}" give "" (compatible
  *                    with every peer).
  * @param opts        options, or NULL for defaults; not retained.
- * @return 0; KVX_EINVAL (NULL out/base, zero size, bad option value);
+ * @return 0; KVX_EINVAL (NULL out/base, zero size, bad option value, a
+ *         region that region_prewarm cannot read);
  *         KVX_EOVERFLOW (num_blocks*block_len overflows); KVX_ECONFIG (invalid
  *         JSON or not an object); KVX_ENOTSUP (backend not available here);
  *         KVX_EBACKEND (listen/device failure); KVX_ENOMEM.

@@ -15,6 +15,9 @@ constexpr OptionSpec kCoreOptions[] = {
     {"connect_timeout_ms", OptType::uint, 1, 3600000, "5000", "connect + authenticate budget of add_remote_peer"},
     {"transfer_timeout_ms", OptType::uint, 1, 3600000, "30000",
      "a transfer not done after this long fails and its peer is marked broken"},
+    {"region_prewarm", OptType::uint, 0, 1, "0",
+     "1: kvx_transport_create() has the kernel read every page of the region once (read-only), so that the first "
+     "transfers do not pay a first kernel access per page (slow on some hypervisors); costs one pass over the region"},
 };
 
 void check_backend_list(const std::string &v) {
@@ -71,6 +74,7 @@ CoreOptions CoreOptions::from(const Options &o) {
     c.fallback = o.uint("peer_backend_fallback") != 0;
     c.connect_timeout_ms = static_cast<uint32_t>(o.uint("connect_timeout_ms"));
     c.transfer_timeout_ms = static_cast<uint32_t>(o.uint("transfer_timeout_ms"));
+    c.prewarm = o.uint("region_prewarm") != 0;
     return c;
 }
 

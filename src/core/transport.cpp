@@ -7,6 +7,7 @@
 
 #include "backend/registry.h"
 #include "core/fingerprint.h"
+#include "core/prewarm.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "wire/metadata.h"
@@ -95,6 +96,13 @@ Transport::Transport(void *base, uint64_t num_blocks, uint64_t block_len, const 
     options_ = Options(opts, all_option_tables());
     core_ = CoreOptions::from(options_);
     fingerprint_ = config_fingerprint(config_json);
+    if (core_.prewarm) {
+        const Clock::time_point t0 = Clock::now();
+        prewarm_region(region_.base, num_blocks * block_len, block_len);
+        KVX_LOG(info, "region_prewarm: %llu bytes read by the kernel in %lld ms",
+                (unsigned long long)(num_blocks * block_len),
+                (long long)std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+    }
 
     BackendContext ctx;
     ctx.region = region_;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -841,10 +842,71 @@ static void test_threads(void **state) {
     pair_down(&p);
 }
 
+/* region_prewarm: 0..1, checked at set. With 1 the create has the kernel read
+ * the whole region: its bytes stay as they were, transfers land as without
+ * it, and a region with an unreadable page fails the create with KVX_EINVAL
+ * naming that block (the same region is accepted without the option). */
+static void test_region_prewarm(void **state) {
+    (void)state;
+    kvx_options *o = NULL;
+    CHECK_OK(kvx_options_create(&o));
+    CHECK_ERR(kvx_options_set(o, "region_prewarm", "2"), KVX_EINVAL);
+    assert_non_null(strstr(kvx_last_error_message(), "region_prewarm"));
+    kvx_options_destroy(o);
+
+    pair p;
+    p.ra = region_new(NB, BL, 0x11);
+    p.rb = region_new(NB, BL, 0x22);
+    for (uint64_t i = 0; i < NB; i++) fill_block(p.ra.base + i * BL, BL, i, 9);
+    p.a = transport_new(&p.ra, CFG, test_options("region_prewarm=1", NULL));
+    p.b = transport_new(&p.rb, CFG, test_options("region_prewarm=1", NULL));
+    for (uint64_t i = 0; i < NB; i++) {
+        assert_true(block_matches(p.ra.base + i * BL, BL, i, 9));
+        assert_true(block_is(p.rb.base + i * BL, BL, 0x22));
+    }
+    get_meta(p.b, &p.mb);
+    add_peer(p.a, "b", &p.mb);
+    uint64_t l[] = {1, 2, 3, 60}, r[] = {10, 11, 12, 0}, id;
+    CHECK_OK(kvx_write_blocks(&id, p.a, "b", l, r, 4));
+    size_t nf = 0;
+    assert_int_equal(wait_ids(p.a, "b", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(nf, 0);
+    for (uint64_t i = 0; i < NB; i++) {
+        int dest = -1;
+        for (int k = 0; k < 4; k++)
+            if (r[k] == i) dest = k;
+        assert_true(dest >= 0 ? block_matches(p.rb.base + i * BL, BL, l[dest], 9) : block_is(p.rb.base + i * BL, BL, 0x22));
+    }
+    pair_down(&p);
+
+    /* block 5 of 8 unreadable: a page of its own */
+    const long pg = sysconf(_SC_PAGESIZE);
+    uint8_t *m = mmap(NULL, 8 * (size_t)pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    memset(m, 0x33, 8 * (size_t)pg);
+    assert_int_equal(mprotect(m + 5 * pg, (size_t)pg, PROT_NONE), 0);
+    kvx_transport *t = NULL;
+    o = test_options("region_prewarm=1", NULL);
+    CHECK_ERR(kvx_transport_create(&t, m, 8, (uint64_t)pg, NULL, o), KVX_EINVAL);
+    char want[64];
+    snprintf(want, sizeof want, "offset %ld (block 5,", 5 * pg);
+    assert_non_null(strstr(kvx_last_error_message(), want));
+    assert_null(t);
+    kvx_options_destroy(o);
+    if (strcmp(test_backend(), "tcp") == 0) { /* verbs would not register it */
+        o = test_options(NULL);
+        CHECK_OK(kvx_transport_create(&t, m, 8, (uint64_t)pg, NULL, o));
+        kvx_options_destroy(o);
+        kvx_transport_destroy(t);
+    }
+    munmap(m, 8 * (size_t)pg);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_bad_input),
         cmocka_unit_test(test_properties),
+        cmocka_unit_test(test_region_prewarm),
         cmocka_unit_test(test_metadata_buffer),
         cmocka_unit_test(test_add_peer_bad_metadata),
         cmocka_unit_test(test_add_peer_mismatch),
