@@ -187,16 +187,20 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        least 0.5 s). A verbs queue pair whose target
  *                        acknowledges nothing for 7 ACK timeouts (rdma_cm's:
  *                        about 4 s on RoCE) breaks its peer, also sooner.
- *   region_prewarm       0..1, default 0. 1: kvx_transport_create() has the
- *                        kernel read every page of the region once (through
- *                        its user address; read-only, bytes written
- *                        meanwhile are kept) before it returns, so that the
- *                        first transfers do not pay a first kernel access
- *                        per page, which costs about 10x a later one on some
- *                        hypervisors (touching the pages from user space does
- *                        not help there). Costs one pass over the region. A
- *                        page that cannot be read fails the create with
- *                        KVX_EINVAL naming its offset and block.
+ *   region_prewarm       0..1, default 0 (since 0.4.3). 1:
+ *                        kvx_transport_create() has the kernel read every
+ *                        page of the region once (through its user address;
+ *                        read-only, bytes written meanwhile are kept) before
+ *                        it returns, so that the first transfers do not pay
+ *                        a first kernel access per page, which costs about
+ *                        10x a later one on some hypervisors (touching the
+ *                        pages from user space does not help there). Costs
+ *                        one pass over the region. Host memory only, and
+ *                        populated: a page never written is the shared zero
+ *                        page until written, and a write still faults it in.
+ *                        A page that cannot be read (e.g. device memory)
+ *                        fails the create with KVX_EINVAL naming its offset
+ *                        and block.
  *   tcp.listen           "HOST:PORT" to listen on (IPv4, or [IPv6]:PORT),
  *                        default "0.0.0.0:0" (all IPv4 interfaces, any port).
  *   tcp.advertise        comma-separated "HOST:PORT" list put in the metadata
@@ -304,7 +308,8 @@ KVX_API int kvx_options_set(kvx_options *opts, const char *key, const char *valu
  *         region that region_prewarm cannot read);
  *         KVX_EOVERFLOW (num_blocks*block_len overflows); KVX_ECONFIG (invalid
  *         JSON or not an object); KVX_ENOTSUP (backend not available here);
- *         KVX_EBACKEND (listen/device failure); KVX_ENOMEM.
+ *         KVX_EBACKEND (listen/device failure; no pipe for
+ *         region_prewarm); KVX_ENOMEM.
  * Thread safety: any thread.
  */
 KVX_API int kvx_transport_create(kvx_transport **out, void *base, uint64_t num_blocks,
