@@ -48,7 +48,9 @@ struct bench_opts {
     bool config_given;
     uint64_t seed;
     bool seed_given;
-    bool shared_region;           /* --target-region shared: the target's region from kvx_region_alloc() */
+    enum { REGION_PRIVATE, REGION_SHARED, REGION_THP } target_region; /* --target-region: private (anonymous),
+                                                                          shared (kvx_region_alloc()), thp (anonymous,
+                                                                          MADV_HUGEPAGE) */
     bool idle_wait;               /* --idle wait: sleep in kvx_wait() when nothing can be submitted */
     /* roles */
     const char *serve;            /* --serve [HOST:]PORT */
@@ -87,7 +89,7 @@ bool pattern_check(const void *src, uint64_t len, uint64_t seed, uint64_t tag, u
 uint64_t poison_seed(uint64_t seed);
 
 /* Region memory: page-aligned, zero-filled, from mmap. NULL on failure. */
-void *region_alloc(uint64_t bytes);
+void *region_alloc(uint64_t bytes, bool thp);
 void region_free(void *p, uint64_t bytes);
 
 /* kvx_options from backend (NULL: library default) and every --option

@@ -16,6 +16,11 @@
 #                take the same path), shm.threads=1
 #   shm mapped 2 the same with shm.threads=2 (4 MiB only)
 #   shm private  --backend shm, the target's region private: process_vm_writev
+#   memcpy thp, pvw thp, shm private thp  the same three with the regions on
+#                transparent huge pages (MADV_HUGEPAGE; kvxfer-bench
+#                --target-region thp): the kernel pins a 2 MiB page where it
+#                pinned 512 small ones. memcpy, the anchor of every ratio, is
+#                the better of "memcpy" and "memcpy thp" per size
 #   shm private 2  the same with shm.threads=2 (4M and 1M: split from 512 KiB)
 #   shm staged   the same with shm.private=staged: through the target's staging
 #                ring (the path of a writer the kernel refuses; two copies)
@@ -74,10 +79,13 @@ for round in $(seq "$repeat"); do
     echo "$me: round $round of $repeat" >&2
     { "$ref" 4M,1M,64K 256M seq 1 "$duration" && "$ref" 4K 256M random 16 "$duration"; } | tag memcpy
     { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw && "$ref" 4K 256M random 16 "$duration" pvw; } | tag pvw
+    { "$ref" 4M,1M,64K 256M seq 1 "$duration" thp && "$ref" 4K 256M random 16 "$duration" thp; } | tag "memcpy thp"
+    { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw thp && "$ref" 4K 256M random 16 "$duration" pvw thp; } | tag "pvw thp"
     kv "shm mapped" --backend shm --target-region shared --option shm.threads=1 "$@"
     kv_sizes "shm mapped 2" 4M 1 seq --backend shm --target-region shared --option shm.threads=2 "$@"
     kv "shm private" --backend shm --option shm.threads=1 "$@"
     kv_sizes "shm private 2" 4M,1M 1 seq --backend shm --option shm.threads=2 "$@"
+    kv "shm private thp" --backend shm --target-region thp --option shm.threads=1 "$@"
     kv "shm staged" --backend shm --option shm.threads=1 --option shm.private=staged "$@"
     kv "tcp" --backend tcp "$@"
 done
@@ -87,31 +95,37 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
 for r in rows:
-    if r["kind"] not in ("memcpy", "pvw"):
+    if r["kind"] not in ("memcpy", "pvw", "memcpy thp", "pvw thp"):
         if r.get("failed") or r.get("verified") == "no":
             sys.exit("compare-shm.sh: a kvxfer run failed or did not verify: %s" % r)
     by.setdefault((r["kind"], r["block_size"], r["pattern"]), []).append(r["gb_per_s"])
 def cell(kind, bs, pat):
     v = by.get((kind, bs, pat))
     return (statistics.median(v), min(v), max(v), len(v)) if v else None
+def best_memcpy(bs, pat):  # the stronger anchor of the two memory kinds
+    cs = [c for c in (cell("memcpy", bs, pat), cell("memcpy thp", bs, pat)) if c]
+    return max(cs) if cs else None
 def fmt(c):
     return "%6.2f (%5.2f-%5.2f)" % c[:3] if c else "%19s" % "-"
 sizes = [(4 << 20, "seq"), (1 << 20, "seq"), (64 << 10, "seq"), (4 << 10, "random")]
-kinds = ["memcpy", "pvw", "shm mapped", "shm mapped 2", "shm private", "shm private 2", "shm staged", "tcp"]
+kinds = ["memcpy", "memcpy thp", "pvw", "pvw thp", "shm mapped", "shm mapped 2", "shm private", "shm private 2",
+         "shm private thp", "shm staged", "tcp"]
 print("GB/s, median (min-max) of %d rounds; 4K = random, batch 16; others seq, batch 1" % max(len(v) for v in by.values()))
 print("%-10s" % "block" + "".join("%21s" % k for k in kinds))
 for bs, pat in sizes:
     name = "%dK" % (bs >> 10) if bs < (1 << 20) else "%dM" % (bs >> 20)
     print("%-10s" % name + "".join("  " + fmt(cell(k, bs, pat)) for k in kinds))
 print()
-print("ratios of medians:")
+print("ratios of medians (memcpy: the better of memcpy and memcpy thp at that size):")
 for bs, pat in sizes:
     name = "%dK" % (bs >> 10) if bs < (1 << 20) else "%dM" % (bs >> 20)
-    m = cell("memcpy", bs, pat)
     parts = []
     for k, ref in (("shm mapped", "memcpy"), ("shm mapped 2", "memcpy"), ("shm private", "memcpy"),
-                   ("shm private 2", "memcpy"), ("pvw", "memcpy"), ("shm private", "pvw"), ("shm staged", "memcpy"), ("shm mapped", "tcp"), ("shm staged", "tcp")):
-        a, b = cell(k, bs, pat), cell(ref, bs, pat)
+                   ("shm private 2", "memcpy"), ("shm private thp", "memcpy"), ("pvw", "memcpy"), ("pvw thp", "memcpy"),
+                   ("shm private", "pvw"), ("shm private thp", "pvw thp"), ("shm staged", "memcpy"),
+                   ("shm mapped", "tcp"), ("shm staged", "tcp")):
+        a = cell(k, bs, pat)
+        b = best_memcpy(bs, pat) if ref == "memcpy" else cell(ref, bs, pat)
         if a and b and b[0] > 0:
             parts.append("%s/%s %.2f" % (k, ref, a[0] / b[0]))
     print("%-6s %s" % (name, "; ".join(parts)))

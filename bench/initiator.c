@@ -605,7 +605,7 @@ static void request_region(const struct size_run *sr, struct target_region *tr)
 static void map_local_region(struct size_run *sr)
 {
     uint64_t bytes = sr->bs * sr->nblocks;
-    sr->local = region_alloc(bytes);
+    sr->local = region_alloc(bytes, false);
     if (!sr->local)
         die("cannot map a local region of %llu bytes: %s", (unsigned long long)bytes, strerror(errno));
     if (sr->o->verify)

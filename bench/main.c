@@ -67,10 +67,11 @@ static const char usage_text[] =
     "  --verify / --no-verify     check the data (default on), see below\n"
     "  --option KEY=VALUE         kvx_options_set() KEY VALUE, repeatable, e.g.\n"
     "                             --option tcp.streams=2 (local mode: both sides)\n"
-    "  --target-region private|shared  the target's region: private (default;\n"
-    "                             anonymous memory) or shared (kvx_region_alloc: a\n"
+    "  --target-region private|shared|thp  the target's region: private (default;\n"
+    "                             anonymous memory), shared (kvx_region_alloc: a\n"
     "                             sealed memfd, so shm peers map it; vLLM's /dev/shm\n"
-    "                             files take the same path)\n"
+    "                             files take the same path) or thp (anonymous,\n"
+    "                             MADV_HUGEPAGE: transparent huge pages)\n"
     "  --config JSON              model config JSON for the config fingerprint,\n"
     "                             used by both sides\n"
     "  --seed N                   seed of data pattern and random indexes\n"
@@ -204,9 +205,14 @@ static void opt_backend(struct cli *c, const char *v)
 
 static void opt_target_region(struct cli *c, const char *v)
 {
-    if (strcmp(v, "private") && strcmp(v, "shared"))
-        usage_error("--target-region: '%s' is not private or shared", v);
-    c->o->shared_region = strcmp(v, "shared") == 0;
+    if (strcmp(v, "private") == 0)
+        c->o->target_region = REGION_PRIVATE;
+    else if (strcmp(v, "shared") == 0)
+        c->o->target_region = REGION_SHARED;
+    else if (strcmp(v, "thp") == 0)
+        c->o->target_region = REGION_THP;
+    else
+        usage_error("--target-region: '%s' is not private, shared or thp", v);
 }
 
 static void opt_block_size(struct cli *c, const char *arg)
@@ -502,9 +508,9 @@ static void target_args(const struct bench_opts *o, const char *fdarg, const cha
         args[n++] = "--config";
         args[n++] = o->config;
     }
-    if (o->shared_region) {
+    if (o->target_region != REGION_PRIVATE) {
         args[n++] = "--target-region";
-        args[n++] = "shared";
+        args[n++] = o->target_region == REGION_SHARED ? "shared" : "thp";
     }
     for (size_t i = 0; i < o->n_options; i++) {
         args[n++] = "--option";

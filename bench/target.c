@@ -73,7 +73,7 @@ static void end_run(struct session *s)
         }
         kvx_transport_destroy(s->t);
     }
-    if (s->o->shared_region)
+    if (s->o->target_region == REGION_SHARED)
         kvx_region_free(s->region);
     else
         region_free(s->region, s->region_bytes);
@@ -147,7 +147,7 @@ static int refuse_run(const struct session *s, const struct rbuf *r, const struc
 static int map_region(struct session *s, const struct run_request *q, char *err, size_t cap)
 {
     uint64_t bytes = q->block_len * q->num_blocks;
-    if (s->o->shared_region) {
+    if (s->o->target_region == REGION_SHARED) {
         void *p = NULL;
         int rc = kvx_region_alloc(&p, bytes, 0);
         if (rc) {
@@ -156,7 +156,7 @@ static int map_region(struct session *s, const struct run_request *q, char *err,
         }
         s->region = p;
     } else {
-        s->region = region_alloc(bytes);
+        s->region = region_alloc(bytes, s->o->target_region == REGION_THP);
     }
     if (!s->region) {
         snprintf(err, cap, "cannot map a region of %llu bytes: %s", (unsigned long long)bytes,

@@ -110,6 +110,34 @@ char *touched_region(const char *prog, size_t len, int fill)
     return p;
 }
 
+void *map_private(size_t len, int thp)
+{
+    const size_t huge = 2u << 20;
+    if (len == 0 || (thp && len > SIZE_MAX - huge)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    const size_t span = thp ? len + huge : len;
+    char *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    if (!thp)
+        return p;
+    /* keep the 2 MiB aligned len bytes inside, give back the rest */
+    char *a = (char *)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (a > p)
+        munmap(p, (size_t)(a - p));
+    if (p + span > a + len)
+        munmap(a + len, (size_t)(p + span - (a + len)));
+    if (madvise(a, len, MADV_HUGEPAGE) != 0) {
+        int e = errno;
+        munmap(a, len);
+        errno = e;
+        return NULL;
+    }
+    return a;
+}
+
 void loopback_pair(const char *prog, int *client, int *server)
 {
     int l = socket(AF_INET, SOCK_STREAM, 0);

@@ -21,6 +21,11 @@ void fmt_size(char *buf, size_t cap, uint64_t n);
  * pages exist before anything is timed); a message naming prog and exit(1)
  * when there is no memory. */
 char *touched_region(const char *prog, size_t len, int fill);
+/* len bytes of private anonymous memory (untouched), or NULL with errno set.
+ * thp: 2 MiB aligned and advised MADV_HUGEPAGE, so that the kernel backs it
+ * with transparent huge pages where it can (THP "madvise" or "always"); free
+ * either with munmap(p, len). */
+void *map_private(size_t len, int thp);
 /* Two connected TCP sockets on 127.0.0.1 (the listener is closed again):
  * *client made the connection, *server accepted it; a message naming prog
  * and exit(1) when that fails. */

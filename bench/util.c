@@ -124,12 +124,11 @@ bool pattern_check(const void *src, uint64_t len, uint64_t seed, uint64_t tag, u
 
 uint64_t poison_seed(uint64_t seed) { return mix64(seed ^ 0x706f69736f6e2121ull); /* "poison!!" */ }
 
-void *region_alloc(uint64_t bytes)
+void *region_alloc(uint64_t bytes, bool thp)
 {
     if (bytes == 0 || bytes > SIZE_MAX)
         return NULL;
-    void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    return map_private((size_t)bytes, thp);
 }
 
 void region_free(void *p, uint64_t bytes)

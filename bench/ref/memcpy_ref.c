@@ -6,12 +6,14 @@
  * call). Prints one JSON line per size: {"block_size":N,"pattern":"...",
  * "batch":N,"bytes":N,"seconds":S,"gb_per_s":G}.
  *
- * With "pvw" last, the destination is the private memory of a child process
+ * With "pvw", the destination is the private memory of a child process
  * and every call is one process_vm_writev carrying the call's blocks (one
  * iovec each, as kvxfer's shm backend sends them): the ceiling of kvxfer's
- * kernel path for private memory, on this kernel.
+ * kernel path for private memory, on this kernel. With "thp", both regions
+ * are 2 MiB aligned and advised MADV_HUGEPAGE (transparent huge pages; the
+ * child's copy of dst inherits the advice).
  *
- *   kvxfer-memcpy-ref BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw]
+ *   kvxfer-memcpy-ref BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw] [thp]
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -76,8 +78,14 @@ static int run(uint64_t bs, uint64_t ws, int random, uint64_t batch, double secs
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6 && !(argc == 7 && strcmp(argv[6], "pvw") == 0)) {
-        fprintf(stderr, "usage: %s BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw]\n", argv[0]);
+    int pvw = 0, thp = 0, bad = argc < 6;
+    for (int i = 6; i < argc; i++) {
+        if (strcmp(argv[i], "pvw") == 0) pvw = 1;
+        else if (strcmp(argv[i], "thp") == 0) thp = 1;
+        else bad = 1;
+    }
+    if (bad) {
+        fprintf(stderr, "usage: %s BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw] [thp]\n", argv[0]);
         return 2;
     }
     const uint64_t ws = size_or_exit("kvxfer-memcpy-ref", argv[2]);
@@ -85,15 +93,17 @@ int main(int argc, char **argv) {
     if (parse_u64(argv[4], &batch) != 0) batch = 0;
     const int random = strcmp(argv[3], "random") == 0;
     const double secs = atof(argv[5]);
-    uint8_t *src = mmap(NULL, ws, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    uint8_t *dst = mmap(NULL, ws, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (src == MAP_FAILED || dst == MAP_FAILED || batch == 0 || batch > 1024 || ws == 0) {
+    uint8_t *src = ws ? map_private(ws, thp) : NULL;
+    uint8_t *dst = ws ? map_private(ws, thp) : NULL;
+    if (!src || !dst || batch == 0 || batch > 1024) {
         fprintf(stderr, "%s: bad arguments or no memory\n", argv[0]);
         return 1;
     }
     memset(src, 1, ws);  /* touch every page: no page faults in the measurement */
-    memset(dst, 2, ws);
-    if (argc == 7) {
+    if (!pvw) memset(dst, 2, ws); /* with pvw the child's copy is the destination: untouched here, so that
+                                     the child's own writes fault in huge pages (a copy-on-write of a huge
+                                     page would split it) */
+    if (pvw) {
         /* The child's dst is its own: it writes every page after the fork. */
         int ready[2];
         if (pipe(ready) != 0) return 1;
