@@ -18,9 +18,10 @@
 #   shm private  --backend shm, the target's region private: process_vm_writev
 #   memcpy thp, pvw thp, shm private thp  the same three with the regions on
 #                transparent huge pages (MADV_HUGEPAGE; kvxfer-bench
-#                --target-region thp): the kernel pins a 2 MiB page where it
-#                pinned 512 small ones. memcpy, the anchor of every ratio, is
-#                the better of "memcpy" and "memcpy thp" per size
+#                --target-region thp; skipped when the kernel has no THP or
+#                it is set to never). The plain lines are on 4 KiB pages
+#                (MADV_NOHUGEPAGE). memcpy, the anchor of every ratio, is the
+#                better of "memcpy" and "memcpy thp" per size
 #   shm private 2  the same with shm.threads=2 (4M and 1M: split from 512 KiB)
 #   shm staged   the same with shm.private=staged: through the target's staging
 #                ring (the path of a writer the kernel refuses; two copies)
@@ -75,17 +76,25 @@ kv() { # kind, then kvxfer-bench options: 4M, 1M, 64K seq batch 1, and 4K random
     kv_sizes "$kind" 4K 16 random "$@"
 }
 
+# The thp lines need THP in the kernel, and not disabled.
+thp_mode=$(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo "absent")
+have_thp=1
+[[ $thp_mode == absent || $thp_mode == *"[never]"* ]] && have_thp=0
+echo "$me: transparent huge pages: $thp_mode$( ((have_thp)) || echo ' (thp lines skipped)')" >&2
+
 for round in $(seq "$repeat"); do
     echo "$me: round $round of $repeat" >&2
     { "$ref" 4M,1M,64K 256M seq 1 "$duration" && "$ref" 4K 256M random 16 "$duration"; } | tag memcpy
     { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw && "$ref" 4K 256M random 16 "$duration" pvw; } | tag pvw
-    { "$ref" 4M,1M,64K 256M seq 1 "$duration" thp && "$ref" 4K 256M random 16 "$duration" thp; } | tag "memcpy thp"
-    { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw thp && "$ref" 4K 256M random 16 "$duration" pvw thp; } | tag "pvw thp"
+    if ((have_thp)); then
+        { "$ref" 4M,1M,64K 256M seq 1 "$duration" thp && "$ref" 4K 256M random 16 "$duration" thp; } | tag "memcpy thp"
+        { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw thp && "$ref" 4K 256M random 16 "$duration" pvw thp; } | tag "pvw thp"
+    fi
     kv "shm mapped" --backend shm --target-region shared --option shm.threads=1 "$@"
     kv_sizes "shm mapped 2" 4M 1 seq --backend shm --target-region shared --option shm.threads=2 "$@"
     kv "shm private" --backend shm --option shm.threads=1 "$@"
     kv_sizes "shm private 2" 4M,1M 1 seq --backend shm --option shm.threads=2 "$@"
-    kv "shm private thp" --backend shm --target-region thp --option shm.threads=1 "$@"
+    if ((have_thp)); then kv "shm private thp" --backend shm --target-region thp --option shm.threads=1 "$@"; fi
     kv "shm staged" --backend shm --option shm.threads=1 --option shm.private=staged "$@"
     kv "tcp" --backend tcp "$@"
 done

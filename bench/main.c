@@ -71,7 +71,9 @@ static const char usage_text[] =
     "                             anonymous memory), shared (kvx_region_alloc: a\n"
     "                             sealed memfd, so shm peers map it; vLLM's /dev/shm\n"
     "                             files take the same path) or thp (anonymous,\n"
-    "                             MADV_HUGEPAGE: transparent huge pages)\n"
+    "                             MADV_HUGEPAGE: transparent huge pages); private\n"
+    "                             is advised MADV_NOHUGEPAGE (4 KiB pages). Two-host\n"
+    "                             runs: give it to --serve\n"
     "  --config JSON              model config JSON for the config fingerprint,\n"
     "                             used by both sides\n"
     "  --seed N                   seed of data pattern and random indexes\n"
@@ -413,6 +415,8 @@ static void check_combinations(const struct cli *c)
         usage_error("--serve and --connect exclude each other");
     if (o->once && !o->serve)
         usage_error("--once needs --serve");
+    if (o->connect && o->target_region != REGION_PRIVATE)
+        usage_error("--target-region is the target's: give it to the --serve side, not --connect");
     if (o->total && c->have_duration)
         usage_error("--duration and --total exclude each other");
     if (o->n_sizes == 0) {

@@ -112,23 +112,28 @@ char *touched_region(const char *prog, size_t len, int fill)
 
 void *map_private(size_t len, int thp)
 {
-    const size_t huge = 2u << 20;
-    if (len == 0 || (thp && len > SIZE_MAX - huge)) {
+    const size_t huge = 2u << 20, page = (size_t)sysconf(_SC_PAGESIZE);
+    if (len == 0 || len > SIZE_MAX - huge) {
         errno = EINVAL;
         return NULL;
     }
-    const size_t span = thp ? len + huge : len;
+    const size_t keep = (len + page - 1) / page * page; /* what munmap(p, len) frees */
+    const size_t span = thp ? keep + huge : keep;
     char *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
-    if (!thp)
+    if (!thp) {
+        /* 4 KiB pages whatever the system's THP policy ("always" would give
+         * huge ones): "private" means the same memory on every host. A
+         * kernel without THP refuses the advice, and has small pages anyway. */
+        (void)madvise(p, keep, MADV_NOHUGEPAGE);
         return p;
-    /* keep the 2 MiB aligned len bytes inside, give back the rest */
+    }
+    /* keep the 2 MiB aligned bytes inside, give back the rest (both page multiples) */
     char *a = (char *)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
-    if (a > p)
-        munmap(p, (size_t)(a - p));
-    if (p + span > a + len)
-        munmap(a + len, (size_t)(p + span - (a + len)));
+    if ((a > p && munmap(p, (size_t)(a - p)) != 0) ||
+        (p + span > a + keep && munmap(a + keep, (size_t)(p + span - (a + keep))) != 0))
+        return NULL; /* cannot happen for ranges we mapped; errno says why */
     if (madvise(a, len, MADV_HUGEPAGE) != 0) {
         int e = errno;
         munmap(a, len);

@@ -23,8 +23,9 @@ void fmt_size(char *buf, size_t cap, uint64_t n);
 char *touched_region(const char *prog, size_t len, int fill);
 /* len bytes of private anonymous memory (untouched), or NULL with errno set.
  * thp: 2 MiB aligned and advised MADV_HUGEPAGE, so that the kernel backs it
- * with transparent huge pages where it can (THP "madvise" or "always"); free
- * either with munmap(p, len). */
+ * with transparent huge pages where it can (THP "madvise" or "always"; NULL
+ * with EINVAL on a kernel without THP); otherwise advised MADV_NOHUGEPAGE
+ * (4 KiB pages whatever the system's policy). Free either with munmap(p, len). */
 void *map_private(size_t len, int thp);
 /* Two connected TCP sockets on 127.0.0.1 (the listener is closed again):
  * *client made the connection, *server accepted it; a message naming prog
