@@ -33,13 +33,12 @@ trap 'exit 130' INT TERM
 
 for round in $(seq "$repeat"); do
     echo "$me: round $round of $repeat" >&2
-    "$bench" --backend tcp --json --no-progress --block-size 64K,1M --cold 512M --warmup 0 \
-        --duration "$duration" "$@" >"$tmp/kvx.json" || die "kvxfer-bench failed: $(cat "$tmp/kvx.json")"
-    kvx_tag "kvxfer tcp" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
-    "$bench" --backend tcp --json --no-progress --block-size 64K,1M --cold 512M --warmup 0 \
-        --duration "$duration" --option region_prewarm=1 "$@" >"$tmp/kvx.json" ||
-        die "kvxfer-bench region_prewarm=1 failed: $(cat "$tmp/kvx.json")"
-    kvx_tag "kvxfer prewarm" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
+    for prewarm in 0 1; do
+        "$bench" --backend tcp --json --no-progress --block-size 64K,1M --cold 512M --warmup 0 \
+            --duration "$duration" --option region_prewarm=$prewarm "$@" >"$tmp/kvx.json" ||
+            die "kvxfer-bench region_prewarm=$prewarm failed: $(cat "$tmp/kvx.json")"
+        kvx_tag "$( ((prewarm)) && echo "kvxfer prewarm" || echo "kvxfer tcp")" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
+    done
     for bs in 64K 1M; do
         "$ref" "$bs" 256M 512M | kvx_tag "plain tcp" "$round" >>"$tmp/all.jsonl"
     done
