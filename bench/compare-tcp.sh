@@ -16,7 +16,10 @@
 #                               when the AEAD and the TCP copies share these
 #                               cores (on loopback both ends do); the aead
 #                               lines are printed against it too.
-#   kvxfer-bench --backend tcp, tcp.protection=none and =aead:
+#   kvxfer-bench --backend tcp, tcp.protection=none and =aead (its
+#                               default AES-GCM code: ipsec-mb on VAES CPUs
+#                               when built with it), and aead-openssl
+#                               (tcp.aead_impl=openssl):
 #                               1M and 64K blocks (batch 1, seq),
 #                               4K blocks (batch 16, random)
 # Every kind is measured once per round, the kinds interleaved, REPEAT
@@ -30,7 +33,8 @@
 #              DURATION seconds per measurement (default 3), REPEAT (default 3),
 #              WARMUP seconds of unmeasured transfers per size (default 2: the
 #              first pass over fresh memory is slow on some VMs),
-#              PROTECTION: the tcp.protection values to run (default "none aead"),
+#              PROTECTION: the kinds to run (default "none aead aead-openssl"):
+#              a tcp.protection value, or aead-IMPL for tcp.aead_impl=IMPL,
 #              KVXFER_BENCH_BEFORE: another build's kvxfer-bench, run in the same
 #              rounds as kind "before", for before/after comparisons, with
 #              BEFORE_OPTIONS (default none: the build's own default
@@ -142,10 +146,10 @@ tls_ref_line() {
     kvx_tag "tls-ref TLS 1.3 AES-128-GCM" "$2" tls-ref <"$tmp/ref.json" >>"$tmp/all.jsonl"
 }
 
-protections=${PROTECTION:-none aead}
+protections=${PROTECTION:-none aead aead-openssl}
 vs=()  # what each kvxfer kind is measured against
 for prot in $protections; do
-    if [[ $prot == aead ]]; then
+    if [[ $prot == aead* ]]; then
         # the cipher's ceiling joins each TCP one; issue 9's bar names a
         # single stream, min(iperf3 -P 1, openssl); and a TLS stream
         vs+=(--vs "kvxfer $prot=iperf3,openssl" --vs "kvxfer $prot=tcp-ref,openssl"
@@ -162,12 +166,14 @@ for round in $(seq "$repeat"); do
     aead "$round"
     tcp_ref_line 16 "$round"
     tcp_ref_line 64 "$round"
-    if [[ " $protections " == *" aead "* ]]; then
+    if [[ " $protections " == *" aead"* ]]; then
         tls_ref_line 1M "$round"
         tls_ref_line 64K "$round"
     fi
     for prot in $protections; do
-        kvx_bench_runs "$bench" tcp "$duration" "$tmp/kvx.json" --option "tcp.protection=$prot" "$@"
+        opts=(--option "tcp.protection=${prot%%-*}")
+        [[ $prot != *-* ]] || opts+=(--option "tcp.aead_impl=${prot#*-}")
+        kvx_bench_runs "$bench" tcp "$duration" "$tmp/kvx.json" "${opts[@]}" "$@"
         kvx_tag "kvxfer $prot" "$round" <"$tmp/kvx.json" >>"$tmp/all.jsonl"
     done
     if [[ -n ${KVXFER_BENCH_BEFORE:-} ]]; then

@@ -232,6 +232,16 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        sides must agree: kvx_add_remote_peer() to a peer
  *                        with the other setting fails with KVX_ENOTSUP
  *                        (docs/security.md).
+ *   tcp.aead_impl        the code that seals and opens those records; the
+ *                        cipher and the bytes on the wire are the same with
+ *                        each, so the two sides need not agree. "auto"
+ *                        (default): Intel's ipsec-mb where the library was
+ *                        built with it and the CPU has VAES, VPCLMULQDQ and
+ *                        AVX-512 (about three times OpenSSL 3.0 per core),
+ *                        else OpenSSL; "openssl"; "ipsec-mb" (any x86-64
+ *                        CPU; kvx_transport_create() fails with KVX_ENOTSUP
+ *                        when the library was built without it). KVX_LOG=info
+ *                        names the code in use.
  *   verbs.device         RDMA device name (e.g. "mlx5_0"); default: the
  *                        first device with an ACTIVE port.
  *   verbs.port           port number on that device, 1..255; default: the

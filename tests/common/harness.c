@@ -105,6 +105,9 @@ kvx_options *options_va(const char *backend, const char *extra, va_list ap) {
     /* KVX_TEST_LISTEN: another tcp listen address (tests across network namespaces) */
     const char *listen = getenv("KVX_TEST_LISTEN");
     if (strcmp(backend, "tcp") == 0) CHECK_OK(kvx_options_set(o, "tcp.listen", listen ? listen : "127.0.0.1:0"));
+    /* KVX_TEST_AEAD_IMPL: the AES-GCM code of protected tcp (tcp.aead_impl) */
+    const char *impl = getenv("KVX_TEST_AEAD_IMPL");
+    if (impl && *impl && strcmp(backend, "tcp") == 0) CHECK_OK(kvx_options_set(o, "tcp.aead_impl", impl));
     /* KVX_TEST_SHM_PRIVATE=staged: private regions are written through the staging ring */
     const char *priv = getenv("KVX_TEST_SHM_PRIVATE");
     if (priv && *priv && strcmp(backend, "shm") == 0) CHECK_OK(kvx_options_set(o, "shm.private", priv));

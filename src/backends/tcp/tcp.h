@@ -190,7 +190,7 @@ class FrameWriter {
 public:
     explicit FrameWriter(const Region &r) : region_(r) {}
     // From now on every frame leaves as sealed records (tcp.protection=aead).
-    void protect(const std::array<uint8_t, handshake::kKeyLen> &key);
+    void protect(const std::array<uint8_t, handshake::kKeyLen> &key, AeadImpl impl);
     bool idle() const { return parts_.empty(); }
     // Adds a part to the next batch (only while idle, before write()).
     void add(Part p, uint64_t seq);

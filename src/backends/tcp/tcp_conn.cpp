@@ -193,8 +193,9 @@ bool TcpConn::on_authenticated(const handshake::Auth &a, const handshake::Accept
     // counts as handshaking, so a refusal leaves the server's books right.
     if (acc.flags & handshake::kFlagTcpAead) {
         handshake::Keys k = handshake::derive_keys(ctx_.identity.secret, challenge_, a, acc);
-        rx_ = std::make_unique<Aead>(k.to_target, false);
-        tx_ = std::make_unique<Aead>(k.to_initiator, true);
+        const AeadImpl impl = aead_impl(*ctx_.options);
+        rx_ = std::make_unique<Aead>(k.to_target, false, impl);
+        tx_ = std::make_unique<Aead>(k.to_initiator, true, impl);
         plain_.resize(kMaxHead);
     }
     if (!server_.authenticated(*this)) {

@@ -137,8 +137,9 @@ TcpPeer::TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<A
     for (auto &c : conns) {
         streams_.push_back(std::make_unique<Stream>(*this, std::move(c.fd), region_));
         if (!c.keys) continue;
-        streams_.back()->writer.protect(c.keys->to_target);
-        streams_.back()->rx = std::make_unique<Aead>(c.keys->to_initiator, false);
+        const AeadImpl impl = aead_impl(*ctx.options);
+        streams_.back()->writer.protect(c.keys->to_target, impl);
+        streams_.back()->rx = std::make_unique<Aead>(c.keys->to_initiator, false, impl);
     }
     idle_streams_ = streams_.size();
 }

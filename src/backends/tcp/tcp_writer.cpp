@@ -36,8 +36,8 @@ void FrameWriter::add(Part p, uint64_t seq) {
     seqs_.push_back(seq);
 }
 
-void FrameWriter::protect(const std::array<uint8_t, handshake::kKeyLen> &key) {
-    tx_ = std::make_unique<Aead>(key, true);
+void FrameWriter::protect(const std::array<uint8_t, handshake::kKeyLen> &key, AeadImpl impl) {
+    tx_ = std::make_unique<Aead>(key, true, impl);
     stage_ = std::make_unique_for_overwrite<uint8_t[]>(kStageBytes + kMaxHeadRecord + kTagLen);
 }
 
