@@ -236,12 +236,16 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        cipher and the bytes on the wire are the same with
  *                        each, so the two sides need not agree. "auto"
  *                        (default): Intel's ipsec-mb where the library was
- *                        built with it and the CPU has VAES, VPCLMULQDQ and
- *                        AVX-512 (about three times OpenSSL 3.0 per core),
- *                        else OpenSSL; "openssl"; "ipsec-mb" (any x86-64
- *                        CPU; kvx_transport_create() fails with KVX_ENOTSUP
- *                        when the library was built without it). KVX_LOG=info
- *                        names the code in use.
+ *                        built with it and it runs its VAES code here (a
+ *                        CPU with AVX-512, VAES, VPCLMULQDQ, GFNI,
+ *                        AVX512-IFMA and SHA-NI, and a kernel that enables
+ *                        AVX-512; about three times OpenSSL 3.0 per core),
+ *                        else OpenSSL; "openssl"; "ipsec-mb" (its best code
+ *                        for this CPU, which needs at least SSE4.2, AES-NI
+ *                        and PCLMULQDQ; with tcp.protection=aead,
+ *                        kvx_transport_create() fails with KVX_ENOTSUP where
+ *                        it cannot run or the library was built without it).
+ *                        KVX_LOG=info names the code in use.
  *   verbs.device         RDMA device name (e.g. "mlx5_0"); default: the
  *                        first device with an ACTIVE port.
  *   verbs.port           port number on that device, 1..255; default: the

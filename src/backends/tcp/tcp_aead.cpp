@@ -8,6 +8,7 @@
 #include "util/error.h"
 
 #ifdef KVX_HAVE_IPSEC_MB
+#include <cpuid.h>
 #include <intel-ipsec-mb.h>
 #endif
 
@@ -22,28 +23,50 @@ void check(int ok, const char *what) {
 }
 
 #ifdef KVX_HAVE_IPSEC_MB
-// The process's ipsec-mb manager, set up once for the best code path of
-// this CPU (null when it cannot be allocated). Its direct GCM calls keep no
-// state in it, so every thread may use it.
+// What the kernel saves of the vector registers (XCR0): 2 = AVX-512 state
+// (opmask, ZMM), 1 = AVX state (YMM), 0 = neither. Code that uses them
+// faults (SIGILL) without it, whatever CPUID says (a hypervisor or
+// clearcpuid may hide it); ipsec-mb 1.3 looks at CPUID only, so this decides
+// which of its code paths may be set up.
+int os_vector_state() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return 0;
+    uint32_t lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xE6) == 0xE6 ? 2 : (lo & 0x6) == 0x6 ? 1 : 0;
+}
+
+// The process's ipsec-mb manager, set up once for the best code path this
+// CPU has and the kernel enables (mgr null: none; ipsec-mb needs at least
+// SSE4.2, AES-NI and PCLMULQDQ). Its direct GCM calls keep no state in it,
+// so every thread may use it.
 struct Mgr {
     IMB_MGR *mgr = nullptr;
-    bool vaes = false;  // the VAES + VPCLMULQDQ AVX-512 path
+    bool vaes = false;  // its VAES code (avx512_t2): every feature of IMB_CPUFLAGS_AVX512_T2
 };
+
+bool has(const IMB_MGR *m, uint64_t flags) { return (m->features & flags) == flags; }
 
 const Mgr &mgr() {
     static const Mgr m = [] {
         Mgr r;
-        r.mgr = alloc_mb_mgr(0);
-        if (!r.mgr) return r;
-        IMB_ARCH arch = IMB_ARCH_NONE;
-        init_mb_mgr_auto(r.mgr, &arch);
-        if (imb_get_errno(r.mgr) != 0) {
-            free_mb_mgr(r.mgr);
-            r.mgr = nullptr;
+        IMB_MGR *g = alloc_mb_mgr(0);  // detects the CPU's features, runs none of its code
+        if (!g) return r;
+        const int os = os_vector_state();
+        if (os == 2 && has(g, IMB_CPUFLAGS_AVX512)) init_mb_mgr_avx512(g);
+        else if (os >= 1 && has(g, IMB_CPUFLAGS_AVX2)) init_mb_mgr_avx2(g);
+        else if (os >= 1 && has(g, IMB_CPUFLAGS_AVX)) init_mb_mgr_avx(g);
+        else if (has(g, IMB_CPUFLAGS_SSE)) init_mb_mgr_sse(g);
+        else {
+            free_mb_mgr(g);
             return r;
         }
-        const uint64_t need = IMB_FEATURE_VAES | IMB_FEATURE_VPCLMULQDQ;
-        r.vaes = arch == IMB_ARCH_AVX512 && (r.mgr->features & need) == need;
+        if (imb_get_errno(g) != 0) {
+            free_mb_mgr(g);
+            return r;
+        }
+        r.mgr = g;
+        r.vaes = os == 2 && has(g, IMB_CPUFLAGS_AVX512_T2);
         return r;
     }();
     return m;
@@ -58,7 +81,7 @@ AeadImpl aead_impl(const Options &o) {
 #ifdef KVX_HAVE_IPSEC_MB
     if (want == "auto") return mgr().mgr && mgr().vaes ? AeadImpl::ipsec_mb : AeadImpl::openssl;
     if (mgr().mgr) return AeadImpl::ipsec_mb;
-    fail(KVX_ENOTSUP, "option tcp.aead_impl: ipsec-mb cannot run on this CPU (its manager failed to set up)");
+    fail(KVX_ENOTSUP, "option tcp.aead_impl: ipsec-mb cannot run on this CPU (it needs SSE4.2, AES-NI and PCLMULQDQ)");
 #else
     if (want == "auto") return AeadImpl::openssl;
     fail(KVX_ENOTSUP, "option tcp.aead_impl: ipsec-mb: this libkvxfer was built without libIPSec_MB");
@@ -83,14 +106,16 @@ struct Aead::Fast {};
 
 Aead::Aead(const std::array<uint8_t, handshake::kKeyLen> &key, bool encrypt, AeadImpl impl) : encrypt_(encrypt) {
     static_assert(handshake::kKeyLen == 16, "AES-128");
+    if (impl == AeadImpl::ipsec_mb) {
 #ifdef KVX_HAVE_IPSEC_MB
-    if (impl == AeadImpl::ipsec_mb && mgr().mgr) {
+        if (!mgr().mgr) fail(KVX_EINTERNAL, "ipsec-mb AES-GCM asked for where it cannot run");
         fast_ = std::make_unique<Fast>();
         IMB_AES128_GCM_PRE(mgr().mgr, key.data(), &fast_->key);
         return;
-    }
+#else
+        fail(KVX_EINTERNAL, "ipsec-mb AES-GCM asked for in a build without it");
 #endif
-    (void)impl;
+    }
     ctx_ = EVP_CIPHER_CTX_new();
     if (!ctx_) fail(KVX_EINTERNAL, "OpenSSL: EVP_CIPHER_CTX_new failed");
     check(EVP_CipherInit_ex(ctx_, EVP_aes_128_gcm(), nullptr, key.data(), nullptr, encrypt ? 1 : 0), "init");
@@ -103,6 +128,7 @@ Aead::~Aead() {
 
 void Aead::begin(const uint8_t *aad, size_t aad_n) {
     if (seq_ >= kMaxRecords) fail(KVX_ECONNRESET, "tcp: connection used up its nonces; closing it");
+    record_bytes_ = 0;
     uint8_t iv[kIvLen] = {};
     put_le(iv + 4, seq_++, 8);
 #ifdef KVX_HAVE_IPSEC_MB
@@ -117,6 +143,10 @@ void Aead::begin(const uint8_t *aad, size_t aad_n) {
 }
 
 void Aead::update(const uint8_t *in, uint8_t *out, size_t n) {
+    // GCM's bound per message (SP 800-38D): past it the counter would wrap
+    // and reuse keystream. OpenSSL refuses it; ipsec-mb does not count.
+    if (n > kMaxRecordBytes - record_bytes_) fail(KVX_EINTERNAL, "AES-GCM: a record of more than 2^36 - 32 bytes");
+    record_bytes_ += n;
 #ifdef KVX_HAVE_IPSEC_MB
     if (fast_) {
         if (encrypt_) IMB_AES128_GCM_ENC_UPDATE(mgr().mgr, &fast_->key, &fast_->ctx, out, in, n);

@@ -5,8 +5,8 @@
 //
 // Two implementations of the same cipher, byte for byte (tcp.aead_impl):
 // OpenSSL's EVP, and Intel's ipsec-mb where the library was built with it;
-// on CPUs with VAES, VPCLMULQDQ and AVX-512 the latter seals about three
-// times as many bytes per core (docs/security.md "Protected tcp").
+// on CPUs where ipsec-mb runs its VAES code the latter seals about three
+// times as many bytes per core (docs/security.md).
 #pragma once
 
 #include <openssl/evp.h>
@@ -24,18 +24,24 @@ namespace kvx::tcp {
 constexpr size_t kTagLen = 16;
 // A connection closes (KVX_ECONNRESET) before its nonces could wrap.
 constexpr uint64_t kMaxRecords = 1ull << 48;
+// The most bytes one record may seal (GCM's bound per message); a frame's
+// payload is one record, so only a block of 64 GiB or more comes near it.
+constexpr uint64_t kMaxRecordBytes = (1ull << 36) - 32;
 
 enum class AeadImpl { openssl, ipsec_mb };
 
 // tcp.aead_impl on this host: auto is ipsec_mb when the library was built
-// with it and the CPU has its VAES code path, openssl otherwise. Throws
-// Error(KVX_ENOTSUP) for ipsec-mb where it cannot run.
+// with it and it runs its VAES code here (the CPU has every feature of
+// IMB_CPUFLAGS_AVX512_T2: AVX-512, VAES, VPCLMULQDQ, GFNI, AVX512-IFMA,
+// SHA-NI, and the kernel enables the AVX-512 registers), openssl otherwise.
+// Throws Error(KVX_ENOTSUP) for ipsec-mb where it cannot run (a build
+// without it; a CPU without SSE4.2, AES-NI and PCLMULQDQ).
 AeadImpl aead_impl(const Options &o);
 const char *aead_impl_name(AeadImpl impl);
 
 class Aead {
 public:
-    // throws Error(KVX_EINTERNAL)
+    // impl: as aead_impl() returned. Throws Error(KVX_EINTERNAL).
     Aead(const std::array<uint8_t, handshake::kKeyLen> &key, bool encrypt, AeadImpl impl);
     ~Aead();
     Aead(const Aead &) = delete;
@@ -60,6 +66,7 @@ private:
     EVP_CIPHER_CTX *ctx_ = nullptr;
     bool encrypt_;
     uint64_t seq_ = 0;
+    uint64_t record_bytes_ = 0;  // of the record begun last
 };
 
 // Additional data of each record kind: the kind, and for a frame head its

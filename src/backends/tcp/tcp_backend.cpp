@@ -30,7 +30,7 @@ constexpr OptionSpec kOptions[] = {
      "for trusted networks only; both sides must agree", "aead,none"},
     {"tcp.aead_impl", OptType::choice, 0, 0, "auto",
      "AES-GCM code of tcp.protection=aead (the same cipher, byte for byte): auto = ipsec-mb where the library was "
-     "built with it and the CPU has VAES and AVX-512, else OpenSSL; openssl; ipsec-mb", "auto,openssl,ipsec-mb"},
+     "built with it and it runs its VAES code on this CPU, else OpenSSL; openssl; ipsec-mb", "auto,openssl,ipsec-mb"},
 };
 
 class TcpBackend final : public Backend {
@@ -52,8 +52,10 @@ bool probe(const Options &, std::string *) { return true; }
 std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) {
     BackendContext c = ctx;
     c.identity.flags = protection_flags(*ctx.options);
-    if (c.identity.flags != 0)  // an AES-GCM code that cannot run here fails the create
-        KVX_LOG(info, "tcp: records sealed with AES-128-GCM by %s", aead_impl_name(aead_impl(*ctx.options)));
+    if (c.identity.flags != 0) {
+        const AeadImpl impl = aead_impl(*ctx.options);  // a code that cannot run here fails the create
+        KVX_LOG(info, "tcp: records sealed with AES-128-GCM by %s", aead_impl_name(impl));
+    }
     return std::make_unique<TcpBackend>(c);
 }
 
