@@ -6,6 +6,10 @@
 // blocks between them exactly. Without ipsec-mb in the build, asking for it
 // is refused with KVX_ENOTSUP at create (with the default log level, and
 // with backend=auto too).
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <random>
 #include <vector>
@@ -91,18 +95,23 @@ void test_forgeries_fail(void **) {
             }
 }
 
-// What auto must pick, found apart from the library: ipsec-mb's VAES code
-// needs these features (IMB_CPUFLAGS_AVX512_T2), and libgcc's answer for
-// the AVX-512 ones includes the kernel enabling those registers.
+// What auto must pick, found apart from the library (and from ipsec-mb):
+// its VAES code needs every feature of IMB_CPUFLAGS_AVX512_T2, read here
+// bit by bit from CPUID (the Intel SDM's leaves 1 and 7), and the kernel
+// must save the AVX-512 registers (XCR0 bits 1, 2, 5, 6, 7).
 bool vaes_host() {
 #if defined(KVX_HAVE_IPSEC_MB) && defined(__x86_64__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512ifma") &&
-           __builtin_cpu_supports("vaes") && __builtin_cpu_supports("vpclmulqdq") &&
-           __builtin_cpu_supports("gfni") && __builtin_cpu_supports("sha") && __builtin_cpu_supports("aes") &&
-           __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+    unsigned a, b, c, d, b7, c7;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const bool leaf1 = (c >> 1 & 1) && (c >> 20 & 1) && (c >> 25 & 1) && (c >> 27 & 1) && (c >> 28 & 1);  // pclmul sse4.2 aes osxsave avx
+    if (!leaf1 || !__get_cpuid_count(7, 0, &a, &b7, &c7, &d)) return false;
+    for (int bit : {5, 8, 16, 17, 21, 28, 29, 30, 31})  // avx2 bmi2 avx512f/dq/ifma/cd sha avx512bw/vl
+        if (!(b7 >> bit & 1)) return false;
+    for (int bit : {8, 9, 10})  // gfni vaes vpclmulqdq
+        if (!(c7 >> bit & 1)) return false;
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xE6) == 0xE6;
 #else
     return false;
 #endif
