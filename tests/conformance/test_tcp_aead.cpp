@@ -10,9 +10,15 @@
 #include <cpuid.h>
 #endif
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <random>
 #include <vector>
+
+#ifdef KVX_HAVE_IPSEC_MB
+#include <intel-ipsec-mb.h>
+#endif
 
 #include "backends/tcp/tcp_aead.h"
 #include "core/options.h"
@@ -139,6 +145,80 @@ void test_choice(void **) {
     }
 }
 
+// Which ipsec-mb code may run, by the kernel's vector state and the CPU's
+// features: never one whose registers the kernel does not save, never one
+// whose instructions the CPU lacks, auto's VAES code only with all it needs.
+void test_code_choice(void **) {
+#ifdef KVX_HAVE_IPSEC_MB
+    using kvx::tcp::IpsecMbCode;
+    using kvx::tcp::choose_ipsec_mb_code;
+    const uint64_t t2 = IMB_CPUFLAGS_AVX512_T2, skx = IMB_CPUFLAGS_AVX512, avx2 = IMB_CPUFLAGS_AVX2;
+#if IMB_VERSION_NUM < IMB_VERSION(2, 0, 0)
+    const IpsecMbCode avx = IpsecMbCode::avx;
+#else
+    const IpsecMbCode avx = IpsecMbCode::sse;
+#endif
+    const struct {
+        int os;
+        uint64_t features;
+        IpsecMbCode want;
+    } cases[] = {
+        {2, t2, IpsecMbCode::avx512_vaes},
+        {2, t2 & ~uint64_t{IMB_FEATURE_GFNI}, IpsecMbCode::avx512},     // one T2 feature short
+        {2, t2 & ~uint64_t{IMB_FEATURE_AVX512_IFMA}, IpsecMbCode::avx512},
+        {2, skx, IpsecMbCode::avx512},
+        {1, t2, IpsecMbCode::avx2},                                     // the kernel saves no AVX-512 state
+        {0, t2, IpsecMbCode::sse},                                      // nor AVX state
+        {2, avx2, IpsecMbCode::avx2},
+        {1, avx2 & ~uint64_t{IMB_FEATURE_BMI2}, avx},
+        {2, IMB_CPUFLAGS_SSE, IpsecMbCode::sse},
+        {2, IMB_CPUFLAGS_SSE & ~uint64_t{IMB_FEATURE_AESNI}, IpsecMbCode::none},
+        {0, 0, IpsecMbCode::none},
+    };
+    for (const auto &c : cases)
+        if (choose_ipsec_mb_code(c.os, c.features) != c.want)
+            fail_msg("os %d features %llx: code %d, want %d", c.os, (unsigned long long)c.features,
+                     (int)choose_ipsec_mb_code(c.os, c.features), (int)c.want);
+#endif
+}
+
+// GCM's bound per record (2^36 - 32 bytes) holds with each code: one byte
+// more is refused before any memory is touched. A region whose blocks are
+// larger (each is one record) is refused at create with aead, not with none.
+void test_record_bound(void **) {
+    const uint8_t aad[1] = {kvx::tcp::kRecordPayload};
+    for (AeadImpl i : kImpls) {
+        Aead a(test_key(), true, i);
+        a.begin(aad, sizeof aad);
+        try {
+            a.update(nullptr, nullptr, kvx::tcp::kMaxRecordBytes + 1);
+            fail_msg("a record past GCM's bound was sealed (code %d)", (int)i);
+        } catch (const kvx::Error &e) {
+            assert_int_equal(e.code(), KVX_EINTERNAL);
+        }
+    }
+    const uint64_t bl = uint64_t{1} << 36;  // one 64 GiB block: address space only
+    void *p = mmap(nullptr, bl, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        print_message("no 64 GiB of address space: the create half is skipped\n");
+        return;
+    }
+    for (const char *prot : {"tcp.protection=aead", "tcp.protection=none"}) {
+        kvx_transport *t = NULL;
+        kvx_options *o = test_options("backend=tcp", prot, NULL);
+        const int rc = kvx_transport_create(&t, p, 1, bl, NULL, o);
+        kvx_options_destroy(o);
+        if (prot[15] == 'a') {
+            assert_int_equal(rc, KVX_EINVAL);
+            assert_null(t);
+        } else {
+            assert_int_equal(rc, KVX_OK);
+            kvx_transport_destroy(t);
+        }
+    }
+    munmap(p, bl);
+}
+
 // A target with one code, an initiator with the other: 64 blocks of 64 KiB
 // land exactly, the rest of the target's region keeps its bytes.
 void test_mixed_transports(void **) {
@@ -197,6 +277,8 @@ int main() {
         cmocka_unit_test(test_codes_agree),
         cmocka_unit_test(test_forgeries_fail),
         cmocka_unit_test(test_choice),
+        cmocka_unit_test(test_code_choice),
+        cmocka_unit_test(test_record_bound),
         cmocka_unit_test(test_mixed_transports),
     };
     return cmocka_run_group_tests_name("tcp_aead", tests, nullptr, nullptr);

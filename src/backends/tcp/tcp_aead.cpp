@@ -36,38 +36,55 @@ int os_vector_state() {
     return (lo & 0xE6) == 0xE6 ? 2 : (lo & 0x6) == 0x6 ? 1 : 0;
 }
 
-// The process's ipsec-mb manager, set up once for the best code path this
-// CPU has and the kernel enables (mgr null: none; ipsec-mb needs at least
-// SSE4.2, AES-NI and PCLMULQDQ). Its direct GCM calls keep no state in it,
-// so every thread may use it.
-struct Mgr {
-    IMB_MGR *mgr = nullptr;
-    bool vaes = false;  // its VAES code (avx512_t2): every feature of IMB_CPUFLAGS_AVX512_T2
+bool has(uint64_t features, uint64_t flags) { return (features & flags) == flags; }
+
+// The CPU's features as ipsec-mb detects them (alloc_mb_mgr runs none of
+// its vector code) and the kernel's vector state: enough to choose, before
+// any of ipsec-mb's code (its self-test included) runs.
+struct Host {
+    uint64_t features = 0;
+    int os = 0;
+    bool usable = false;  // alloc_mb_mgr worked
 };
 
-bool has(const IMB_MGR *m, uint64_t flags) { return (m->features & flags) == flags; }
-
-const Mgr &mgr() {
-    static const Mgr m = [] {
-        Mgr r;
-        IMB_MGR *g = alloc_mb_mgr(0);  // detects the CPU's features, runs none of its code
-        if (!g) return r;
-        const int os = os_vector_state();
-        if (os == 2 && has(g, IMB_CPUFLAGS_AVX512)) init_mb_mgr_avx512(g);
-        else if (os >= 1 && has(g, IMB_CPUFLAGS_AVX2)) init_mb_mgr_avx2(g);
-        else if (os >= 1 && has(g, IMB_CPUFLAGS_AVX)) init_mb_mgr_avx(g);
-        else if (has(g, IMB_CPUFLAGS_SSE)) init_mb_mgr_sse(g);
-        else {
+const Host &host() {
+    static const Host h = [] {
+        Host r;
+        if (IMB_MGR *g = alloc_mb_mgr(0)) {
+            r.features = g->features;
+            r.usable = true;
             free_mb_mgr(g);
-            return r;
+        }
+        r.os = os_vector_state();
+        return r;
+    }();
+    return h;
+}
+
+// The process's ipsec-mb manager, set up once, on first use, with the code
+// choose_ipsec_mb_code() names (null: none, or its self-test failed). Its
+// direct GCM calls keep no state in it, so every thread may use it.
+IMB_MGR *mgr() {
+    static IMB_MGR *const m = []() -> IMB_MGR * {
+        const Host &h = host();
+        const IpsecMbCode code = h.usable ? choose_ipsec_mb_code(h.os, h.features) : IpsecMbCode::none;
+        if (code == IpsecMbCode::none) return nullptr;
+        IMB_MGR *g = alloc_mb_mgr(0);
+        if (!g) return nullptr;
+        switch (code) {
+        case IpsecMbCode::avx512_vaes:
+        case IpsecMbCode::avx512: init_mb_mgr_avx512(g); break;
+        case IpsecMbCode::avx2: init_mb_mgr_avx2(g); break;
+#if IMB_VERSION_NUM < IMB_VERSION(2, 0, 0)  // 2.0 dropped its AVX (not AVX2) code
+        case IpsecMbCode::avx: init_mb_mgr_avx(g); break;
+#endif
+        default: init_mb_mgr_sse(g); break;
         }
         if (imb_get_errno(g) != 0) {
             free_mb_mgr(g);
-            return r;
+            return nullptr;
         }
-        r.mgr = g;
-        r.vaes = os == 2 && has(g, IMB_CPUFLAGS_AVX512_T2);
-        return r;
+        return g;
     }();
     return m;
 }
@@ -75,12 +92,28 @@ const Mgr &mgr() {
 
 }  // namespace
 
+#ifdef KVX_HAVE_IPSEC_MB
+IpsecMbCode choose_ipsec_mb_code(int os, uint64_t features) {
+    if (os == 2 && has(features, IMB_CPUFLAGS_AVX512_T2)) return IpsecMbCode::avx512_vaes;
+    if (os == 2 && has(features, IMB_CPUFLAGS_AVX512)) return IpsecMbCode::avx512;
+    if (os >= 1 && has(features, IMB_CPUFLAGS_AVX2)) return IpsecMbCode::avx2;
+#if IMB_VERSION_NUM < IMB_VERSION(2, 0, 0)
+    if (os >= 1 && has(features, IMB_CPUFLAGS_AVX)) return IpsecMbCode::avx;
+#endif
+    if (has(features, IMB_CPUFLAGS_SSE)) return IpsecMbCode::sse;
+    return IpsecMbCode::none;
+}
+#endif
+
 AeadImpl aead_impl(const Options &o) {
     const std::string want = o.str("tcp.aead_impl");
     if (want == "openssl") return AeadImpl::openssl;
 #ifdef KVX_HAVE_IPSEC_MB
-    if (want == "auto") return mgr().mgr && mgr().vaes ? AeadImpl::ipsec_mb : AeadImpl::openssl;
-    if (mgr().mgr) return AeadImpl::ipsec_mb;
+    const Host &h = host();
+    const IpsecMbCode code = h.usable ? choose_ipsec_mb_code(h.os, h.features) : IpsecMbCode::none;
+    // auto: only its VAES code, and ipsec-mb is set up (and self-tests) only then
+    if (want == "auto") return code == IpsecMbCode::avx512_vaes && mgr() ? AeadImpl::ipsec_mb : AeadImpl::openssl;
+    if (mgr()) return AeadImpl::ipsec_mb;
     fail(KVX_ENOTSUP, "option tcp.aead_impl: ipsec-mb cannot run on this CPU (it needs SSE4.2, AES-NI and PCLMULQDQ)");
 #else
     if (want == "auto") return AeadImpl::openssl;
@@ -90,7 +123,10 @@ AeadImpl aead_impl(const Options &o) {
 
 const char *aead_impl_name(AeadImpl impl) {
 #ifdef KVX_HAVE_IPSEC_MB
-    if (impl == AeadImpl::ipsec_mb) return mgr().vaes ? "ipsec-mb (VAES)" : "ipsec-mb";
+    if (impl == AeadImpl::ipsec_mb) {
+        const Host &h = host();
+        return choose_ipsec_mb_code(h.os, h.features) == IpsecMbCode::avx512_vaes ? "ipsec-mb (VAES)" : "ipsec-mb";
+    }
 #endif
     return impl == AeadImpl::ipsec_mb ? "ipsec-mb" : "OpenSSL";
 }
@@ -108,9 +144,9 @@ Aead::Aead(const std::array<uint8_t, handshake::kKeyLen> &key, bool encrypt, Aea
     static_assert(handshake::kKeyLen == 16, "AES-128");
     if (impl == AeadImpl::ipsec_mb) {
 #ifdef KVX_HAVE_IPSEC_MB
-        if (!mgr().mgr) fail(KVX_EINTERNAL, "ipsec-mb AES-GCM asked for where it cannot run");
+        if (!mgr()) fail(KVX_EINTERNAL, "ipsec-mb AES-GCM asked for where it cannot run");
         fast_ = std::make_unique<Fast>();
-        IMB_AES128_GCM_PRE(mgr().mgr, key.data(), &fast_->key);
+        IMB_AES128_GCM_PRE(mgr(), key.data(), &fast_->key);
         return;
 #else
         fail(KVX_EINTERNAL, "ipsec-mb AES-GCM asked for in a build without it");
@@ -133,7 +169,7 @@ void Aead::begin(const uint8_t *aad, size_t aad_n) {
     put_le(iv + 4, seq_++, 8);
 #ifdef KVX_HAVE_IPSEC_MB
     if (fast_) {
-        IMB_AES128_GCM_INIT(mgr().mgr, &fast_->key, &fast_->ctx, iv, aad, aad_n);
+        IMB_AES128_GCM_INIT(mgr(), &fast_->key, &fast_->ctx, iv, aad, aad_n);
         return;
     }
 #endif
@@ -149,8 +185,8 @@ void Aead::update(const uint8_t *in, uint8_t *out, size_t n) {
     record_bytes_ += n;
 #ifdef KVX_HAVE_IPSEC_MB
     if (fast_) {
-        if (encrypt_) IMB_AES128_GCM_ENC_UPDATE(mgr().mgr, &fast_->key, &fast_->ctx, out, in, n);
-        else IMB_AES128_GCM_DEC_UPDATE(mgr().mgr, &fast_->key, &fast_->ctx, out, in, n);
+        if (encrypt_) IMB_AES128_GCM_ENC_UPDATE(mgr(), &fast_->key, &fast_->ctx, out, in, n);
+        else IMB_AES128_GCM_DEC_UPDATE(mgr(), &fast_->key, &fast_->ctx, out, in, n);
         return;
     }
 #endif
@@ -166,7 +202,7 @@ void Aead::update(const uint8_t *in, uint8_t *out, size_t n) {
 
 void Aead::finish_seal(uint8_t tag[kTagLen]) {
 #ifdef KVX_HAVE_IPSEC_MB
-    if (fast_) return IMB_AES128_GCM_ENC_FINALIZE(mgr().mgr, &fast_->key, &fast_->ctx, tag, kTagLen);
+    if (fast_) return IMB_AES128_GCM_ENC_FINALIZE(mgr(), &fast_->key, &fast_->ctx, tag, kTagLen);
 #endif
     int outl = 0;
     check(EVP_CipherFinal_ex(ctx_, nullptr, &outl), "final");
@@ -177,7 +213,7 @@ bool Aead::finish_open(const uint8_t tag[kTagLen]) {
 #ifdef KVX_HAVE_IPSEC_MB
     if (fast_) {
         uint8_t want[kTagLen];
-        IMB_AES128_GCM_DEC_FINALIZE(mgr().mgr, &fast_->key, &fast_->ctx, want, kTagLen);
+        IMB_AES128_GCM_DEC_FINALIZE(mgr(), &fast_->key, &fast_->ctx, want, kTagLen);
         return CRYPTO_memcmp(want, tag, kTagLen) == 0;
     }
 #endif

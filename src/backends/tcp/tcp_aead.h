@@ -39,6 +39,14 @@ enum class AeadImpl { openssl, ipsec_mb };
 AeadImpl aead_impl(const Options &o);
 const char *aead_impl_name(AeadImpl impl);
 
+// Which of ipsec-mb's codes may run, from the kernel's vector state (XCR0:
+// 2 = AVX-512 registers saved, 1 = AVX, 0 = neither) and the CPU's features
+// (IMB_FEATURE_* bits): ipsec-mb 1.3 looks at CPUID only, and code that
+// uses registers the kernel does not save faults (SIGILL). avx512_vaes is
+// the VAES code that auto takes. Exists in builds with ipsec-mb.
+enum class IpsecMbCode { none, sse, avx, avx2, avx512, avx512_vaes };
+IpsecMbCode choose_ipsec_mb_code(int os_vector_state, uint64_t features);
+
 class Aead {
 public:
     // impl: as aead_impl() returned. Throws Error(KVX_EINTERNAL).

@@ -53,6 +53,13 @@ std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) {
     BackendContext c = ctx;
     c.identity.flags = protection_flags(*ctx.options);
     if (c.identity.flags != 0) {
+        // A block travels as one frame when larger than a frame's usual
+        // bound, and a frame's payload is one record.
+        if (ctx.region.block_len > kMaxRecordBytes)
+            fail(KVX_EINVAL,
+                 "block_len %llu: with tcp.protection=aead a block is sealed as one AES-GCM record, at most %llu "
+                 "bytes; use smaller blocks, or tcp.protection=none on a trusted network",
+                 (unsigned long long)ctx.region.block_len, (unsigned long long)kMaxRecordBytes);
         const AeadImpl impl = aead_impl(*ctx.options);  // a code that cannot run here fails the create
         KVX_LOG(info, "tcp: records sealed with AES-128-GCM by %s", aead_impl_name(impl));
     }

@@ -203,7 +203,13 @@ void TcpPeer::on_stream(Stream &s, uint32_t events) {
 
 void TcpPeer::send_more(Stream &s) {
     for (int turn = 0;; turn++) {
-        int rc = s.writer.write(s.fd.get());
+        int rc;
+        try {
+            rc = s.writer.write(s.fd.get());
+        } catch (const Error &e) {  // sealing failed (OpenSSL, a record's bound): the stream cannot go on
+            KVX_LOG(warn, "tcp: peer '%s': %s", peer_id_.c_str(), e.what());
+            return fail_now(KVX_ECONNRESET);
+        }
         if (rc < 0) {
             KVX_LOG(warn, "tcp: peer '%s': send failed: %s", peer_id_.c_str(), strerror(-rc));
             return fail_now(KVX_ECONNRESET);
