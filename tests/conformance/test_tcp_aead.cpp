@@ -126,7 +126,7 @@ bool vaes_host() {
 void test_choice(void **) {
     kvx::OptionBag bag;
     for (const char *v : {"auto", "openssl", "ipsec-mb"}) {
-        bag.kv["tcp.aead_impl"] = v;
+        bag.kv.insert_or_assign("tcp.aead_impl", std::string(v));
         kvx::Options o(&bag, kvx::all_option_tables());
         try {
             AeadImpl i = kvx::tcp::aead_impl(o);

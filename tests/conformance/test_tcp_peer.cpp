@@ -68,7 +68,7 @@ struct Rig {
         target = transport_new(&tr, NULL, test_options("backend=tcp", NULL));
         get_meta(target, &mb);
         meta = kvx::wire::decode_metadata(mb.bytes, mb.len);
-        bag.kv["tcp.streams"] = "3";
+        bag.kv.insert_or_assign("tcp.streams", std::string("3"));  // not = "3": gcc 12 -O3 -Wrestrict false positive (GCC bug 105329)
         options = kvx::Options(&bag, kvx::all_option_tables());
         loop.start();
         kvx::BackendContext ctx;

@@ -33,6 +33,14 @@ extern "C" {
 
 namespace {
 
+// "p<i>", appended rather than "p" + std::to_string(i): gcc 12 at -O3 warns
+// on the latter (-Wrestrict false positive, GCC bug 105651).
+std::string peer_name(long i) {
+    std::string s("p");
+    s += std::to_string(i);
+    return s;
+}
+
 constexpr uint64_t kBlockLen = 64;
 
 struct Fixture {
@@ -131,11 +139,11 @@ void test_cancel_unpolled(void **) {
 void test_many_peers_small_polls(void **) {
     Fixture x;
     std::set<uint64_t> want, got;
-    for (int p = 0; p < 20; p++) x.add(("p" + std::to_string(p)).c_str());
+    for (int p = 0; p < 20; p++) x.add(peer_name(p).c_str());
     for (int k = 0; k < 5; k++)
-        for (int p = 0; p < 20; p++) want.insert(x.write(("p" + std::to_string(p)).c_str(), (uint64_t)k));
+        for (int p = 0; p < 20; p++) want.insert(x.write(peer_name(p).c_str(), (uint64_t)k));
     for (int i = 0; i < 200 && got.size() < want.size(); i++) {
-        auto [d, f] = i % 3 ? x.poll(nullptr, 3) : x.poll(("p" + std::to_string(i % 20)).c_str(), 2);
+        auto [d, f] = i % 3 ? x.poll(nullptr, 3) : x.poll(peer_name(i % 20).c_str(), 2);
         assert_true(f.empty());
         for (uint64_t id : d) assert_true(got.insert(id).second);  // never twice
     }
@@ -169,7 +177,7 @@ struct Core {
     std::vector<uint8_t> meta;
     Core() {
         kvx::OptionBag bag;
-        bag.kv["backend"] = "instant";
+        bag.kv.insert_or_assign("backend", std::string("instant"));
         t = std::make_unique<kvx::Transport>(region.data(), kBlocks, kBlockLen, nullptr, &bag);
         meta = t->metadata();
     }
@@ -199,7 +207,7 @@ void test_removed_queues_go_by_peer_poll(void **) {
     x.add("keep");
     std::set<uint64_t> want, got;
     for (int i = 0; i < 600; i++) {
-        const std::string id = "p" + std::to_string(i);
+        const std::string id = peer_name(i);
         x.add(id);
         want.insert(x.write("keep", (uint64_t)i % 64));
         if (i % 3 != 1) {
