@@ -76,7 +76,7 @@ struct Rig {
         ctx.options = &options;
         ctx.loop = &loop;
         kvx::PeerContext pc;
-        pc.peer_id = "b";
+        pc.peer_id = std::string("b");  // not = "b": gcc 12 -Wrestrict false positive here with ASan
         pc.meta = &meta;
         pc.section = meta.find(2);
         pc.deadline = kvx::Clock::now() + std::chrono::seconds(10);
