@@ -38,27 +38,18 @@ int os_vector_state() {
 
 bool has(uint64_t features, uint64_t flags) { return (features & flags) == flags; }
 
-// The CPU's features as ipsec-mb detects them (alloc_mb_mgr runs none of
-// its vector code) and the kernel's vector state: enough to choose, before
-// any of ipsec-mb's code (its self-test included) runs.
-struct Host {
-    uint64_t features = 0;
-    int os = 0;
-    bool usable = false;  // alloc_mb_mgr worked
-};
-
-const Host &host() {
-    static const Host h = [] {
-        Host r;
-        if (IMB_MGR *g = alloc_mb_mgr(0)) {
-            r.features = g->features;
-            r.usable = true;
-            free_mb_mgr(g);
-        }
-        r.os = os_vector_state();
-        return r;
+// The ipsec-mb code this host may run, chosen once from the CPU's features
+// as ipsec-mb detects them (alloc_mb_mgr runs none of its vector code) and
+// the kernel's vector state, before any of its code (self-test included) runs.
+IpsecMbCode host_code() {
+    static const IpsecMbCode c = [] {
+        IMB_MGR *g = alloc_mb_mgr(0);
+        if (!g) return IpsecMbCode::none;
+        const uint64_t features = g->features;
+        free_mb_mgr(g);
+        return choose_ipsec_mb_code(os_vector_state(), features);
     }();
-    return h;
+    return c;
 }
 
 // The process's ipsec-mb manager, set up once, on first use, with the code
@@ -66,8 +57,7 @@ const Host &host() {
 // direct GCM calls keep no state in it, so every thread may use it.
 IMB_MGR *mgr() {
     static IMB_MGR *const m = []() -> IMB_MGR * {
-        const Host &h = host();
-        const IpsecMbCode code = h.usable ? choose_ipsec_mb_code(h.os, h.features) : IpsecMbCode::none;
+        const IpsecMbCode code = host_code();
         if (code == IpsecMbCode::none) return nullptr;
         IMB_MGR *g = alloc_mb_mgr(0);
         if (!g) return nullptr;
@@ -109,10 +99,8 @@ AeadImpl aead_impl(const Options &o) {
     const std::string want = o.str("tcp.aead_impl");
     if (want == "openssl") return AeadImpl::openssl;
 #ifdef KVX_HAVE_IPSEC_MB
-    const Host &h = host();
-    const IpsecMbCode code = h.usable ? choose_ipsec_mb_code(h.os, h.features) : IpsecMbCode::none;
     // auto: only its VAES code, and ipsec-mb is set up (and self-tests) only then
-    if (want == "auto") return code == IpsecMbCode::avx512_vaes && mgr() ? AeadImpl::ipsec_mb : AeadImpl::openssl;
+    if (want == "auto") return host_code() == IpsecMbCode::avx512_vaes && mgr() ? AeadImpl::ipsec_mb : AeadImpl::openssl;
     if (mgr()) return AeadImpl::ipsec_mb;
     fail(KVX_ENOTSUP, "option tcp.aead_impl: ipsec-mb cannot run on this CPU (it needs SSE4.2, AES-NI and PCLMULQDQ)");
 #else
@@ -123,10 +111,7 @@ AeadImpl aead_impl(const Options &o) {
 
 const char *aead_impl_name(AeadImpl impl) {
 #ifdef KVX_HAVE_IPSEC_MB
-    if (impl == AeadImpl::ipsec_mb) {
-        const Host &h = host();
-        return choose_ipsec_mb_code(h.os, h.features) == IpsecMbCode::avx512_vaes ? "ipsec-mb (VAES)" : "ipsec-mb";
-    }
+    if (impl == AeadImpl::ipsec_mb) return host_code() == IpsecMbCode::avx512_vaes ? "ipsec-mb (VAES)" : "ipsec-mb";
 #endif
     return impl == AeadImpl::ipsec_mb ? "ipsec-mb" : "OpenSSL";
 }
