@@ -271,14 +271,25 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *   device that cannot be used (none, no ACTIVE port, RLIMIT_MEMLOCK too low
  *   for the region, verbs.* naming something absent) fails creation with
  *   KVX_ENOTSUP and the reason; with "auto" it selects tcp (logged).
- *   shm.threads          threads that copy one shm transfer, 1..16,
- *                        default 2: the thread calling kvx_write_blocks()
- *                        copies the first part itself (so a small transfer
- *                        is done, or failed, when the call returns) and
- *                        shm.threads - 1 threads of the transport the others;
- *                        transfers of 2 MiB or more are split among them
- *                        (512 KiB or more into private memory, where the
- *                        kernel's copy costs about twice a memcpy).
+ *   shm.threads          threads that copy shm transfers, 1..16, default 2:
+ *                        the threads calling kvx_write_blocks() and
+ *                        shm.threads - 1 threads of the transport. With 1,
+ *                        the calling thread copies its transfer before the
+ *                        call returns (it is done, or failed, by then). With
+ *                        more (since 0.4.5), transfers queue and the pool
+ *                        threads copy them, several small transfers to one
+ *                        peer at a time (into private memory, one
+ *                        process_vm_writev for them all); the calling
+ *                        thread copies a share of the queue itself when
+ *                        every pool thread sleeps (so on an idle transport a
+ *                        small transfer is still copied in the call) and
+ *                        while more than 2 MiB wait. A pool thread that runs
+ *                        out of work watches the queue for 50 us before it
+ *                        sleeps: CPU time traded for the wake-ups a stream
+ *                        of small transfers would cost. Transfers of 2 MiB
+ *                        or more are split among the threads (512 KiB or
+ *                        more into private memory, where the kernel's copy
+ *                        costs about twice a memcpy).
  *   shm.allow_other_users  0..1. 0 (default): the shm backend serves only
  *                        processes of the same user (SO_PEERCRED); 1: any
  *                        user that authenticates (docs/security.md).
@@ -538,8 +549,9 @@ KVX_API int kvx_registration_status(int *out_state, int *out_error, kvx_transpor
  * remote_idxs[i], for i < n. Never blocks on the network: the transfer is
  * queued and the returned id surfaces exactly once in kvx_poll(), done (the
  * bytes are in the peer's region) or failed. For a peer on the shm backend
- * the calling thread copies (a share of) the blocks itself before returning
- * (see shm.threads): a memory copy, never a wait for the peer. Runs of consecutive indexes
+ * the calling thread may copy queued blocks (its own, or a share of those
+ * queued before) itself before returning (see shm.threads): a memory copy,
+ * never a wait for the peer. Runs of consecutive indexes
  * (local i..i+k to remote j..j+k) travel as one operation. n == 0 is a valid
  * transfer, done at the next poll.
  * The index arrays are read during the call only.

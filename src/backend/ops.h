@@ -43,6 +43,7 @@ public:
     // Reports an id the backend never tracked (e.g. refused at submit).
     void add(uint64_t id, int status) { out_.emplace_back(id, status); }
     bool empty() const { return out_.empty(); }
+    size_t size() const { return out_.size(); }
     void deliver(CompletionSink &sink);
 
 private:

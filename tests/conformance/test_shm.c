@@ -289,6 +289,134 @@ static void test_private_threads(void **state) {
     region_free(&rb);
 }
 
+/* A stream of small transfers over a pool (shm.threads=3) to two peers at
+ * once, one over private memory (process_vm_writev) and one mapped: the
+ * queue then holds parts of both links, and the copiers take batches of
+ * several transfers of one link. Each round fills the sources anew, writes
+ * every remote block of both targets once (transfers of 1..8 random blocks,
+ * so runs and singles mix), and cancels a third of the transfers at once
+ * (immediate) or with wait. Every id not cancelled surfaces exactly once,
+ * done; a cancelled one never surfaces (or, with wait, surfaces once as
+ * its inflight answer says); every block of a transfer not cancelled holds
+ * its source's bytes, and no byte outside the regions changes. */
+static void test_pool_stream(void **state) {
+    (void)state;
+    enum { SNB = 256, SBL = 4096, ROUNDS = 40, MAXK = 8 };
+    region ra = region_new(SNB, SBL, 1), rb = region_new(SNB, SBL, 0x44);
+    void *mem = NULL;
+    CHECK_OK(kvx_region_alloc(&mem, (uint64_t)SNB * SBL + 2 * GUARD_LEN, 0));
+    uint8_t *tc = guarded(mem, (uint64_t)SNB * SBL, 0x55);
+    kvx_transport *a = make(ra.base, SNB, SBL, opts("shm", "shm.threads=3"));
+    kvx_transport *b = make(rb.base, SNB, SBL, opts("shm", NULL));
+    kvx_transport *c = make(tc, SNB, SBL, opts("shm", NULL));
+    metablob m;
+    get_meta(b, &m);
+    add_peer(a, "b", &m);
+    get_meta(c, &m);
+    add_peer(a, "c", &m);
+    expect_path(a, "b", "shm", "process_vm_writev");
+    expect_path(a, "c", "shm", "mapped");
+    uint64_t seed = 0x2545F4914F6CDD1DULL;
+    size_t total = 0, cancelled = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        for (uint64_t i = 0; i < SNB; i++) fill_block(ra.base + i * SBL, SBL, i, 100 + (uint32_t)round);
+        /* Per target a permutation of its blocks, cut into transfers. */
+        uint64_t perm[2][SNB], src[2][SNB];
+        uint64_t ids[2 * SNB];
+        int peer_of[2 * SNB], first[2 * SNB], count[2 * SNB], cut[2 * SNB];
+        size_t n = 0;
+        for (int p = 0; p < 2; p++) {
+            for (uint64_t i = 0; i < SNB; i++) perm[p][i] = i;
+            for (uint64_t i = SNB - 1; i > 0; i--) {
+                seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+                uint64_t j = seed % (i + 1), t = perm[p][i];
+                perm[p][i] = perm[p][j];
+                perm[p][j] = t;
+            }
+            for (uint64_t i = 0; i < SNB; i++) {
+                seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+                src[p][i] = seed % SNB;
+            }
+            /* Runs too: every fourth transfer takes consecutive blocks on both sides. */
+            for (int at = 0; at < SNB;) {
+                seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+                int k = 1 + (int)(seed % MAXK);
+                if (k > SNB - at) k = SNB - at;
+                if (n % 4 == 3) {
+                    for (int q = 0; q < k; q++) perm[p][at + q] = (uint64_t)at + (uint64_t)q;
+                    for (int q = 0; q < k; q++) src[p][at + q] = (src[p][at] + (uint64_t)q) % SNB;
+                }
+                peer_of[n] = p, first[n] = at, count[n] = k, cut[n] = 0;
+                n++;
+                at += k;
+            }
+        }
+        /* The consecutive runs above may repeat a remote block of the
+         * permutation: keep a transfer's blocks distinct from every earlier
+         * one of the round (the others are dropped from it). */
+        uint8_t used[2][SNB];
+        memset(used, 0, sizeof used);
+        for (size_t t = 0; t < n; t++) {
+            const int p = peer_of[t];
+            int k = 0;
+            for (int q = 0; q < count[t]; q++) {
+                const uint64_t r = perm[p][first[t] + q];
+                if (used[p][r]) continue;
+                used[p][r] = 1;
+                perm[p][first[t] + k] = r;
+                src[p][first[t] + k] = src[p][first[t] + q];
+                k++;
+            }
+            count[t] = k;
+        }
+        for (size_t t = 0; t < n; t++)
+            CHECK_OK(kvx_write_blocks(&ids[t], a, peer_of[t] ? "c" : "b", src[peer_of[t]] + first[t],
+                                      perm[peer_of[t]] + first[t], (size_t)count[t]));
+        /* Cancel every third transfer, immediate in even rounds, with wait in odd ones. */
+        uint64_t victims[2 * SNB], inflight[2 * SNB];
+        size_t nv = 0, ninf = 0;
+        for (size_t t = 2; t < n; t += 3) victims[nv++] = ids[t];
+        CHECK_OK(kvx_cancel(&ninf, a, victims, nv, round % 2 ? KVX_CANCEL_WAIT : KVX_CANCEL_IMMEDIATE, inflight));
+        uint64_t expect[2 * SNB];
+        size_t ne = 0;
+        for (size_t t = 0; t < n; t++) {
+            int gone = t >= 2 && (t - 2) % 3 == 0;
+            for (size_t q = 0; gone && q < ninf; q++)
+                if (inflight[q] == ids[t]) gone = 0;
+            cut[t] = gone;
+            if (!gone) expect[ne++] = ids[t];
+        }
+        size_t nf = 0;
+        assert_int_equal(wait_ids(a, NULL, expect, ne, 20000, &nf, NULL), ne);
+        assert_int_equal(nf, 0);
+        total += ne;
+        cancelled += n - ne;
+        for (size_t t = 0; t < n; t++) {
+            if (cut[t]) continue;
+            uint8_t *dst = peer_of[t] ? tc : rb.base;
+            for (int q = 0; q < count[t]; q++)
+                assert_true(block_matches(dst + perm[peer_of[t]][first[t] + q] * SBL, SBL,
+                                          src[peer_of[t]][first[t] + q], 100 + (uint32_t)round));
+        }
+        assert_true(region_guards_ok(&rb));
+        for (size_t i = 0; i < GUARD_LEN; i++)
+            assert_true(tc[-1 - (long)i] == 0xA5 && tc[(uint64_t)SNB * SBL + i] == 0xA5);
+    }
+    /* Nothing more surfaces: no id twice, no cancelled one late. */
+    usleep(50 * 1000);
+    size_t nd = 0, nfl = 0;
+    uint64_t d[8], f[8];
+    CHECK_OK(kvx_poll(&nd, &nfl, a, NULL, d, 8, f, 8));
+    assert_int_equal(nd + nfl, 0);
+    print_message("%zu transfers done, %zu cancelled\n", total, cancelled);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    kvx_transport_destroy(c);
+    kvx_region_free(mem);
+    region_free(&ra);
+    region_free(&rb);
+}
+
 /* vLLM's case: the region is an mmap of a file under /dev/shm. Found without
  * any option; then the target truncates the file under the writer: the
  * writer's copy faults (SIGBUS), the transfer fails, the writer lives on. */
@@ -755,6 +883,7 @@ int main(void) {
         cmocka_unit_test(test_mapped_region_alloc),
         cmocka_unit_test(test_mapped_threads),
         cmocka_unit_test(test_private_threads),
+        cmocka_unit_test(test_pool_stream),
         cmocka_unit_test(test_dev_shm_file_and_truncation),
         cmocka_unit_test(test_foreign_sigbus),
         cmocka_unit_test(test_app_memfd),

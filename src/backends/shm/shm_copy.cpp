@@ -9,6 +9,7 @@
 #include <csetjmp>
 #include <csignal>
 #include <cstring>
+#include <chrono>
 #include <mutex>
 
 #include "backends/shm/shm.h"
@@ -53,8 +54,8 @@ void on_sigbus(int sig, siginfo_t *si, void *uc) {
     else p.sa_handler(sig);
 }
 
-// The runs of p into the mapping: 0, 1 when halted, -1 on a fault.
-int copy_mapped(Link &l, const Part &p) {
+// The runs of the parts into the mapping: 0, 1 when halted, -1 on a fault.
+int copy_mapped(Link &l, const Job *jobs, size_t n) {
     sigjmp_buf jb;
     if (sigsetjmp(jb, 0) != 0) {
         sigset_t s;
@@ -66,27 +67,35 @@ int copy_mapped(Link &l, const Part &p) {
     t_guard_lo = reinterpret_cast<uintptr_t>(l.map_base);
     t_guard_hi = t_guard_lo + l.map_len;
     t_guard = &jb;
-    for (const Run &r : p.runs) {
-        for (uint64_t done = 0; done < r.len; done += kChunk) {
-            if (l.halt.load(std::memory_order_relaxed)) {
-                t_guard = nullptr;
-                return 1;
+    for (size_t i = 0; i < n; i++) {
+        for (const Run &r : jobs[i].part.runs) {
+            for (uint64_t done = 0; done < r.len; done += kChunk) {
+                if (l.halt.load(std::memory_order_relaxed)) {
+                    t_guard = nullptr;
+                    return 1;
+                }
+                const uint64_t len = std::min(kChunk, r.len - done);
+                memcpy(l.dst + r.remote_off + done, l.local.base + r.local_off + done, len);
             }
-            const uint64_t n = std::min(kChunk, r.len - done);
-            memcpy(l.dst + r.remote_off + done, l.local.base + r.local_off + done, n);
         }
     }
     t_guard = nullptr;
     return 0;
 }
 
-int copy_kernel(Link &l, const Part &p) {
-    std::vector<iovec> lv, rv;
-    for (const Run &r : p.runs) {
-        for (uint64_t done = 0; done < r.len; done += kChunk) {
-            const uint64_t n = std::min(kChunk, r.len - done);
-            lv.push_back(iovec{l.local.base + r.local_off + done, n});
-            rv.push_back(iovec{reinterpret_cast<void *>(l.remote_base + r.remote_off + done), n});
+// All the parts' runs in as few process_vm_writev calls as IOV_MAX and
+// kChunk allow (one for a batch of small parts).
+int copy_kernel(Link &l, const Job *jobs, size_t n) {
+    thread_local std::vector<iovec> lv, rv;  // kept between batches: no allocation per copy
+    lv.clear();
+    rv.clear();
+    for (size_t i = 0; i < n; i++) {
+        for (const Run &r : jobs[i].part.runs) {
+            for (uint64_t done = 0; done < r.len; done += kChunk) {
+                const uint64_t len = std::min(kChunk, r.len - done);
+                lv.push_back(iovec{l.local.base + r.local_off + done, len});
+                rv.push_back(iovec{reinterpret_cast<void *>(l.remote_base + r.remote_off + done), len});
+            }
         }
     }
     for (size_t at = 0; at < lv.size();) {
@@ -144,10 +153,10 @@ void install_sigbus_guard() {
     if (!((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction == on_sigbus)) g_prev_sigbus = prev;
 }
 
-int copy_part(Link &l, const Part &p) {
-    if (l.mode == Mode::kernel) return copy_kernel(l, p);
+int copy_parts(Link &l, const Job *jobs, size_t n) {
+    if (l.mode == Mode::kernel) return copy_kernel(l, jobs, n);
     if (!l.sealed) install_sigbus_guard();  // a file that may shrink under us
-    const int rc = copy_mapped(l, p);
+    const int rc = copy_mapped(l, jobs, n);
     if (rc < 0) {
         KVX_LOG(warn, "shm: peer '%s': its mapping faulted (SIGBUS: the file was truncated?)", l.peer_id.c_str());
         return KVX_ECONNRESET;
@@ -194,40 +203,52 @@ CopyPool::CopyPool(unsigned threads) : copiers_(threads) {
 CopyPool::~CopyPool() {
     {
         std::lock_guard<std::mutex> lk(mu_);
-        stop_ = true;
+        stop_.store(true);
     }
     cv_.notify_all();
     for (auto &t : threads_) t.join();
 }
 
-void CopyPool::push(std::vector<Job> jobs) {
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        for (auto &j : jobs) queue_.push_back(std::move(j));
-    }
-    if (jobs.size() == 1) cv_.notify_one();
-    else cv_.notify_all();
-}
-
 namespace {
 
-// Starts a job's part if its link and transfer still want it; true when the
-// caller then copies it (counted in link.active).
-bool begin(Job &j) {
-    Link &l = *j.link;
+constexpr uint64_t kBatchBytes = 1u << 20;  // a batch's bound: a halt is seen within about 100 us of copying
+constexpr uint64_t kBacklogBytes = 2u << 20;  // queued while pool threads are awake: the submitter copies a share too
+constexpr auto kIdleSpin = std::chrono::microseconds(50);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Starts the jobs of a batch (one link) that their link and transfers still
+// want, dropping the others; true when some are left to copy (counted once
+// in link.active).
+bool begin(Link &l, std::vector<Job> &jobs) {
     std::lock_guard<std::mutex> lk(l.mu);
-    if (l.stop) return false;
-    if (!j.part.op->try_start()) {  // cancelled before a byte moved
-        l.ops.erase(j.part.op->id);
+    if (l.stop) {  // fail_all reports what the link had
+        jobs.clear();
         return false;
     }
+    size_t keep = 0;
+    for (Job &j : jobs) {
+        if (!j.part.op->try_start()) {  // cancelled before a byte moved
+            l.ops.erase(j.part.op->id);
+            continue;
+        }
+        if (&j != &jobs[keep]) jobs[keep] = std::move(j);
+        keep++;
+    }
+    jobs.resize(keep);
+    if (keep == 0) return false;
     l.active++;
     return true;
 }
 
-// Reports a copied part (or stops the link at its first failure).
-void end(Job &j, int rc) {
-    Link &l = *j.link;
+// Reports a copied batch (or stops the link at its first failure).
+void end(Link &l, std::vector<Job> &jobs, int rc) {
 #ifndef __SANITIZE_THREAD__  // TSan does not model fences; l.mu's unlock below releases the bytes as well
     std::atomic_thread_fence(std::memory_order_release);  // the bytes before the report
 #endif
@@ -242,10 +263,14 @@ void end(Job &j, int rc) {
             l.cv.notify_all();
             first_failure = true;
         } else if (rc == 0 && !l.stop) {
-            b.part_done(*j.part.op, 0);
-            if (!b.empty()) l.ops.erase(j.part.op->id);
+            for (Job &j : jobs) {
+                const size_t before = b.size();
+                b.part_done(*j.part.op, 0);
+                if (b.size() != before) l.ops.erase(j.part.op->id);
+            }
         }
     }
+    jobs.clear();  // the parts' references go before the link lets the peer go
     if (rc == 0) l.sink->progress();
     b.deliver(*l.sink);
     {
@@ -256,24 +281,104 @@ void end(Job &j, int rc) {
     if (first_failure) l.fail_all(rc);  // once every copy of the link let go
 }
 
+void copy_batch(std::vector<Job> &jobs) {
+    if (jobs.empty()) return;
+    std::shared_ptr<Link> link = jobs.front().link;  // held while the jobs go
+    if (!begin(*link, jobs)) return;
+    end(*link, jobs, copy_parts(*link, jobs.data(), jobs.size()));
+}
+
 }  // namespace
 
-void CopyPool::copy_now(Job j) {
-    if (begin(j)) end(j, copy_part(*j.link, j.part));
+void CopyPool::take(std::vector<Job> &out) {
+    out.clear();
+    if (queue_.empty()) return;
+    const size_t share = (queue_.size() + copiers_ - 1) / copiers_;
+    const Link *link = queue_.front().link.get();
+    uint64_t bytes = 0;
+    size_t runs = 0;
+    while (!queue_.empty() && out.size() < share && queue_.front().link.get() == link) {
+        const uint64_t b = queue_.front().part.bytes();
+        const size_t r = queue_.front().part.runs.size();
+        if (!out.empty() && (bytes + b > kBatchBytes || runs + r > IOV_MAX)) break;
+        bytes += b;
+        runs += r;
+        out.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+    }
+    queued_bytes_ -= bytes;
+    queued_.store(queue_.size(), std::memory_order_relaxed);
+}
+
+void CopyPool::spin_for_work() const {
+    const auto until = std::chrono::steady_clock::now() + kIdleSpin;
+    for (unsigned i = 1;; i++) {
+        if (queued_.load(std::memory_order_relaxed) != 0 || stop_.load(std::memory_order_relaxed)) return;
+        cpu_relax();
+        if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return;
+    }
+}
+
+void CopyPool::submit(std::vector<Job> jobs) {
+    std::vector<Job> batch;
+    if (threads_.empty()) {  // shm.threads=1: the caller copies its parts, one by one
+        for (Job &j : jobs) {
+            batch.clear();
+            batch.push_back(std::move(j));
+            copy_batch(batch);
+        }
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto &j : jobs) {
+            queued_bytes_ += j.part.bytes();
+            queue_.push_back(std::move(j));
+        }
+        // Pool threads awake (copying or watching the queue) take the parts,
+        // in batches; this thread copies a share only once kBacklogBytes
+        // wait. With every pool thread asleep it copies at once: waking one
+        // costs more than copying a small part. A stream of calls (the last
+        // within kIdleSpin) wakes one to watch the queue for the next.
+        const auto now = std::chrono::steady_clock::now();
+        const bool streaming = now - last_submit_ < kIdleSpin;
+        last_submit_ = now;
+        const unsigned awake = spinning_ + busy_;
+        if (awake == 0 || queued_bytes_ >= kBacklogBytes) take(batch);
+        queued_.store(queue_.size(), std::memory_order_relaxed);
+        if (sleeping_ > 0 && (queue_.size() > awake || (streaming && awake == 0))) {
+            if (queue_.size() > awake + 1) cv_.notify_all();
+            else cv_.notify_one();
+        }
+    }
+    copy_batch(batch);
 }
 
 void CopyPool::run() {
+    std::vector<Job> batch;
     for (;;) {
-        Job j;
         {
             std::unique_lock<std::mutex> lk(mu_);
-            cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-            if (queue_.empty()) return;
-            j = std::move(queue_.front());
-            queue_.pop_front();
+            if (queue_.empty() && !stop_.load()) {
+                spinning_++;  // submitters leave parts to this thread meanwhile
+                lk.unlock();
+                spin_for_work();
+                lk.lock();
+                spinning_--;
+            }
+            if (queue_.empty()) {
+                if (stop_.load()) return;  // nothing is left
+                sleeping_++;
+                cv_.wait(lk);  // woken for parts, to watch for them (a stream), or to stop
+                sleeping_--;
+                continue;
+            }
+            take(batch);
+            busy_++;
         }
-        if (!begin(j)) continue;
-        end(j, copy_part(*j.link, j.part));
+        copy_batch(batch);
+        std::lock_guard<std::mutex> lk(mu_);
+        busy_--;
     }
 }
 

@@ -241,11 +241,7 @@ void ShmPeer::submit(Op op) {
         b.deliver(*link_->sink);
         return;
     }
-    // The first part here, the others on the pool threads, all at once.
-    Job first = std::move(jobs.front());
-    jobs.erase(jobs.begin());
-    if (!jobs.empty()) pool_.push(std::move(jobs));
-    pool_.copy_now(std::move(first));
+    pool_.submit(std::move(jobs));  // queued for the pool; this thread copies a share too
 }
 
 bool ShmPeer::broken() const {
