@@ -14,7 +14,12 @@
 #   shm mapped   kvxfer-bench --backend shm --target-region shared
 #                (the target's region is a sealed memfd; vLLM's /dev/shm files
 #                take the same path), shm.threads=1
-#   shm mapped 2 the same with shm.threads=2 (4 MiB only)
+#   memcpy x2, pvw x2  the same references with two threads at once, each
+#                into its own half of the destination: the references of
+#                the shm.threads=2 lines (the issue's bars stay against one
+#                thread's memcpy; these ratios are printed beside them)
+#   shm mapped 2 the same with shm.threads=2, the default (the submitting
+#                thread and one pool thread; small transfers batched)
 #   shm private  --backend shm, the target's region private: process_vm_writev
 #   memcpy thp, pvw thp, shm private thp  the same three with the regions on
 #                transparent huge pages (MADV_HUGEPAGE; kvxfer-bench
@@ -22,7 +27,9 @@
 #                it is set to never). The plain lines are on 4 KiB pages
 #                (MADV_NOHUGEPAGE). memcpy, the anchor of every ratio, is the
 #                better of "memcpy" and "memcpy thp" per size
-#   shm private 2  the same with shm.threads=2 (4M and 1M: split from 512 KiB)
+#   shm private 2  the same with shm.threads=2, the default (4M and 1M:
+#                split from 512 KiB; 64K and 4K: batched, one
+#                process_vm_writev per batch)
 #   shm staged   the same with shm.private=staged: through the target's staging
 #                ring (the path of a writer the kernel refuses; two copies)
 #   tcp          --backend tcp over 127.0.0.1
@@ -86,14 +93,16 @@ for round in $(seq "$repeat"); do
     echo "$me: round $round of $repeat" >&2
     { "$ref" 4M,1M,64K 256M seq 1 "$duration" && "$ref" 4K 256M random 16 "$duration"; } | tag memcpy
     { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw && "$ref" 4K 256M random 16 "$duration" pvw; } | tag pvw
+    { "$ref" 4M,1M,64K 256M seq 1 "$duration" threads=2 && "$ref" 4K 256M random 16 "$duration" threads=2; } | tag "memcpy x2"
+    { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw threads=2 && "$ref" 4K 256M random 16 "$duration" pvw threads=2; } | tag "pvw x2"
     if ((have_thp)); then
         { "$ref" 4M,1M,64K 256M seq 1 "$duration" thp && "$ref" 4K 256M random 16 "$duration" thp; } | tag "memcpy thp"
         { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw thp && "$ref" 4K 256M random 16 "$duration" pvw thp; } | tag "pvw thp"
     fi
     kv "shm mapped" --backend shm --target-region shared --option shm.threads=1 "$@"
-    kv_sizes "shm mapped 2" 4M 1 seq --backend shm --target-region shared --option shm.threads=2 "$@"
+    kv "shm mapped 2" --backend shm --target-region shared --option shm.threads=2 "$@"
     kv "shm private" --backend shm --option shm.threads=1 "$@"
-    kv_sizes "shm private 2" 4M,1M 1 seq --backend shm --option shm.threads=2 "$@"
+    kv "shm private 2" --backend shm --option shm.threads=2 "$@"
     if ((have_thp)); then kv "shm private thp" --backend shm --target-region thp --option shm.threads=1 "$@"; fi
     kv "shm staged" --backend shm --option shm.threads=1 --option shm.private=staged "$@"
     kv "tcp" --backend tcp "$@"
@@ -104,7 +113,7 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
 for r in rows:
-    if r["kind"] not in ("memcpy", "pvw", "memcpy thp", "pvw thp"):
+    if r["kind"] not in ("memcpy", "pvw", "memcpy thp", "pvw thp", "memcpy x2", "pvw x2"):
         if r.get("failed") or r.get("verified") == "no":
             sys.exit("compare-shm.sh: a kvxfer run failed or did not verify: %s" % r)
     by.setdefault((r["kind"], r["block_size"], r["pattern"]), []).append(r["gb_per_s"])
@@ -117,8 +126,8 @@ def best_memcpy(bs, pat):  # the stronger anchor of the two memory kinds
 def fmt(c):
     return "%6.2f (%5.2f-%5.2f)" % c[:3] if c else "%19s" % "-"
 sizes = [(4 << 20, "seq"), (1 << 20, "seq"), (64 << 10, "seq"), (4 << 10, "random")]
-kinds = ["memcpy", "memcpy thp", "pvw", "pvw thp", "shm mapped", "shm mapped 2", "shm private", "shm private 2",
-         "shm private thp", "shm staged", "tcp"]
+kinds = ["memcpy", "memcpy thp", "memcpy x2", "pvw", "pvw thp", "pvw x2", "shm mapped", "shm mapped 2", "shm private",
+         "shm private 2", "shm private thp", "shm staged", "tcp"]
 print("GB/s, median (min-max) of %d rounds; 4K = random, batch 16; others seq, batch 1" % max(len(v) for v in by.values()))
 print("%-10s" % "block" + "".join("%21s" % k for k in kinds))
 for bs, pat in sizes:
@@ -131,7 +140,8 @@ for bs, pat in sizes:
     parts = []
     for k, ref in (("shm mapped", "memcpy"), ("shm mapped 2", "memcpy"), ("shm private", "memcpy"),
                    ("shm private 2", "memcpy"), ("shm private thp", "memcpy"), ("pvw", "memcpy"), ("pvw thp", "memcpy"),
-                   ("shm private", "pvw"), ("shm private thp", "pvw thp"), ("shm staged", "memcpy"),
+                   ("shm private", "pvw"), ("shm private thp", "pvw thp"), ("shm mapped 2", "memcpy x2"),
+                   ("shm private 2", "pvw x2"), ("shm staged", "memcpy"),
                    ("shm mapped", "tcp"), ("shm staged", "tcp")):
         a = cell(k, bs, pat)
         b = best_memcpy(bs, pat) if ref == "memcpy" else cell(ref, bs, pat)

@@ -50,7 +50,7 @@ extern "C" {
 
 #define KVX_VERSION_MAJOR 0
 #define KVX_VERSION_MINOR 4
-#define KVX_VERSION_PATCH 4
+#define KVX_VERSION_PATCH 5
 /** MAJOR*10000 + MINOR*100 + PATCH, comparable with '<'. */
 #define KVX_VERSION_NUMBER \
     (KVX_VERSION_MAJOR * 10000 + KVX_VERSION_MINOR * 100 + KVX_VERSION_PATCH)
@@ -273,23 +273,25 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *   KVX_ENOTSUP and the reason; with "auto" it selects tcp (logged).
  *   shm.threads          threads that copy shm transfers, 1..16, default 2:
  *                        the threads calling kvx_write_blocks() and
- *                        shm.threads - 1 threads of the transport. With 1,
- *                        the calling thread copies its transfer before the
- *                        call returns (it is done, or failed, by then). With
- *                        more (since 0.4.5), transfers queue and the pool
- *                        threads copy them, several small transfers to one
- *                        peer at a time (into private memory, one
- *                        process_vm_writev for them all); the calling
- *                        thread copies a share of the queue itself when
- *                        every pool thread sleeps (so on an idle transport a
- *                        small transfer is still copied in the call) and
- *                        while more than 2 MiB wait. A pool thread that runs
- *                        out of work watches the queue for 50 us before it
- *                        sleeps: CPU time traded for the wake-ups a stream
- *                        of small transfers would cost. Transfers of 2 MiB
- *                        or more are split among the threads (512 KiB or
- *                        more into private memory, where the kernel's copy
- *                        costs about twice a memcpy).
+ *                        shm.threads - 1 threads of the transport.
+ *                        Transfers of 2 MiB or more (512 KiB or more into
+ *                        private memory, where the kernel's copy costs about
+ *                        twice a memcpy) are split among the threads, and the
+ *                        calling thread copies the first part. With 1, the
+ *                        calling thread copies its transfer before the call
+ *                        returns (it is done, or failed, by then). With more
+ *                        (since 0.4.5), a smaller transfer is copied by the
+ *                        calling thread when every pool thread sleeps (so
+ *                        on an idle transport it is still done when the call
+ *                        returns), and otherwise queued: the pool threads
+ *                        take the queue in batches of several transfers to
+ *                        one peer (into private memory, one
+ *                        process_vm_writev per batch), serving the peers in
+ *                        turn; while 2 MiB or more wait, the calling thread
+ *                        copies a batch as well (at most 1 MiB). A pool
+ *                        thread that runs out of work watches the queue for
+ *                        50 us before it sleeps: CPU time traded for the
+ *                        wake-ups a stream of small transfers would cost.
  *   shm.allow_other_users  0..1. 0 (default): the shm backend serves only
  *                        processes of the same user (SO_PEERCRED); 1: any
  *                        user that authenticates (docs/security.md).

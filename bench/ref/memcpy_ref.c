@@ -11,9 +11,11 @@
  * iovec each, as kvxfer's shm backend sends them): the ceiling of kvxfer's
  * kernel path for private memory, on this kernel. With "thp", both regions
  * are 2 MiB aligned and advised MADV_HUGEPAGE (transparent huge pages; the
- * child's copy of dst inherits the advice).
+ * child's copy of dst inherits the advice). With "threads=N" (1..8), N
+ * threads copy at once, each into its own 1/N of dst (from anywhere in src
+ * when random): the reference of kvxfer's shm lines with shm.threads=N.
  *
- *   kvxfer-memcpy-ref BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw] [thp]
+ *   kvxfer-memcpy-ref BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw] [thp] [threads=N]
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -52,40 +55,86 @@ static int copy_batch(const struct iovec *lv, const struct iovec *rv, uint64_t n
     return 0;
 }
 
-static int run(uint64_t bs, uint64_t ws, int random, uint64_t batch, double secs, uint8_t *src, uint8_t *dst) {
-    const uint64_t nb = ws / bs;
+/* One thread's share: blocks [first, first + count) of dst (seq: the same
+ * of src; random: any of src). */
+struct share {
+    uint64_t bs, batch, first, count, nb, bytes;
+    int random, failed;
+    double secs;
+    const uint8_t *src;
+    uint8_t *dst;
+    uint64_t seed;
+};
+
+static void *copy_share(void *arg) {
+    struct share *w = arg;
     struct iovec lv[1024], rv[1024];
-    uint64_t seed = 0x9e3779b97f4a7c15ULL, bytes = 0, next = 0;
+    uint64_t next = 0;
     double t0 = now_s(), t = t0;
-    while (t - t0 < secs) {
+    while (t - t0 < w->secs) {
         for (int k = 0; k < 64; k++) {
-            for (uint64_t i = 0; i < batch; i++) {
-                uint64_t l = random ? rng(&seed) % nb : next;
-                uint64_t r = random ? rng(&seed) % nb : next;
-                next = (next + 1) % nb;
-                lv[i] = (struct iovec){src + l * bs, bs};
-                rv[i] = (struct iovec){dst + r * bs, bs};
+            for (uint64_t i = 0; i < w->batch; i++) {
+                uint64_t l = w->random ? rng(&w->seed) % w->nb : w->first + next;
+                uint64_t r = w->first + (w->random ? rng(&w->seed) % w->count : next);
+                next = (next + 1) % w->count;
+                lv[i] = (struct iovec){(void *)(w->src + l * w->bs), w->bs};
+                rv[i] = (struct iovec){w->dst + r * w->bs, w->bs};
             }
-            if (copy_batch(lv, rv, batch, bs) != 0) return -1;
-            bytes += batch * bs;
+            if (copy_batch(lv, rv, w->batch, w->bs) != 0) {
+                w->failed = 1;
+                return NULL;
+            }
+            w->bytes += w->batch * w->bs;
         }
         t = now_s();
     }
-    printf("{\"block_size\":%llu,\"pattern\":\"%s\",\"batch\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f}\n",
-           (unsigned long long)bs, random ? "random" : "seq", (unsigned long long)batch, (unsigned long long)bytes,
-           t - t0, (double)bytes / (t - t0) / 1e9);
+    return NULL;
+}
+
+static int run(uint64_t bs, uint64_t ws, int random, uint64_t batch, double secs, unsigned threads, uint8_t *src,
+               uint8_t *dst) {
+    const uint64_t nb = ws / bs;
+    if (nb < threads) return -1;
+    struct share w[8];
+    pthread_t tid[8];
+    const double t0 = now_s();
+    for (unsigned i = 0; i < threads; i++) {
+        w[i] = (struct share){.bs = bs, .batch = batch, .first = nb / threads * i, .count = nb / threads, .nb = nb,
+                              .random = random, .secs = secs, .src = src, .dst = dst,
+                              .seed = 0x9e3779b97f4a7c15ULL + 0x2545F4914F6CDD1DULL * i};
+        if (threads > 1 && pthread_create(&tid[i], NULL, copy_share, &w[i]) != 0) return -1;
+    }
+    if (threads == 1) copy_share(&w[0]);
+    uint64_t bytes = 0;
+    int failed = 0;
+    for (unsigned i = 0; i < threads; i++) {
+        if (threads > 1) pthread_join(tid[i], NULL);
+        bytes += w[i].bytes;
+        failed |= w[i].failed;
+    }
+    if (failed) return -1;
+    const double t = now_s();
+    printf("{\"block_size\":%llu,\"pattern\":\"%s\",\"batch\":%llu,\"threads\":%u,\"bytes\":%llu,\"seconds\":%.6f,"
+           "\"gb_per_s\":%.4f}\n",
+           (unsigned long long)bs, random ? "random" : "seq", (unsigned long long)batch, threads,
+           (unsigned long long)bytes, t - t0, (double)bytes / (t - t0) / 1e9);
     return 0;
 }
 
 int main(int argc, char **argv) {
     int pvw = 0, thp = 0, bad = argc < 6;
+    unsigned threads = 1;
     for (int i = 6; i < argc; i++) {
+        uint64_t n;
         if (strcmp(argv[i], "pvw") == 0) pvw = 1;
         else if (strcmp(argv[i], "thp") == 0) thp = 1;
+        else if (strncmp(argv[i], "threads=", 8) == 0 && parse_u64(argv[i] + 8, &n) == 0 && n >= 1 && n <= 8)
+            threads = (unsigned)n;
         else bad = 1;
     }
     if (bad) {
-        fprintf(stderr, "usage: %s BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw] [thp]\n", argv[0]);
+        fprintf(stderr, "usage: %s BLOCK_SIZE[,...] WORKING_SET_BYTES seq|random BATCH SECONDS [pvw] [thp] [threads=N]\n",
+                argv[0]);
         return 2;
     }
     const uint64_t ws = size_or_exit("kvxfer-memcpy-ref", argv[2]);
@@ -125,7 +174,7 @@ int main(int argc, char **argv) {
             rc = 2;
             break;
         }
-        if (run(bs, ws, random, batch, secs, src, dst) != 0) {
+        if (run(bs, ws, random, batch, secs, threads, src, dst) != 0) {
             rc = 1;
             break;
         }

@@ -66,8 +66,9 @@ static void test_target_killed(void **state) {
     size_t nf = 0;
     assert_int_equal(wait_ids(a, NULL, ids, N, 3000 + 5000, &nf, NULL), N);
     print_message("killed target: %zu of %d failed after %llu ms\n", nf, N, (unsigned long long)(now_ms() - t0));
-    /* shm copies in the submitting thread: every transfer may be done before
-     * the kill, which is then seen only by the next write */
+    /* shm copies at memory speed (the submitting thread or the pool, at
+     * once): every transfer may be done before the kill, which is then seen
+     * only by the next write */
     if (strcmp(test_backend(), "shm") != 0) assert_true(nf > 0);
     /* Until the break is noticed a write may still be accepted: it surfaces
      * once, failed (tcp, verbs), or on shm possibly done (copied into the dead

@@ -161,6 +161,10 @@ struct Link {
     };
     std::deque<std::shared_ptr<Staged>> stage_queue;
     std::vector<std::shared_ptr<Staged>> owner;
+    // Parts waiting for a copier, in order (the CopyPool's, under its mu_),
+    // and whether the link is in the pool's ready list.
+    std::deque<Part> pool_parts;
+    bool pool_listed = false;
     std::vector<uint64_t> in_flight;
     uint32_t free_slots = 0;
     uint64_t next_ticket = 1;
@@ -178,49 +182,53 @@ struct Link {
     void fail_all(int status);
 };
 
-struct Job {
-    std::shared_ptr<Link> link;
-    Part part;
-};
-
 // The copy threads of one transport's shm backend: shm.threads copiers, the
-// threads that submit (each copies a share of the queue before it returns)
-// and shm.threads - 1 pool threads. A copier takes a batch from the queue's
-// front: the front part and the parts right behind it bound for the same
-// link, at most a fair share of the queue (its length / copiers) and
-// kBatchBytes. A batch into private memory is one process_vm_writev, so the
+// threads that submit and shm.threads - 1 pool threads. A transfer of 2 MiB
+// or more (512 KiB into private memory) is split in parts, one per copier,
+// and the submitting thread copies the first. Each link queues the parts for
+// the pool; the links with parts queued are served in turn, so a peer's
+// parts wait behind at most one batch of each other peer, never behind
+// another peer's whole backlog (a wait in a queue is no stall). A copier
+// takes a batch from the next link: parts in order, at most a fair share of
+// all queued parts (their number / copiers) and kBatchBytes (or one larger
+// part). A batch into private memory is one process_vm_writev, so the
 // kernel's fixed cost per call (about 2.5 us here) is paid once per batch.
-// A pool thread that finds the queue empty watches it for kIdleSpin before
-// it sleeps: a wake-up costs more than a 64 KiB copy on a VM, so a
-// submitting thread leaves parts to pool threads that watch and copies
-// itself when they sleep (an idle transport: a small transfer is copied in
-// the call, as with one thread).
+// A pool thread that finds nothing queued watches the queue for kIdleSpin
+// before it sleeps: a wake-up costs more than a 64 KiB copy on a VM, so a
+// transfer of one part is queued only while a pool thread is awake, and
+// copied by the submitting thread while they all sleep (on an idle
+// transport it is done when the call returns, as with one thread). While
+// kBacklogBytes or more wait, the submitting thread copies a batch of the
+// queue as well (never one part above kBatchBytes: that is a pool thread's).
 class CopyPool {
 public:
     explicit CopyPool(unsigned threads);
     ~CopyPool();
     unsigned copiers() const { return copiers_; }
-    // Queues a transfer's parts; then the calling thread copies one batch of
-    // the queue (with shm.threads=1, the parts themselves), never waiting for
-    // the peer.
-    void submit(std::vector<Job> jobs);
+    // A transfer's parts for link: copies some in the calling thread and
+    // queues the others (see above; with shm.threads=1 it copies them all),
+    // never waiting for the peer.
+    void submit(const std::shared_ptr<Link> &link, std::vector<Part> parts);
 
 private:
     void run();
-    // Moves a batch from the queue's front into out (mu_ held).
-    void take(std::vector<Job> &out);
-    // Watches queued_ without the lock until a part comes, a stop, or kIdleSpin.
-    void spin_for_work() const;
+    // Moves the next batch into out and its link into *link (mu_ held);
+    // nothing when no part is queued, or, bounded, when the next is a part
+    // above kBatchBytes.
+    void take(std::shared_ptr<Link> *link, std::vector<Part> &out, bool bounded);
+    // Watches queued_ without the lock until a part comes, a stop, or until.
+    void spin_for_work(std::chrono::steady_clock::time_point until) const;
 
     std::mutex mu_;
     std::condition_variable cv_;
-    std::deque<Job> queue_;
-    std::atomic<size_t> queued_{0};  // queue_.size(), read without mu_ by spinning threads
+    std::deque<std::shared_ptr<Link>> ready_;  // links with parts queued, each once, in turn (under mu_)
+    size_t queued_parts_ = 0;        // parts queued over all links (under mu_)
+    uint64_t queued_bytes_ = 0;      // their bytes (under mu_)
+    std::atomic<size_t> queued_{0};  // queued_parts_, read without mu_ by spinning threads
     std::atomic<bool> stop_{false};
     unsigned sleeping_ = 0;          // pool threads waiting on cv_ (under mu_)
     unsigned spinning_ = 0;          // pool threads watching queued_ (under mu_)
     unsigned busy_ = 0;              // pool threads copying a batch (under mu_)
-    uint64_t queued_bytes_ = 0;      // bytes of queue_'s parts (under mu_)
     std::chrono::steady_clock::time_point last_submit_{};  // under mu_
     unsigned copiers_;
     std::vector<std::thread> threads_;
@@ -229,7 +237,7 @@ private:
 // Copies a batch of parts of one link (one process_vm_writev for all of them
 // into private memory, or memcpy into the mapping); 0 or a KVX_E* code (the
 // target faulted or went away, or the link halted).
-int copy_parts(Link &l, const Job *jobs, size_t n);
+int copy_parts(Link &l, const Part *parts, size_t n);
 
 // staged: posts one free slot's worth of the front queued part (copy into
 // the slot, ticket, COPY); answers complete parts (Link::answered, on the

@@ -55,7 +55,7 @@ void on_sigbus(int sig, siginfo_t *si, void *uc) {
 }
 
 // The runs of the parts into the mapping: 0, 1 when halted, -1 on a fault.
-int copy_mapped(Link &l, const Job *jobs, size_t n) {
+int copy_mapped(Link &l, const Part *parts, size_t n) {
     sigjmp_buf jb;
     if (sigsetjmp(jb, 0) != 0) {
         sigset_t s;
@@ -68,7 +68,7 @@ int copy_mapped(Link &l, const Job *jobs, size_t n) {
     t_guard_hi = t_guard_lo + l.map_len;
     t_guard = &jb;
     for (size_t i = 0; i < n; i++) {
-        for (const Run &r : jobs[i].part.runs) {
+        for (const Run &r : parts[i].runs) {
             for (uint64_t done = 0; done < r.len; done += kChunk) {
                 if (l.halt.load(std::memory_order_relaxed)) {
                     t_guard = nullptr;
@@ -85,12 +85,16 @@ int copy_mapped(Link &l, const Job *jobs, size_t n) {
 
 // All the parts' runs in as few process_vm_writev calls as IOV_MAX and
 // kChunk allow (one for a batch of small parts).
-int copy_kernel(Link &l, const Job *jobs, size_t n) {
+int copy_kernel(Link &l, const Part *parts, size_t n) {
     thread_local std::vector<iovec> lv, rv;  // kept between batches: no allocation per copy
+    if (lv.capacity() > 4 * IOV_MAX) {  // after a transfer of many runs: give the memory back
+        lv = std::vector<iovec>();
+        rv = std::vector<iovec>();
+    }
     lv.clear();
     rv.clear();
     for (size_t i = 0; i < n; i++) {
-        for (const Run &r : jobs[i].part.runs) {
+        for (const Run &r : parts[i].runs) {
             for (uint64_t done = 0; done < r.len; done += kChunk) {
                 const uint64_t len = std::min(kChunk, r.len - done);
                 lv.push_back(iovec{l.local.base + r.local_off + done, len});
@@ -153,10 +157,10 @@ void install_sigbus_guard() {
     if (!((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction == on_sigbus)) g_prev_sigbus = prev;
 }
 
-int copy_parts(Link &l, const Job *jobs, size_t n) {
-    if (l.mode == Mode::kernel) return copy_kernel(l, jobs, n);
+int copy_parts(Link &l, const Part *parts, size_t n) {
+    if (l.mode == Mode::kernel) return copy_kernel(l, parts, n);
     if (!l.sealed) install_sigbus_guard();  // a file that may shrink under us
-    const int rc = copy_mapped(l, jobs, n);
+    const int rc = copy_mapped(l, parts, n);
     if (rc < 0) {
         KVX_LOG(warn, "shm: peer '%s': its mapping faulted (SIGBUS: the file was truncated?)", l.peer_id.c_str());
         return KVX_ECONNRESET;
@@ -223,32 +227,32 @@ inline void cpu_relax() {
 #endif
 }
 
-// Starts the jobs of a batch (one link) that their link and transfers still
-// want, dropping the others; true when some are left to copy (counted once
-// in link.active).
-bool begin(Link &l, std::vector<Job> &jobs) {
+// Starts the parts of a batch that their link and transfers still want,
+// dropping the others; true when some are left to copy (counted once in
+// link.active).
+bool begin(Link &l, std::vector<Part> &parts) {
     std::lock_guard<std::mutex> lk(l.mu);
     if (l.stop) {  // fail_all reports what the link had
-        jobs.clear();
+        parts.clear();
         return false;
     }
     size_t keep = 0;
-    for (Job &j : jobs) {
-        if (!j.part.op->try_start()) {  // cancelled before a byte moved
-            l.ops.erase(j.part.op->id);
+    for (size_t i = 0; i < parts.size(); i++) {
+        if (!parts[i].op->try_start()) {  // cancelled before a byte moved
+            l.ops.erase(parts[i].op->id);
             continue;
         }
-        if (&j != &jobs[keep]) jobs[keep] = std::move(j);
+        if (i != keep) parts[keep] = std::move(parts[i]);
         keep++;
     }
-    jobs.resize(keep);
+    parts.resize(keep);
     if (keep == 0) return false;
     l.active++;
     return true;
 }
 
 // Reports a copied batch (or stops the link at its first failure).
-void end(Link &l, std::vector<Job> &jobs, int rc) {
+void end(Link &l, std::vector<Part> &parts, int rc) {
 #ifndef __SANITIZE_THREAD__  // TSan does not model fences; l.mu's unlock below releases the bytes as well
     std::atomic_thread_fence(std::memory_order_release);  // the bytes before the report
 #endif
@@ -263,14 +267,14 @@ void end(Link &l, std::vector<Job> &jobs, int rc) {
             l.cv.notify_all();
             first_failure = true;
         } else if (rc == 0 && !l.stop) {
-            for (Job &j : jobs) {
+            for (Part &p : parts) {
                 const size_t before = b.size();
-                b.part_done(*j.part.op, 0);
-                if (b.size() != before) l.ops.erase(j.part.op->id);
+                b.part_done(*p.op, 0);
+                if (b.size() != before) l.ops.erase(p.op->id);
             }
         }
     }
-    jobs.clear();  // the parts' references go before the link lets the peer go
+    parts.clear();
     if (rc == 0) l.sink->progress();
     b.deliver(*l.sink);
     {
@@ -281,37 +285,41 @@ void end(Link &l, std::vector<Job> &jobs, int rc) {
     if (first_failure) l.fail_all(rc);  // once every copy of the link let go
 }
 
-void copy_batch(std::vector<Job> &jobs) {
-    if (jobs.empty()) return;
-    std::shared_ptr<Link> link = jobs.front().link;  // held while the jobs go
-    if (!begin(*link, jobs)) return;
-    end(*link, jobs, copy_parts(*link, jobs.data(), jobs.size()));
+void copy_batch(Link &l, std::vector<Part> &parts) {
+    if (parts.empty() || !begin(l, parts)) return;
+    end(l, parts, copy_parts(l, parts.data(), parts.size()));
 }
 
 }  // namespace
 
-void CopyPool::take(std::vector<Job> &out) {
+void CopyPool::take(std::shared_ptr<Link> *link, std::vector<Part> &out, bool bounded) {
     out.clear();
-    if (queue_.empty()) return;
-    const size_t share = (queue_.size() + copiers_ - 1) / copiers_;
-    const Link *link = queue_.front().link.get();
+    link->reset();
+    if (ready_.empty()) return;
+    if (bounded && ready_.front()->pool_parts.front().bytes() > kBatchBytes) return;  // a pool thread's
+    *link = std::move(ready_.front());
+    ready_.pop_front();
+    Link &l = **link;
+    const size_t share = (queued_parts_ + copiers_ - 1) / copiers_;
     uint64_t bytes = 0;
     size_t runs = 0;
-    while (!queue_.empty() && out.size() < share && queue_.front().link.get() == link) {
-        const uint64_t b = queue_.front().part.bytes();
-        const size_t r = queue_.front().part.runs.size();
+    while (!l.pool_parts.empty() && out.size() < share) {
+        const uint64_t b = l.pool_parts.front().bytes();
+        const size_t r = l.pool_parts.front().runs.size();
         if (!out.empty() && (bytes + b > kBatchBytes || runs + r > IOV_MAX)) break;
         bytes += b;
         runs += r;
-        out.push_back(std::move(queue_.front()));
-        queue_.pop_front();
+        out.push_back(std::move(l.pool_parts.front()));
+        l.pool_parts.pop_front();
     }
+    if (l.pool_parts.empty()) l.pool_listed = false;
+    else ready_.push_back(*link);  // its turn comes again after the others'
+    queued_parts_ -= out.size();
     queued_bytes_ -= bytes;
-    queued_.store(queue_.size(), std::memory_order_relaxed);
+    queued_.store(queued_parts_, std::memory_order_relaxed);
 }
 
-void CopyPool::spin_for_work() const {
-    const auto until = std::chrono::steady_clock::now() + kIdleSpin;
+void CopyPool::spin_for_work(std::chrono::steady_clock::time_point until) const {
     for (unsigned i = 1;; i++) {
         if (queued_.load(std::memory_order_relaxed) != 0 || stop_.load(std::memory_order_relaxed)) return;
         cpu_relax();
@@ -319,64 +327,86 @@ void CopyPool::spin_for_work() const {
     }
 }
 
-void CopyPool::submit(std::vector<Job> jobs) {
-    std::vector<Job> batch;
+void CopyPool::submit(const std::shared_ptr<Link> &link, std::vector<Part> parts) {
     if (threads_.empty()) {  // shm.threads=1: the caller copies its parts, one by one
-        for (Job &j : jobs) {
-            batch.clear();
-            batch.push_back(std::move(j));
-            copy_batch(batch);
+        std::vector<Part> one;
+        for (Part &p : parts) {
+            one.clear();
+            one.push_back(std::move(p));
+            copy_batch(*link, one);
         }
         return;
     }
+    if (parts.empty()) return;
+    std::vector<Part> own, batch;
+    std::shared_ptr<Link> from;
     {
         std::lock_guard<std::mutex> lk(mu_);
-        for (auto &j : jobs) {
-            queued_bytes_ += j.part.bytes();
-            queue_.push_back(std::move(j));
-        }
-        // Pool threads awake (copying or watching the queue) take the parts,
-        // in batches; this thread copies a share only once kBacklogBytes
-        // wait. With every pool thread asleep it copies at once: waking one
-        // costs more than copying a small part. A stream of calls (the last
-        // within kIdleSpin) wakes one to watch the queue for the next.
+        // This thread copies the first part of a transfer that was split
+        // (its share, as with one part per thread), and a transfer of one
+        // part when every pool thread sleeps: waking one costs more than
+        // copying a small part. Otherwise the part queues for the pool
+        // threads that are awake (copying, or watching the queue), which
+        // take the queue in batches; then this thread copies a batch of it
+        // too once kBacklogBytes wait, but never a part above kBatchBytes
+        // of another transfer. A stream of calls (the last within
+        // kIdleSpin) wakes a sleeping pool thread to watch for the next.
         const auto now = std::chrono::steady_clock::now();
         const bool streaming = now - last_submit_ < kIdleSpin;
         last_submit_ = now;
         const unsigned awake = spinning_ + busy_;
-        if (awake == 0 || queued_bytes_ >= kBacklogBytes) take(batch);
-        queued_.store(queue_.size(), std::memory_order_relaxed);
-        if (sleeping_ > 0 && (queue_.size() > awake || (streaming && awake == 0))) {
-            if (queue_.size() > awake + 1) cv_.notify_all();
+        size_t first = 0;
+        if (parts.size() > 1 || awake == 0) {
+            own.push_back(std::move(parts.front()));
+            first = 1;
+        }
+        for (size_t i = first; i < parts.size(); i++) {
+            queued_bytes_ += parts[i].bytes();
+            link->pool_parts.push_back(std::move(parts[i]));
+            queued_parts_++;
+        }
+        if (!link->pool_listed && !link->pool_parts.empty()) {
+            link->pool_listed = true;
+            ready_.push_back(link);
+        }
+        if (own.empty() && queued_bytes_ >= kBacklogBytes) take(&from, batch, true);
+        queued_.store(queued_parts_, std::memory_order_relaxed);
+        if (sleeping_ > 0 && (queued_parts_ > awake || (streaming && awake == 0))) {
+            if (queued_parts_ > awake + 1) cv_.notify_all();
             else cv_.notify_one();
         }
     }
-    copy_batch(batch);
+    if (!own.empty()) copy_batch(*link, own);
+    if (from) copy_batch(*from, batch);
 }
 
 void CopyPool::run() {
-    std::vector<Job> batch;
+    std::shared_ptr<Link> link;
+    std::vector<Part> batch;
     for (;;) {
         {
             std::unique_lock<std::mutex> lk(mu_);
-            if (queue_.empty() && !stop_.load()) {
+            // Watch for kIdleSpin, also after losing a part to another copier.
+            const auto until = std::chrono::steady_clock::now() + kIdleSpin;
+            while (ready_.empty() && !stop_.load() && std::chrono::steady_clock::now() < until) {
                 spinning_++;  // submitters leave parts to this thread meanwhile
                 lk.unlock();
-                spin_for_work();
+                spin_for_work(until);
                 lk.lock();
                 spinning_--;
             }
-            if (queue_.empty()) {
+            if (ready_.empty()) {
                 if (stop_.load()) return;  // nothing is left
                 sleeping_++;
                 cv_.wait(lk);  // woken for parts, to watch for them (a stream), or to stop
                 sleeping_--;
                 continue;
             }
-            take(batch);
+            take(&link, batch, false);
             busy_++;
         }
-        copy_batch(batch);
+        copy_batch(*link, batch);
+        link.reset();  // the link may go once its peer is gone
         std::lock_guard<std::mutex> lk(mu_);
         busy_--;
     }

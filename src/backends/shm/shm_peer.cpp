@@ -214,7 +214,7 @@ const char *ShmPeer::path() const {
 
 void ShmPeer::submit(Op op) {
     const uint64_t bl = link_->local.block_len;
-    std::vector<Job> jobs;
+    std::vector<Part> parts;
     int status = 0;
     {
         std::unique_lock<std::mutex> lk(link_->mu);
@@ -231,8 +231,7 @@ void ShmPeer::submit(Op op) {
             }
             const uint64_t granule = std::min(bl, kSplitGranule);  // one large block is split too
             const uint64_t min_part = link_->mode == Mode::kernel ? kSplitMinKernel : kSplitMin;
-            for (Part &p : split_op(std::move(op), pool_.copiers(), min_part, granule))
-                jobs.push_back(Job{link_, std::move(p)});
+            parts = split_op(std::move(op), pool_.copiers(), min_part, granule);
         }
     }
     if (status != 0) {
@@ -241,7 +240,7 @@ void ShmPeer::submit(Op op) {
         b.deliver(*link_->sink);
         return;
     }
-    pool_.submit(std::move(jobs));  // queued for the pool; this thread copies a share too
+    pool_.submit(link_, std::move(parts));  // queued for the pool; this thread copies a share too
 }
 
 bool ShmPeer::broken() const {
