@@ -280,18 +280,20 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        calling thread copies the first part. With 1, the
  *                        calling thread copies its transfer before the call
  *                        returns (it is done, or failed, by then). With more
- *                        (since 0.4.5), a smaller transfer is copied by the
- *                        calling thread when every pool thread sleeps (so
- *                        on an idle transport it is still done when the call
- *                        returns), and otherwise queued: the pool threads
- *                        take the queue in batches of several transfers to
- *                        one peer (into private memory, one
+ *                        (since 0.4.5), a smaller transfer is queued while
+ *                        a pool thread is awake (watching the queue, or
+ *                        copying at most 1 MiB) and copied by the calling
+ *                        thread otherwise (so on a transport idle for 50 us
+ *                        it is still done when the call returns). The pool
+ *                        threads take the queue in batches of several
+ *                        transfers to one peer (into private memory, one
  *                        process_vm_writev per batch), serving the peers in
- *                        turn; while 2 MiB or more wait, the calling thread
- *                        copies a batch as well (at most 1 MiB). A pool
- *                        thread that runs out of work watches the queue for
- *                        50 us before it sleeps: CPU time traded for the
- *                        wake-ups a stream of small transfers would cost.
+ *                        turn; a calling thread whose transfer queued while
+ *                        2 MiB or more wait copies a batch as well (at most
+ *                        1 MiB). A pool thread that runs out of work watches
+ *                        the queue for 50 us before it sleeps: CPU time
+ *                        traded for the wake-ups a stream of small transfers
+ *                        would cost.
  *   shm.allow_other_users  0..1. 0 (default): the shm backend serves only
  *                        processes of the same user (SO_PEERCRED); 1: any
  *                        user that authenticates (docs/security.md).

@@ -4,8 +4,9 @@
 // taken as batches of several parts, that every part of a batch lands (on
 // the mapped path: memcpy; on the kernel path: one process_vm_writev into
 // this very process), that each transfer is reported once, that a backlog
-// of 2 MiB makes the submitting thread copy a batch itself, and that it
-// never takes a queued part above 1 MiB of another transfer.
+// of 2 MiB makes the submitting thread copy a batch itself (at most 1 MiB),
+// that it never takes a queued part above 1 MiB of another transfer, and
+// that a small transfer never waits for a pool thread copying such a part.
 #include <unistd.h>
 
 #include <atomic>
@@ -38,6 +39,7 @@ public:
     explicit Sink(std::thread::id tester) : tester_(tester) {}
     void complete(uint64_t id, int status) override {
         std::lock_guard<std::mutex> lk(mu_);
+        if (std::this_thread::get_id() == tester_) tester_reports_++;
         reports_[id].push_back(status);
         cv_.notify_all();
     }
@@ -90,6 +92,10 @@ public:
         std::lock_guard<std::mutex> lk(mu_);
         return tester_batches_;
     }
+    unsigned tester_reports() {
+        std::lock_guard<std::mutex> lk(mu_);
+        return tester_reports_;
+    }
     size_t reported() {
         std::lock_guard<std::mutex> lk(mu_);
         return reports_.size();
@@ -100,7 +106,7 @@ private:
     std::condition_variable cv_;
     std::map<uint64_t, std::vector<int>> reports_;
     bool armed_ = false, held_ = false;
-    unsigned pool_batches_ = 0, tester_batches_ = 0;
+    unsigned pool_batches_ = 0, tester_batches_ = 0, tester_reports_ = 0;
 };
 
 struct Fixture {
@@ -168,14 +174,16 @@ template <class T, class... A> T &leak_on_failure(std::unique_ptr<T> &p, A &&...
     return *p;
 }
 
-// Holds the pool thread: a transfer of 4 MiB is split in two, the test
-// thread copies the first part and the pool thread the second, which then
-// stops in progress().
+// Holds the pool thread in a batch of 1 MiB (a pool thread copying more
+// than that does not count as awake: small transfers would wait for it): a
+// transfer of 2 MiB (blocks first_block.. to the same indexes) is split in
+// two, the test thread copies the first part and the pool thread the
+// second, which then stops in progress().
 uint64_t hold_pool(Fixture &f, shm::CopyPool &pool, uint64_t first_block) {
     f.sink.arm();
-    std::vector<std::pair<uint64_t, uint64_t>> big;
-    for (uint64_t i = 0; i < 64; i++) big.emplace_back(first_block + i, first_block + i);
-    const uint64_t id = f.submit(pool, big);
+    std::vector<std::pair<uint64_t, uint64_t>> blocks;
+    for (uint64_t i = 0; i < 32; i++) blocks.emplace_back(first_block + i, first_block + i);
+    const uint64_t id = f.submit(pool, blocks, 512 << 10);
     f.sink.wait_held();
     return id;
 }
@@ -187,7 +195,7 @@ void batches(shm::Mode mode) {
     shm::CopyPool &pool = leak_on_failure(pp, 2u);
     const uint64_t big = hold_pool(f, pool, 0);
     // Ten transfers of one or two blocks (distinct targets 64..): all queue,
-    // since the pool thread is busy and less than 2 MiB waits.
+    // since the pool thread is awake (copying 1 MiB) and less than 2 MiB waits.
     const unsigned before = f.sink.tester_batches();
     const uint64_t first = f.next_id;
     for (uint64_t i = 0; i < 10; i++) {
@@ -201,7 +209,7 @@ void batches(shm::Mode mode) {
     // The pool thread took them in batches: ceil(10/2) = 5, then 3, 1, 1.
     const unsigned taken = f.sink.pool_batches() - pool_before;
     print_message("10 queued transfers copied in %u batches\n", taken);
-    assert_true(taken < 10);
+    assert_int_equal(taken, 4);
     assert_int_equal(f.sink.reported(), f.next_id - 1);
     assert_true(first > big);
     f.check_bytes();
@@ -233,16 +241,40 @@ void test_backlog_bounded(void **) {
     f.sink.wait_done(first, f.next_id);
     f.check_bytes();
 
-    // With 64 KiB parts only: once 2 MiB wait the test thread copies a
-    // batch of them itself, while the pool thread is held.
+    // With parts of 192 KiB only: once 2 MiB wait (the 11th), the test
+    // thread copies a batch itself while the pool thread is held: its fair
+    // share is 6 parts, its bound 1 MiB, so 5 (960 KiB).
     Fixture &g = leak_on_failure(gp, shm::Mode::mapped);
     const uint64_t gfirst = hold_pool(g, pool, 0);
-    before = g.sink.tester_batches();
-    for (uint64_t i = 0; i < 32; i++) g.submit(pool, {{64 + i, 64 + i}});
-    assert_int_equal(g.sink.tester_batches(), before + 1);  // the 32nd call: 2 MiB queued
+    const unsigned reports = g.sink.tester_reports();
+    for (uint64_t i = 0; i < 10; i++) g.submit(pool, {{40 + 3 * i, 32 + 3 * i}, {41 + 3 * i, 33 + 3 * i}, {42 + 3 * i, 34 + 3 * i}});
+    assert_int_equal(g.sink.tester_reports(), reports);  // 1920 KiB wait: nothing copied here yet
+    g.submit(pool, {{70, 62}, {71, 63}, {72, 64}});
+    assert_int_equal(g.sink.tester_reports(), reports + 5);
     g.sink.release();
     g.sink.wait_done(gfirst, g.next_id);
     g.check_bytes();
+}
+
+// A pool thread copying a part above 1 MiB is not awake for small
+// transfers: one submitted meanwhile is copied by the calling thread, done
+// when the call returns, instead of waiting for that part.
+void test_big_part_not_awake(void **) {
+    std::unique_ptr<Fixture> fp;
+    std::unique_ptr<shm::CopyPool> pp;  // destroyed first: its threads are gone before the fixture
+    Fixture &f = leak_on_failure(fp, shm::Mode::kernel);
+    shm::CopyPool &pool = leak_on_failure(pp, 2u);
+    f.sink.arm();
+    std::vector<std::pair<uint64_t, uint64_t>> big;  // 4 MiB: two parts of 2 MiB
+    for (uint64_t i = 0; i < 64; i++) big.emplace_back(i, i);
+    const uint64_t first = f.submit(pool, big);
+    f.sink.wait_held();
+    const unsigned reports = f.sink.tester_reports();
+    const uint64_t small = f.submit(pool, {{70, 100}});
+    assert_int_equal(f.sink.tester_reports(), reports + 1);  // done in the call
+    f.sink.release();
+    f.sink.wait_done(first, small + 1);
+    f.check_bytes();
 }
 
 // A stopped link: its queued parts are dropped, reported by fail_all once.
@@ -275,6 +307,7 @@ int main(void) {
         cmocka_unit_test(test_batches_mapped),
         cmocka_unit_test(test_batches_kernel),
         cmocka_unit_test(test_backlog_bounded),
+        cmocka_unit_test(test_big_part_not_awake),
         cmocka_unit_test(test_stopped_link_drops_queued),
     };
     return cmocka_run_group_tests_name("shm_pool", tests, NULL, NULL);

@@ -195,9 +195,11 @@ struct Link {
 // kernel's fixed cost per call (about 2.5 us here) is paid once per batch.
 // A pool thread that finds nothing queued watches the queue for kIdleSpin
 // before it sleeps: a wake-up costs more than a 64 KiB copy on a VM, so a
-// transfer of one part is queued only while a pool thread is awake, and
-// copied by the submitting thread while they all sleep (on an idle
-// transport it is done when the call returns, as with one thread). While
+// transfer of one part is queued only while a pool thread is awake
+// (watching, or copying a batch of at most kBatchBytes: not one larger part,
+// which a small transfer would wait for), and copied by the submitting
+// thread otherwise (on a transport idle for kIdleSpin it is done when the
+// call returns, as with one thread). When it queued its part and
 // kBacklogBytes or more wait, the submitting thread copies a batch of the
 // queue as well (never one part above kBatchBytes: that is a pool thread's).
 class CopyPool {
@@ -215,7 +217,8 @@ private:
     // Moves the next batch into out and its link into *link (mu_ held);
     // nothing when no part is queued, or, bounded, when the next is a part
     // above kBatchBytes.
-    void take(std::shared_ptr<Link> *link, std::vector<Part> &out, bool bounded);
+    // Returns the batch's bytes.
+    uint64_t take(std::shared_ptr<Link> *link, std::vector<Part> &out, bool bounded);
     // Watches queued_ without the lock until a part comes, a stop, or until.
     void spin_for_work(std::chrono::steady_clock::time_point until) const;
 
@@ -228,7 +231,7 @@ private:
     std::atomic<bool> stop_{false};
     unsigned sleeping_ = 0;          // pool threads waiting on cv_ (under mu_)
     unsigned spinning_ = 0;          // pool threads watching queued_ (under mu_)
-    unsigned busy_ = 0;              // pool threads copying a batch (under mu_)
+    unsigned busy_small_ = 0;        // pool threads copying a batch of at most kBatchBytes (under mu_)
     std::chrono::steady_clock::time_point last_submit_{};  // under mu_
     unsigned copiers_;
     std::vector<std::thread> threads_;

@@ -194,7 +194,7 @@ void Link::fail_all(int st) {
     withdraw(posted);  // staged: nothing the target has not taken lands any more
     CompletionBatch b;
     for (auto &[id, op] : victims) b.fail(*op, status);
-    b.deliver(*sink);
+    if (!b.empty()) b.deliver(*sink);  // a later call (the peer may be gone) has nothing to report
     std::lock_guard<std::mutex> lk(mu);
     active--;
     cv.notify_all();
@@ -292,11 +292,11 @@ void copy_batch(Link &l, std::vector<Part> &parts) {
 
 }  // namespace
 
-void CopyPool::take(std::shared_ptr<Link> *link, std::vector<Part> &out, bool bounded) {
+uint64_t CopyPool::take(std::shared_ptr<Link> *link, std::vector<Part> &out, bool bounded) {
     out.clear();
     link->reset();
-    if (ready_.empty()) return;
-    if (bounded && ready_.front()->pool_parts.front().bytes() > kBatchBytes) return;  // a pool thread's
+    if (ready_.empty()) return 0;
+    if (bounded && ready_.front()->pool_parts.front().bytes() > kBatchBytes) return 0;  // a pool thread's
     *link = std::move(ready_.front());
     ready_.pop_front();
     Link &l = **link;
@@ -317,6 +317,7 @@ void CopyPool::take(std::shared_ptr<Link> *link, std::vector<Part> &out, bool bo
     queued_parts_ -= out.size();
     queued_bytes_ -= bytes;
     queued_.store(queued_parts_, std::memory_order_relaxed);
+    return bytes;
 }
 
 void CopyPool::spin_for_work(std::chrono::steady_clock::time_point until) const {
@@ -354,7 +355,9 @@ void CopyPool::submit(const std::shared_ptr<Link> &link, std::vector<Part> parts
         const auto now = std::chrono::steady_clock::now();
         const bool streaming = now - last_submit_ < kIdleSpin;
         last_submit_ = now;
-        const unsigned awake = spinning_ + busy_;
+        // Awake: watching, or copying a batch of at most kBatchBytes (one
+        // copying a larger part is not: a small transfer would wait for it).
+        const unsigned awake = spinning_ + busy_small_;
         size_t first = 0;
         if (parts.size() > 1 || awake == 0) {
             own.push_back(std::move(parts.front()));
@@ -383,6 +386,7 @@ void CopyPool::submit(const std::shared_ptr<Link> &link, std::vector<Part> parts
 void CopyPool::run() {
     std::shared_ptr<Link> link;
     std::vector<Part> batch;
+    bool small = false;
     for (;;) {
         {
             std::unique_lock<std::mutex> lk(mu_);
@@ -402,13 +406,13 @@ void CopyPool::run() {
                 sleeping_--;
                 continue;
             }
-            take(&link, batch, false);
-            busy_++;
+            small = take(&link, batch, false) <= kBatchBytes;
+            if (small) busy_small_++;
         }
         copy_batch(*link, batch);
         link.reset();  // the link may go once its peer is gone
         std::lock_guard<std::mutex> lk(mu_);
-        busy_--;
+        if (small) busy_small_--;
     }
 }
 
