@@ -142,7 +142,7 @@ for bs, pat in sizes:
                    ("shm private 2", "memcpy"), ("shm private thp", "memcpy"), ("pvw", "memcpy"), ("pvw thp", "memcpy"),
                    ("shm private", "pvw"), ("shm private thp", "pvw thp"), ("shm mapped 2", "memcpy x2"),
                    ("shm private 2", "pvw x2"), ("shm staged", "memcpy"),
-                   ("shm mapped", "tcp"), ("shm staged", "tcp")):
+                   ("shm mapped", "tcp"), ("shm mapped 2", "tcp"), ("shm staged", "tcp")):
         a = cell(k, bs, pat)
         b = best_memcpy(bs, pat) if ref == "memcpy" else cell(ref, bs, pat)
         if a and b and b[0] > 0:
