@@ -1,10 +1,11 @@
 /* The multi-backend transport and the shm backend on one host: which path a
  * peer gets (auto, restricted lists, fallback, strict), the mapped path over
  * kvx_region_alloc() and over a /dev/shm file (vLLM's case) with canaries,
- * a transfer split over copy threads, a target that truncates its file
+ * a target that truncates its file
  * under a writer (SIGBUS must not kill the writer), the application's own
  * memfd, and private memory through a staging ring (asked for, and taken
- * when the kernel refuses process_vm_writev). */
+ * when the kernel refuses process_vm_writev). The copy threads:
+ * test_shm_threads.c. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -23,36 +24,9 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "shm_common.h"
 
 enum { NB = 64, BL = 4096 };
-
-static kvx_options *opts(const char *backend, const char *extra) {
-    kvx_options *o = NULL;
-    CHECK_OK(kvx_options_create(&o));
-    CHECK_OK(kvx_options_set(o, "backend", backend));
-    CHECK_OK(kvx_options_set(o, "tcp.listen", "127.0.0.1:0"));
-    if (extra) {
-        char key[64];
-        const char *eq = strchr(extra, '=');
-        snprintf(key, sizeof key, "%.*s", (int)(eq - extra), extra);
-        CHECK_OK(kvx_options_set(o, key, eq + 1));
-    }
-    return o;
-}
-
-static kvx_transport *make(uint8_t *base, uint64_t nb, uint64_t bl, kvx_options *o) {
-    kvx_transport *t = NULL;
-    CHECK_OK(kvx_transport_create(&t, base, nb, bl, NULL, o));
-    kvx_options_destroy(o);
-    return t;
-}
-
-static void expect_path(kvx_transport *t, const char *peer, const char *backend, const char *path) {
-    const char *b = NULL, *p = NULL;
-    CHECK_OK(kvx_peer_backend(&b, &p, t, peer));
-    assert_string_equal(b, backend);
-    if (path) assert_string_equal(p, path);
-}
 
 /* Writes a run, a reversed pair and singles a -> b, checks every block of b
  * (written ones match, the others keep fill) and b's guards. */
@@ -75,12 +49,6 @@ static void check_transfer(kvx_transport *a, uint8_t *src, uint8_t *dst, uint64_
     for (uint64_t i = 0; i < nb; i++)
         if (!written[i]) assert_true(block_is(dst + i * bl, bl, fill));
     for (size_t i = 0; i < GUARD_LEN; i++) assert_true(guard_lo[i] == 0xA5 && guard_hi[i] == 0xA5);
-}
-
-static void connect_ab(kvx_transport *a, kvx_transport *b) {
-    metablob m;
-    get_meta(b, &m);
-    add_peer(a, "b", &m);
 }
 
 /* auto serves on every backend; a same-host peer gets shm (private memory:
@@ -168,14 +136,6 @@ static void test_fallback_and_strict(void **state) {
     region_free(&rb);
 }
 
-/* A guarded region inside a shareable mapping: [guard | NB x BL | guard]. */
-static uint8_t *guarded(uint8_t *mem, uint64_t len, uint8_t fill) {
-    memset(mem, 0xA5, GUARD_LEN);
-    memset(mem + GUARD_LEN, fill, len);
-    memset(mem + GUARD_LEN + len, 0xA5, GUARD_LEN);
-    return mem + GUARD_LEN;
-}
-
 /* fd sized and mapped MAP_SHARED (*mem, *len bytes) for a guarded NB x BL
  * region filled with 0x22, which is returned. */
 static uint8_t *map_file(int fd, uint8_t **mem, size_t *len) {
@@ -205,234 +165,6 @@ static void test_mapped_region_alloc(void **state) {
     kvx_region_free(mem);
     kvx_region_free(NULL);
     region_free(&ra);
-}
-
-/* Large blocks over two copy threads: a transfer of 8 MiB is split in two,
- * and so is a transfer of one block of 3 MiB + 4 KiB (inside the block). */
-static void test_mapped_threads(void **state) {
-    (void)state;
-    enum { TNB = 16, TBL = 1 << 20 };
-    void *mem = NULL;
-    CHECK_OK(kvx_region_alloc(&mem, (uint64_t)TNB * TBL + 2 * GUARD_LEN, 0));
-    uint8_t *tb = guarded(mem, (uint64_t)TNB * TBL, 0x33);
-    region ra = region_new(TNB, TBL, 1);
-    kvx_transport *a = make(ra.base, TNB, TBL, opts("shm", "shm.threads=2"));
-    kvx_transport *b = make(tb, TNB, TBL, opts("shm", NULL));
-    connect_ab(a, b);
-    for (uint64_t i = 0; i < TNB; i++) fill_block(ra.base + i * TBL, TBL, i, 5);
-    uint64_t l[8], r[8], id;
-    for (int i = 0; i < 8; i++) l[i] = 2 + i, r[i] = 7 + i;
-    CHECK_OK(kvx_write_blocks(&id, a, "b", l, r, 8));
-    size_t nf = 0;
-    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
-    assert_int_equal(nf, 0);
-    for (uint64_t i = 0; i < TNB; i++) {
-        if (i >= 7 && i < 15) assert_true(block_matches(tb + i * TBL, TBL, i - 5, 5));
-        else assert_true(block_is(tb + i * TBL, TBL, 0x33));
-    }
-    for (size_t i = 0; i < GUARD_LEN; i++) assert_true(tb[-1 - (long)i] == 0xA5 && tb[(uint64_t)TNB * TBL + i] == 0xA5);
-    kvx_transport_destroy(a);
-    kvx_transport_destroy(b);
-    kvx_region_free(mem);
-    region_free(&ra);
-
-    /* One block of 3 MiB + 4 KiB: split inside the block between the threads. */
-    enum { BNB = 3, BBL = (3 << 20) + 4096 };
-    CHECK_OK(kvx_region_alloc(&mem, (uint64_t)BNB * BBL + 2 * GUARD_LEN, 0));
-    tb = guarded(mem, (uint64_t)BNB * BBL, 0x33);
-    ra = region_new(BNB, BBL, 1);
-    a = make(ra.base, BNB, BBL, opts("shm", "shm.threads=2"));
-    b = make(tb, BNB, BBL, opts("shm", NULL));
-    connect_ab(a, b);
-    fill_block(ra.base + 2 * BBL, BBL, 2, 9);
-    uint64_t two = 2, one = 1;
-    CHECK_OK(kvx_write_blocks(&id, a, "b", &two, &one, 1));
-    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
-    assert_int_equal(nf, 0);
-    assert_true(block_matches(tb + BBL, BBL, 2, 9));
-    assert_true(block_is(tb, BBL, 0x33) && block_is(tb + 2 * BBL, BBL, 0x33));
-    for (size_t i = 0; i < GUARD_LEN; i++) assert_true(tb[-1 - (long)i] == 0xA5 && tb[(uint64_t)BNB * BBL + i] == 0xA5);
-    kvx_transport_destroy(a);
-    kvx_transport_destroy(b);
-    kvx_region_free(mem);
-    region_free(&ra);
-}
-
-/* Private memory over two copy threads: process_vm_writev costs about twice
- * a memcpy per byte, so transfers from 512 KiB are split (on 64 KiB bounds,
- * inside blocks too). Three blocks of 512 KiB + 4 KiB in one transfer, then
- * one such block alone: each lands exactly, nothing around it changes. */
-static void test_private_threads(void **state) {
-    (void)state;
-    enum { PNB = 8, PBL = (512 << 10) + 4096 };
-    region ra = region_new(PNB, PBL, 1), rb = region_new(PNB, PBL, 0x33);
-    kvx_transport *a = make(ra.base, PNB, PBL, opts("shm", "shm.threads=2"));
-    kvx_transport *b = make(rb.base, PNB, PBL, opts("shm", NULL));
-    connect_ab(a, b);
-    expect_path(a, "b", "shm", "process_vm_writev");
-    for (uint64_t i = 0; i < PNB; i++) fill_block(ra.base + i * PBL, PBL, i, 7);
-    uint64_t l[3] = {6, 0, 3}, r[3] = {1, 2, 3}, one_l = 5, one_r = 6, ids[2];
-    CHECK_OK(kvx_write_blocks(&ids[0], a, "b", l, r, 3));
-    CHECK_OK(kvx_write_blocks(&ids[1], a, "b", &one_l, &one_r, 1));
-    size_t nf = 0;
-    assert_int_equal(wait_ids(a, "b", ids, 2, 20000, &nf, NULL), 2);
-    assert_int_equal(nf, 0);
-    const uint64_t from[PNB] = {0, 6, 0, 3, 0, 0, 5, 0};
-    for (uint64_t i = 0; i < PNB; i++) {
-        if ((i >= 1 && i <= 3) || i == 6) assert_true(block_matches(rb.base + i * PBL, PBL, from[i], 7));
-        else assert_true(block_is(rb.base + i * PBL, PBL, 0x33));
-    }
-    assert_true(region_guards_ok(&rb));
-    kvx_transport_destroy(a);
-    kvx_transport_destroy(b);
-    region_free(&ra);
-    region_free(&rb);
-}
-
-/* A stream of transfers over a pool (shm.threads=3) to two peers at once,
- * one over private memory (process_vm_writev) and one mapped, submitted
- * alternately: the queue holds parts of both links, and the copiers take
- * batches of several transfers of one link (tests/conformance/
- * test_shm_pool.cpp checks that deterministically; here the real peers).
- * Each round fills the sources anew, writes every remote block of both
- * targets once (transfers of 1..8 random blocks of 64 KiB, so runs and
- * singles mix), and cancels a third of the transfers at once (immediate) or
- * with wait. Every id not cancelled surfaces exactly once, done; a
- * cancelled one never surfaces (or, with wait, surfaces once as its
- * inflight answer says); every block of a transfer not cancelled holds its
- * source's bytes, and no byte outside the regions changes. A transfer
- * cancelled at once may still be copying after its round: removing the
- * peers (which waits for the copiers to let go) and adding them again ends
- * such a round. */
-static void test_pool_stream(void **state) {
-    (void)state;
-    enum { SNB = 128, SBL = 64 << 10, ROUNDS = 30, MAXK = 8 };
-    region ra = region_new(SNB, SBL, 1), rb = region_new(SNB, SBL, 0x44);
-    void *mem = NULL;
-    CHECK_OK(kvx_region_alloc(&mem, (uint64_t)SNB * SBL + 2 * GUARD_LEN, 0));
-    uint8_t *tc = guarded(mem, (uint64_t)SNB * SBL, 0x55);
-    kvx_transport *a = make(ra.base, SNB, SBL, opts("shm", "shm.threads=3"));
-    kvx_transport *b = make(rb.base, SNB, SBL, opts("shm", NULL));
-    kvx_transport *c = make(tc, SNB, SBL, opts("shm", NULL));
-    metablob m;
-    get_meta(b, &m);
-    add_peer(a, "b", &m);
-    get_meta(c, &m);
-    add_peer(a, "c", &m);
-    expect_path(a, "b", "shm", "process_vm_writev");
-    expect_path(a, "c", "shm", "mapped");
-    uint64_t seed = 0x2545F4914F6CDD1DULL;
-    size_t total = 0, cancelled = 0;
-    for (int round = 0; round < ROUNDS; round++) {
-        for (uint64_t i = 0; i < SNB; i++) fill_block(ra.base + i * SBL, SBL, i, 100 + (uint32_t)round);
-        /* Per target a permutation of its blocks, cut into transfers. */
-        uint64_t perm[2][SNB], src[2][SNB];
-        uint64_t ids[2 * SNB];
-        int peer_of[2 * SNB], first[2 * SNB], count[2 * SNB], cut[2 * SNB];
-        size_t n = 0;
-        for (int p = 0; p < 2; p++) {
-            for (uint64_t i = 0; i < SNB; i++) perm[p][i] = i;
-            for (uint64_t i = SNB - 1; i > 0; i--) {
-                seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
-                uint64_t j = seed % (i + 1), t = perm[p][i];
-                perm[p][i] = perm[p][j];
-                perm[p][j] = t;
-            }
-            for (uint64_t i = 0; i < SNB; i++) {
-                seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
-                src[p][i] = seed % SNB;
-            }
-            /* Runs too: every fourth transfer takes consecutive blocks on both sides. */
-            for (int at = 0; at < SNB;) {
-                seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
-                int k = 1 + (int)(seed % MAXK);
-                if (k > SNB - at) k = SNB - at;
-                if (n % 4 == 3) {
-                    for (int q = 0; q < k; q++) perm[p][at + q] = (uint64_t)at + (uint64_t)q;
-                    for (int q = 0; q < k; q++) src[p][at + q] = (src[p][at] + (uint64_t)q) % SNB;
-                }
-                peer_of[n] = p, first[n] = at, count[n] = k, cut[n] = 0;
-                n++;
-                at += k;
-            }
-        }
-        /* The consecutive runs above may repeat a remote block of the
-         * permutation: keep a transfer's blocks distinct from every earlier
-         * one of the round (the others are dropped from it). */
-        uint8_t used[2][SNB];
-        memset(used, 0, sizeof used);
-        for (size_t t = 0; t < n; t++) {
-            const int p = peer_of[t];
-            int k = 0;
-            for (int q = 0; q < count[t]; q++) {
-                const uint64_t r = perm[p][first[t] + q];
-                if (used[p][r]) continue;
-                used[p][r] = 1;
-                perm[p][first[t] + k] = r;
-                src[p][first[t] + k] = src[p][first[t] + q];
-                k++;
-            }
-            count[t] = k;
-        }
-        /* Alternately to b and c: b's transfers are the first nb of the list. */
-        size_t nb_b = 0;
-        while (nb_b < n && peer_of[nb_b] == 0) nb_b++;
-        for (size_t k = 0, ib = 0, ic = nb_b; k < n; k++) {
-            const size_t t = (k % 2 == 0 && ib < nb_b) || ic == n ? ib++ : ic++;
-            CHECK_OK(kvx_write_blocks(&ids[t], a, peer_of[t] ? "c" : "b", src[peer_of[t]] + first[t],
-                                      perm[peer_of[t]] + first[t], (size_t)count[t]));
-        }
-        /* Cancel every third transfer, immediate in even rounds, with wait in odd ones. */
-        uint64_t victims[2 * SNB], inflight[2 * SNB];
-        size_t nv = 0, ninf = 0;
-        for (size_t t = 2; t < n; t += 3) victims[nv++] = ids[t];
-        CHECK_OK(kvx_cancel(&ninf, a, victims, nv, round % 2 ? KVX_CANCEL_WAIT : KVX_CANCEL_IMMEDIATE, inflight));
-        uint64_t expect[2 * SNB];
-        size_t ne = 0;
-        for (size_t t = 0; t < n; t++) {
-            int gone = t >= 2 && (t - 2) % 3 == 0;
-            for (size_t q = 0; gone && q < ninf; q++)
-                if (inflight[q] == ids[t]) gone = 0;
-            cut[t] = gone;
-            if (!gone) expect[ne++] = ids[t];
-        }
-        size_t nf = 0;
-        assert_int_equal(wait_ids(a, NULL, expect, ne, 20000, &nf, NULL), ne);
-        assert_int_equal(nf, 0);
-        total += ne;
-        cancelled += n - ne;
-        for (size_t t = 0; t < n; t++) {
-            if (cut[t]) continue;
-            uint8_t *dst = peer_of[t] ? tc : rb.base;
-            for (int q = 0; q < count[t]; q++)
-                assert_true(block_matches(dst + perm[peer_of[t]][first[t] + q] * SBL, SBL,
-                                          src[peer_of[t]][first[t] + q], 100 + (uint32_t)round));
-        }
-        assert_true(region_guards_ok(&rb));
-        for (size_t i = 0; i < GUARD_LEN; i++)
-            assert_true(tc[-1 - (long)i] == 0xA5 && tc[(uint64_t)SNB * SBL + i] == 0xA5);
-        if (round % 2 == 0) { /* cancelled at once: some may still copy until the peers are removed */
-            CHECK_OK(kvx_remove_remote_peer(a, "b"));
-            CHECK_OK(kvx_remove_remote_peer(a, "c"));
-            get_meta(b, &m);
-            add_peer(a, "b", &m);
-            get_meta(c, &m);
-            add_peer(a, "c", &m);
-        }
-    }
-    /* Nothing more surfaces: no id twice, no cancelled one late. */
-    usleep(50 * 1000);
-    size_t nd = 0, nfl = 0;
-    uint64_t d[8], f[8];
-    CHECK_OK(kvx_poll(&nd, &nfl, a, NULL, d, 8, f, 8));
-    assert_int_equal(nd + nfl, 0);
-    print_message("%zu transfers done, %zu cancelled\n", total, cancelled);
-    kvx_transport_destroy(a);
-    kvx_transport_destroy(b);
-    kvx_transport_destroy(c);
-    kvx_region_free(mem);
-    region_free(&ra);
-    region_free(&rb);
 }
 
 /* vLLM's case: the region is an mmap of a file under /dev/shm. Found without
@@ -899,9 +631,6 @@ int main(void) {
         cmocka_unit_test(test_backend_lists),
         cmocka_unit_test(test_fallback_and_strict),
         cmocka_unit_test(test_mapped_region_alloc),
-        cmocka_unit_test(test_mapped_threads),
-        cmocka_unit_test(test_private_threads),
-        cmocka_unit_test(test_pool_stream),
         cmocka_unit_test(test_dev_shm_file_and_truncation),
         cmocka_unit_test(test_foreign_sigbus),
         cmocka_unit_test(test_app_memfd),

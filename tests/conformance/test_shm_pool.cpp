@@ -166,34 +166,41 @@ struct Fixture {
     }
 };
 
-// The fixtures and pools live on the heap: a failed assertion leaves the
-// test by longjmp, past every destructor, and a pool thread held in a sink
-// must not find its memory reused by the next test.
-template <class T, class... A> T &leak_on_failure(std::unique_ptr<T> &p, A &&...a) {
-    p = std::make_unique<T>(std::forward<A>(a)...);
+// A fixture and a pool of two copiers (declared after it: its threads are
+// gone before the fixture). Rigs live on the heap: a failed assertion leaves
+// the test by longjmp, past every destructor, and a pool thread held in a
+// sink must not find its memory reused by the next test.
+struct Rig {
+    Fixture f;
+    shm::CopyPool pool{2};
+    explicit Rig(shm::Mode mode) : f(mode) {}
+};
+
+Rig &rig(std::unique_ptr<Rig> &p, shm::Mode mode) {
+    p = std::make_unique<Rig>(mode);
     return *p;
 }
 
-// Holds the pool thread in a batch of 1 MiB (a pool thread copying more
-// than that does not count as awake: small transfers would wait for it): a
-// transfer of 2 MiB (blocks first_block.. to the same indexes) is split in
-// two, the test thread copies the first part and the pool thread the
-// second, which then stops in progress().
-uint64_t hold_pool(Fixture &f, shm::CopyPool &pool, uint64_t first_block) {
-    f.sink.arm();
+// Holds the pool thread: a transfer of nblocks (blocks first_block.. to the
+// same indexes) is split in two, the test thread copies the first part and
+// the pool thread the second, which then stops in progress(). By default a
+// batch of 1 MiB (a pool thread copying more than that does not count as
+// awake: small transfers would wait for it).
+uint64_t hold_pool(Rig &r, uint64_t first_block, uint64_t nblocks = 32, uint64_t min_part = 512 << 10) {
+    r.f.sink.arm();
     std::vector<std::pair<uint64_t, uint64_t>> blocks;
-    for (uint64_t i = 0; i < 32; i++) blocks.emplace_back(first_block + i, first_block + i);
-    const uint64_t id = f.submit(pool, blocks, 512 << 10);
-    f.sink.wait_held();
+    for (uint64_t i = 0; i < nblocks; i++) blocks.emplace_back(first_block + i, first_block + i);
+    const uint64_t id = r.f.submit(r.pool, blocks, min_part);
+    r.f.sink.wait_held();
     return id;
 }
 
 void batches(shm::Mode mode) {
-    std::unique_ptr<Fixture> fp;
-    std::unique_ptr<shm::CopyPool> pp;  // destroyed first: its threads are gone before the fixture
-    Fixture &f = leak_on_failure(fp, mode);
-    shm::CopyPool &pool = leak_on_failure(pp, 2u);
-    const uint64_t big = hold_pool(f, pool, 0);
+    std::unique_ptr<Rig> rp;
+    Rig &r = rig(rp, mode);
+    Fixture &f = r.f;
+    shm::CopyPool &pool = r.pool;
+    const uint64_t big = hold_pool(r, 0);
     // Ten transfers of one or two blocks (distinct targets 64..): all queue,
     // since the pool thread is awake (copying 1 MiB) and less than 2 MiB waits.
     const unsigned before = f.sink.tester_batches();
@@ -221,11 +228,11 @@ void test_batches_kernel(void **) { batches(shm::Mode::kernel); }
 // A backlog of 2 MiB: the submitting thread copies a batch of it (at most
 // 1 MiB); a queued part above 1 MiB of another transfer it leaves alone.
 void test_backlog_bounded(void **) {
-    std::unique_ptr<Fixture> fp, gp;
-    std::unique_ptr<shm::CopyPool> pp;  // destroyed first: its threads are gone before the fixtures
-    Fixture &f = leak_on_failure(fp, shm::Mode::kernel);
-    shm::CopyPool &pool = leak_on_failure(pp, 2u);
-    const uint64_t first = hold_pool(f, pool, 0);
+    std::unique_ptr<Rig> rp, rq;
+    Rig &r = rig(rp, shm::Mode::kernel);
+    Fixture &f = r.f;
+    shm::CopyPool &pool = r.pool;
+    const uint64_t first = hold_pool(r, 0);
     // 4 MiB more, split: the test thread copies its first half now, the
     // second (2 MiB) queues at the front.
     std::vector<std::pair<uint64_t, uint64_t>> big;
@@ -244,12 +251,13 @@ void test_backlog_bounded(void **) {
     // With parts of 192 KiB only: once 2 MiB wait (the 11th), the test
     // thread copies a batch itself while the pool thread is held: its fair
     // share is 6 parts, its bound 1 MiB, so 5 (960 KiB).
-    Fixture &g = leak_on_failure(gp, shm::Mode::mapped);
-    const uint64_t gfirst = hold_pool(g, pool, 0);
+    Rig &q = rig(rq, shm::Mode::mapped);
+    Fixture &g = q.f;
+    const uint64_t gfirst = hold_pool(q, 0);
     const unsigned reports = g.sink.tester_reports();
-    for (uint64_t i = 0; i < 10; i++) g.submit(pool, {{40 + 3 * i, 32 + 3 * i}, {41 + 3 * i, 33 + 3 * i}, {42 + 3 * i, 34 + 3 * i}});
+    for (uint64_t i = 0; i < 10; i++) g.submit(q.pool, {{40 + 3 * i, 32 + 3 * i}, {41 + 3 * i, 33 + 3 * i}, {42 + 3 * i, 34 + 3 * i}});
     assert_int_equal(g.sink.tester_reports(), reports);  // 1920 KiB wait: nothing copied here yet
-    g.submit(pool, {{70, 62}, {71, 63}, {72, 64}});
+    g.submit(q.pool, {{70, 62}, {71, 63}, {72, 64}});
     assert_int_equal(g.sink.tester_reports(), reports + 5);
     g.sink.release();
     g.sink.wait_done(gfirst, g.next_id);
@@ -260,15 +268,11 @@ void test_backlog_bounded(void **) {
 // transfers: one submitted meanwhile is copied by the calling thread, done
 // when the call returns, instead of waiting for that part.
 void test_big_part_not_awake(void **) {
-    std::unique_ptr<Fixture> fp;
-    std::unique_ptr<shm::CopyPool> pp;  // destroyed first: its threads are gone before the fixture
-    Fixture &f = leak_on_failure(fp, shm::Mode::kernel);
-    shm::CopyPool &pool = leak_on_failure(pp, 2u);
-    f.sink.arm();
-    std::vector<std::pair<uint64_t, uint64_t>> big;  // 4 MiB: two parts of 2 MiB
-    for (uint64_t i = 0; i < 64; i++) big.emplace_back(i, i);
-    const uint64_t first = f.submit(pool, big);
-    f.sink.wait_held();
+    std::unique_ptr<Rig> rp;
+    Rig &r = rig(rp, shm::Mode::kernel);
+    Fixture &f = r.f;
+    shm::CopyPool &pool = r.pool;
+    const uint64_t first = hold_pool(r, 0, 64, 1 << 20);  // 4 MiB: two parts of 2 MiB
     const unsigned reports = f.sink.tester_reports();
     const uint64_t small = f.submit(pool, {{70, 100}});
     assert_int_equal(f.sink.tester_reports(), reports + 1);  // done in the call
@@ -279,11 +283,11 @@ void test_big_part_not_awake(void **) {
 
 // A stopped link: its queued parts are dropped, reported by fail_all once.
 void test_stopped_link_drops_queued(void **) {
-    std::unique_ptr<Fixture> fp;
-    std::unique_ptr<shm::CopyPool> pp;  // destroyed first: its threads are gone before the fixture
-    Fixture &f = leak_on_failure(fp, shm::Mode::mapped);
-    shm::CopyPool &pool = leak_on_failure(pp, 2u);
-    const uint64_t big = hold_pool(f, pool, 0);
+    std::unique_ptr<Rig> rp;
+    Rig &r = rig(rp, shm::Mode::mapped);
+    Fixture &f = r.f;
+    shm::CopyPool &pool = r.pool;
+    const uint64_t big = hold_pool(r, 0);
     const std::vector<uint8_t> before(f.dst.base + 64 * kBL, f.dst.base + 80 * kBL);
     const uint64_t first = f.next_id;
     for (uint64_t i = 0; i < 16; i++) f.submit(pool, {{i, 64 + i}});

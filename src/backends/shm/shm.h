@@ -219,18 +219,17 @@ private:
     // above kBatchBytes.
     // Returns the batch's bytes.
     uint64_t take(std::shared_ptr<Link> *link, std::vector<Part> &out, bool bounded);
-    // Watches queued_ without the lock until a part comes, a stop, or until.
+    // Watches queued_parts_ without the lock until a part comes, a stop, or until.
     void spin_for_work(std::chrono::steady_clock::time_point until) const;
 
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::shared_ptr<Link>> ready_;  // links with parts queued, each once, in turn (under mu_)
-    size_t queued_parts_ = 0;        // parts queued over all links (under mu_)
+    std::atomic<size_t> queued_parts_{0};  // parts queued over all links (changed under mu_; spinning threads read it without)
     uint64_t queued_bytes_ = 0;      // their bytes (under mu_)
-    std::atomic<size_t> queued_{0};  // queued_parts_, read without mu_ by spinning threads
     std::atomic<bool> stop_{false};
     unsigned sleeping_ = 0;          // pool threads waiting on cv_ (under mu_)
-    unsigned spinning_ = 0;          // pool threads watching queued_ (under mu_)
+    unsigned spinning_ = 0;          // pool threads watching queued_parts_ (under mu_)
     unsigned busy_small_ = 0;        // pool threads copying a batch of at most kBatchBytes (under mu_)
     std::chrono::steady_clock::time_point last_submit_{};  // under mu_
     unsigned copiers_;

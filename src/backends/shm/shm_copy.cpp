@@ -54,6 +54,17 @@ void on_sigbus(int sig, siginfo_t *si, void *uc) {
     else p.sa_handler(sig);
 }
 
+// Calls f(local, remote offset, len) for every piece of at most kChunk of
+// the parts' runs, in order, until f returns false; false then.
+template <class F> bool each_chunk(const Link &l, const Part *parts, size_t n, F f) {
+    for (size_t i = 0; i < n; i++)
+        for (const Run &r : parts[i].runs)
+            for (uint64_t done = 0; done < r.len; done += kChunk)
+                if (!f(l.local.base + r.local_off + done, r.remote_off + done, std::min(kChunk, r.len - done)))
+                    return false;
+    return true;
+}
+
 // The runs of the parts into the mapping: 0, 1 when halted, -1 on a fault.
 int copy_mapped(Link &l, const Part *parts, size_t n) {
     sigjmp_buf jb;
@@ -67,20 +78,13 @@ int copy_mapped(Link &l, const Part *parts, size_t n) {
     t_guard_lo = reinterpret_cast<uintptr_t>(l.map_base);
     t_guard_hi = t_guard_lo + l.map_len;
     t_guard = &jb;
-    for (size_t i = 0; i < n; i++) {
-        for (const Run &r : parts[i].runs) {
-            for (uint64_t done = 0; done < r.len; done += kChunk) {
-                if (l.halt.load(std::memory_order_relaxed)) {
-                    t_guard = nullptr;
-                    return 1;
-                }
-                const uint64_t len = std::min(kChunk, r.len - done);
-                memcpy(l.dst + r.remote_off + done, l.local.base + r.local_off + done, len);
-            }
-        }
-    }
+    const bool whole = each_chunk(l, parts, n, [&](const uint8_t *from, uint64_t to, uint64_t len) {
+        if (l.halt.load(std::memory_order_relaxed)) return false;
+        memcpy(l.dst + to, from, len);
+        return true;
+    });
     t_guard = nullptr;
-    return 0;
+    return whole ? 0 : 1;
 }
 
 // All the parts' runs in as few process_vm_writev calls as IOV_MAX and
@@ -93,15 +97,11 @@ int copy_kernel(Link &l, const Part *parts, size_t n) {
     }
     lv.clear();
     rv.clear();
-    for (size_t i = 0; i < n; i++) {
-        for (const Run &r : parts[i].runs) {
-            for (uint64_t done = 0; done < r.len; done += kChunk) {
-                const uint64_t len = std::min(kChunk, r.len - done);
-                lv.push_back(iovec{l.local.base + r.local_off + done, len});
-                rv.push_back(iovec{reinterpret_cast<void *>(l.remote_base + r.remote_off + done), len});
-            }
-        }
-    }
+    each_chunk(l, parts, n, [&](const uint8_t *from, uint64_t to, uint64_t len) {
+        lv.push_back(iovec{const_cast<uint8_t *>(from), len});
+        rv.push_back(iovec{reinterpret_cast<void *>(l.remote_base + to), len});
+        return true;
+    });
     for (size_t at = 0; at < lv.size();) {
         if (l.halt.load(std::memory_order_relaxed)) return KVX_ECANCELED;
         size_t cnt = 0;  // at most IOV_MAX iovecs and about kChunk bytes per call: a halt is seen soon
@@ -300,7 +300,7 @@ uint64_t CopyPool::take(std::shared_ptr<Link> *link, std::vector<Part> &out, boo
     *link = std::move(ready_.front());
     ready_.pop_front();
     Link &l = **link;
-    const size_t share = (queued_parts_ + copiers_ - 1) / copiers_;
+    const size_t share = (queued_parts_.load(std::memory_order_relaxed) + copiers_ - 1) / copiers_;
     uint64_t bytes = 0;
     size_t runs = 0;
     while (!l.pool_parts.empty() && out.size() < share) {
@@ -314,28 +314,22 @@ uint64_t CopyPool::take(std::shared_ptr<Link> *link, std::vector<Part> &out, boo
     }
     if (l.pool_parts.empty()) l.pool_listed = false;
     else ready_.push_back(*link);  // its turn comes again after the others'
-    queued_parts_ -= out.size();
+    queued_parts_.fetch_sub(out.size(), std::memory_order_relaxed);
     queued_bytes_ -= bytes;
-    queued_.store(queued_parts_, std::memory_order_relaxed);
     return bytes;
 }
 
 void CopyPool::spin_for_work(std::chrono::steady_clock::time_point until) const {
     for (unsigned i = 1;; i++) {
-        if (queued_.load(std::memory_order_relaxed) != 0 || stop_.load(std::memory_order_relaxed)) return;
+        if (queued_parts_.load(std::memory_order_relaxed) != 0 || stop_.load(std::memory_order_relaxed)) return;
         cpu_relax();
         if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return;
     }
 }
 
 void CopyPool::submit(const std::shared_ptr<Link> &link, std::vector<Part> parts) {
-    if (threads_.empty()) {  // shm.threads=1: the caller copies its parts, one by one
-        std::vector<Part> one;
-        for (Part &p : parts) {
-            one.clear();
-            one.push_back(std::move(p));
-            copy_batch(*link, one);
-        }
+    if (threads_.empty()) {  // shm.threads=1: the caller copies its transfer (one part: one per copier)
+        copy_batch(*link, parts);
         return;
     }
     if (parts.empty()) return;
@@ -366,16 +360,16 @@ void CopyPool::submit(const std::shared_ptr<Link> &link, std::vector<Part> parts
         for (size_t i = first; i < parts.size(); i++) {
             queued_bytes_ += parts[i].bytes();
             link->pool_parts.push_back(std::move(parts[i]));
-            queued_parts_++;
         }
+        queued_parts_.fetch_add(parts.size() - first, std::memory_order_relaxed);
         if (!link->pool_listed && !link->pool_parts.empty()) {
             link->pool_listed = true;
             ready_.push_back(link);
         }
         if (own.empty() && queued_bytes_ >= kBacklogBytes) take(&from, batch, true);
-        queued_.store(queued_parts_, std::memory_order_relaxed);
-        if (sleeping_ > 0 && (queued_parts_ > awake || (streaming && awake == 0))) {
-            if (queued_parts_ > awake + 1) cv_.notify_all();
+        const size_t left = queued_parts_.load(std::memory_order_relaxed);
+        if (sleeping_ > 0 && (left > awake || (streaming && awake == 0))) {
+            if (left > awake + 1) cv_.notify_all();
             else cv_.notify_one();
         }
     }
