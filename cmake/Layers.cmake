@@ -28,7 +28,7 @@ endfunction()
 
 kvx_layer(util
   SOURCES src/util/error.cpp src/util/log.cpp src/util/net.cpp src/util/options.cpp src/util/event_loop.cpp
-          src/util/shared_region.cpp
+          src/util/shared_region.cpp src/util/proc_maps.cpp
   SEES util
   LIBS Threads::Threads)
 kvx_layer(wire
@@ -48,7 +48,7 @@ kvx_layer(backends
 kvx_layer(core
   SOURCES src/core/options.cpp src/core/fingerprint.cpp src/core/id_table.cpp src/core/transport.cpp
           src/core/transport_peers.cpp src/core/registrations.cpp src/core/telemetry.cpp
-          src/core/ready.cpp src/core/prewarm.cpp
+          src/core/ready.cpp src/core/prewarm.cpp src/core/hugepages.cpp
   SEES util wire handshake backend core
   LIBS OpenSSL::Crypto nlohmann_json::nlohmann_json)
 kvx_layer(capi

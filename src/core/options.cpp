@@ -18,6 +18,10 @@ constexpr OptionSpec kCoreOptions[] = {
     {"region_prewarm", OptType::uint, 0, 1, "0",
      "1: kvx_transport_create() has the kernel read every page of the region once (read-only), so that the first "
      "transfers do not pay a first kernel access per page (slow on some hypervisors); costs one pass over the region"},
+    {"region_hugepages", OptType::uint, 0, 1, "0",
+     "1: kvx_transport_create() moves the region's private anonymous memory onto transparent huge pages "
+     "(MADV_HUGEPAGE + MADV_COLLAPSE): a same-host writer's process_vm_writev pins one page where it pinned 512; "
+     "costs about one copy of the region"},
 };
 
 void check_backend_list(const std::string &v) {
@@ -75,6 +79,7 @@ CoreOptions CoreOptions::from(const Options &o) {
     c.connect_timeout_ms = static_cast<uint32_t>(o.uint("connect_timeout_ms"));
     c.transfer_timeout_ms = static_cast<uint32_t>(o.uint("transfer_timeout_ms"));
     c.prewarm = o.uint("region_prewarm") != 0;
+    c.hugepages = o.uint("region_hugepages") != 0;
     return c;
 }
 

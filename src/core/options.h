@@ -29,7 +29,8 @@ struct CoreOptions {
     bool fallback = true;          // peer_backend_fallback
     uint32_t connect_timeout_ms = 5000;
     uint32_t transfer_timeout_ms = 30000;
-    bool prewarm = false;  // region_prewarm
+    bool prewarm = false;    // region_prewarm
+    bool hugepages = false;  // region_hugepages
 
     static CoreOptions from(const Options &o);
 };

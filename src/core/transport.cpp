@@ -7,6 +7,7 @@
 
 #include "backend/registry.h"
 #include "core/fingerprint.h"
+#include "core/hugepages.h"
 #include "core/prewarm.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -96,6 +97,14 @@ Transport::Transport(void *base, uint64_t num_blocks, uint64_t block_len, const 
     options_ = Options(opts, all_option_tables());
     core_ = CoreOptions::from(options_);
     fingerprint_ = config_fingerprint(config_json);
+    if (core_.hugepages) {  // first: prewarm then reads the new pages
+        const Clock::time_point t0 = Clock::now();
+        const HugepageReport h = hugepages_region(region_.base, num_blocks * block_len);
+        KVX_LOG(info, "region_hugepages: %llu of the region's %llu bytes in whole %llu-byte pages on huge pages, %lld ms%s%s",
+                (unsigned long long)h.huge, (unsigned long long)h.interior, (unsigned long long)h.page,
+                (long long)std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count(),
+                h.note.empty() ? "" : ": ", h.note.c_str());
+    }
     if (core_.prewarm) {
         const Clock::time_point t0 = Clock::now();
         prewarm_region(region_.base, num_blocks * block_len, block_len);

@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "util/error.h"
+#include "util/proc_maps.h"
 
 namespace kvx::shared {
 
@@ -30,26 +31,6 @@ std::map<uintptr_t, Allocated> g_regions;  // by base
 
 uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
-// One line of /proc/self/maps.
-struct MapLine {
-    uintptr_t start = 0, end = 0;
-    char perms[5] = {};
-    uint64_t offset = 0;
-    unsigned maj = 0, min = 0;
-    uint64_t inode = 0;
-    std::string path;
-};
-
-bool parse_line(const char *line, MapLine *m) {
-    int n = 0;
-    if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %" SCNx64 " %x:%x %" SCNu64 " %n", &m->start, &m->end, m->perms,
-               &m->offset, &m->maj, &m->min, &m->inode, &n) < 7)
-        return false;
-    m->path = line + n;
-    while (!m->path.empty() && (m->path.back() == '\n' || m->path.back() == ' ')) m->path.pop_back();
-    return true;
-}
-
 // The consecutive maps lines covering [lo, hi), all of one file, shared, at
 // consecutive file offsets: the first of them in *first.
 bool covering_mapping(uintptr_t lo, uintptr_t hi, MapLine *first, std::string *why) {
@@ -64,7 +45,7 @@ bool covering_mapping(uintptr_t lo, uintptr_t hi, MapLine *first, std::string *w
     uintptr_t covered = 0;
     while (fgets(buf, sizeof buf, f)) {
         MapLine m;
-        if (!parse_line(buf, &m) || m.end <= lo) continue;
+        if (!parse_map_line(buf, &m) || m.end <= lo) continue;
         if (!in) {
             if (m.start > lo) break;
             *first = prev = m;

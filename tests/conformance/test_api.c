@@ -771,6 +771,7 @@ int main(void) {
         cmocka_unit_test(test_create_bad_input),
         cmocka_unit_test(test_properties),
         cmocka_unit_test(test_region_prewarm),
+        cmocka_unit_test(test_region_hugepages),
         cmocka_unit_test(test_metadata_buffer),
         cmocka_unit_test(test_add_peer_bad_metadata),
         cmocka_unit_test(test_add_peer_mismatch),

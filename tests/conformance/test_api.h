@@ -25,5 +25,6 @@ void pair_down(pair *p);
 void test_create_bad_input(void **state);
 void test_properties(void **state);
 void test_region_prewarm(void **state);
+void test_region_hugepages(void **state);
 
 #endif

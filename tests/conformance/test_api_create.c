@@ -1,6 +1,7 @@
 /* Conformance, creation: bad arguments and options, the transport's
- * properties, and region_prewarm's reading of the region. Part of the
+ * properties, region_prewarm's reading of the region and region_hugepages. Part of the
  * conformance_api program (test_api.c has main()). */
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -146,3 +147,129 @@ void test_region_prewarm(void **state) {
     expect_unreadable(1024, 700, 1024, 256);     /* past the first 1 MiB written; base and blocks not page-aligned */
 }
 
+
+/* Bytes of [p, p + len) on transparent huge pages: AnonHugePages of the
+ * mappings in /proc/self/smaps, each counted within the range at most. */
+static uint64_t thp_bytes(const void *p, uint64_t len) {
+    const uintptr_t lo = (uintptr_t)p, hi = lo + len;
+    FILE *f = fopen("/proc/self/smaps", "re");
+    assert_non_null(f);
+    char line[4096 + 256];
+    uintptr_t s = 0, e = 0;
+    uint64_t total = 0;
+    while (fgets(line, sizeof line, f)) {
+        uintptr_t a, b;
+        unsigned long long kb;
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " ", &a, &b) == 2) { /* a mapping's first line */
+            s = a;
+            e = b;
+        } else if (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1 && e > lo && s < hi) {
+            uint64_t overlap = (e < hi ? e : hi) - (s > lo ? s : lo);
+            total += kb * 1024 < overlap ? kb * 1024 : overlap;
+        }
+    }
+    fclose(f);
+    return total;
+}
+
+static uint64_t pmd_size(void) {
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "re");
+    unsigned long long v = 0;
+    if (f) {
+        if (fscanf(f, "%llu", &v) != 1) v = 0;
+        fclose(f);
+    }
+    return v;
+}
+
+/* region_hugepages: 0..1, checked at set. With 1 the create moves the
+ * region's whole, aligned huge pages of private anonymous memory onto
+ * transparent huge pages (advised MADV_NOHUGEPAGE before: the option
+ * overrides that), leaving the partial pages at its ends and every byte as
+ * they were; without it nothing changes. Transfers land as without it; a
+ * region in a shareable mapping is left alone. A kernel without THP fails
+ * the create with KVX_ENOTSUP. */
+void test_region_hugepages(void **state) {
+    (void)state;
+    kvx_options *o = NULL;
+    CHECK_OK(kvx_options_create(&o));
+    CHECK_ERR(kvx_options_set(o, "region_hugepages", "2"), KVX_EINVAL);
+    assert_non_null(strstr(kvx_last_error_message(), "region_hugepages"));
+    kvx_options_destroy(o);
+
+    const uint64_t hp = pmd_size(), bl = 64 << 10, pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    region r;
+    if (hp == 0) { /* no THP in this kernel */
+        r = region_new(NB, BL, 0x44);
+        kvx_transport *t = NULL;
+        CHECK_ERR(kvx_transport_create(&t, r.base, NB, BL, CFG, test_options("region_hugepages=1", NULL)),
+                  KVX_ENOTSUP);
+        assert_non_null(strstr(kvx_last_error_message(), "region_hugepages"));
+        region_free(&r);
+        return;
+    }
+    /* 64 KiB blocks from a page into an aligned huge page to about 8 huge
+     * pages on: 6 whole huge pages inside, a partial one at each end, and
+     * marked bytes around it up to the mapping's ends */
+    const uint64_t span = 10 * hp;
+    uint8_t *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    assert_int_equal(madvise(m, span, MADV_NOHUGEPAGE), 0);
+    uint8_t *aligned = (uint8_t *)(((uintptr_t)m + hp - 1) & ~(uintptr_t)(hp - 1));
+    r.mem = m;
+    r.base = aligned + pg;
+    r.bl = bl;
+    r.nb = (8 * hp - 2 * pg) / bl; /* ends a page or more before the 8th huge page does */
+    r.fill = 0x44;
+    memset(m, 0xA5, span);
+    for (uint64_t i = 0; i < r.nb; i++) fill_block(r.base + i * bl, bl, i, 21);
+    const uint64_t len = r.nb * bl;
+    uint8_t *inner_lo = aligned + hp, *inner_hi = (uint8_t *)(((uintptr_t)(r.base + len)) & ~(uintptr_t)(hp - 1));
+
+    kvx_transport *t = transport_new(&r, CFG, test_options(NULL));
+    assert_int_equal(thp_bytes(m, span), 0); /* the default leaves it alone, and the count can tell */
+    kvx_transport_destroy(t);
+
+    t = transport_new(&r, CFG, test_options("region_hugepages=1", NULL));
+    const uint64_t inner = (uint64_t)(inner_hi - inner_lo), got = thp_bytes(inner_lo, inner);
+    if (got < inner / 2) /* all of it unless the host is out of free huge pages */
+        fail_msg("%llu of %llu bytes on huge pages", (unsigned long long)got, (unsigned long long)inner);
+    assert_int_equal(thp_bytes(m, (uint64_t)(inner_lo - m)), 0); /* the partial pages stay */
+    assert_int_equal(thp_bytes(inner_hi, (uint64_t)(m + span - inner_hi)), 0);
+    for (uint64_t i = 0; i < r.nb; i++) assert_true(block_matches(r.base + i * bl, bl, i, 21));
+    for (uint8_t *q = m; q < r.base; q++) assert_int_equal(*q, 0xA5);
+    for (uint8_t *q = r.base + len; q < m + span; q++) assert_int_equal(*q, 0xA5);
+
+    /* transfers into it: the first and the last block (partial pages) and one inside */
+    region ra = region_new(4, bl, 0x11);
+    for (uint64_t i = 0; i < 4; i++) fill_block(ra.base + i * bl, bl, 100 + i, 22);
+    kvx_transport *a = transport_new(&ra, CFG, test_options(NULL));
+    metablob mb;
+    get_meta(t, &mb);
+    add_peer(a, "b", &mb);
+    uint64_t l[] = {0, 1, 2}, dst[] = {0, r.nb / 2, r.nb - 1}, id;
+    CHECK_OK(kvx_write_blocks(&id, a, "b", l, dst, 3));
+    size_t nf = 0;
+    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(nf, 0);
+    for (uint64_t i = 0; i < r.nb; i++) {
+        int k = i == dst[0] ? 0 : i == dst[1] ? 1 : i == dst[2] ? 2 : -1;
+        assert_true(k >= 0 ? block_matches(r.base + i * bl, bl, 100 + (uint64_t)k, 22)
+                           : block_matches(r.base + i * bl, bl, i, 21));
+    }
+    for (uint8_t *q = m; q < r.base; q++) assert_int_equal(*q, 0xA5);
+    for (uint8_t *q = r.base + len; q < m + span; q++) assert_int_equal(*q, 0xA5);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(t);
+    region_free(&ra);
+    munmap(m, span);
+
+    /* a region in a shareable mapping: left as it is, no error */
+    void *s = NULL;
+    CHECK_OK(kvx_region_alloc(&s, 4 * hp, 0));
+    region rs = {.mem = s, .base = s, .nb = 4 * hp / bl, .bl = bl, .fill = 0};
+    t = transport_new(&rs, CFG, test_options("region_hugepages=1", NULL));
+    assert_int_equal(thp_bytes(s, 4 * hp), 0);
+    kvx_transport_destroy(t);
+    kvx_region_free(s);
+}

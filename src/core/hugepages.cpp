@@ -1,0 +1,117 @@
+#include "core/hugepages.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "util/error.h"
+#include "util/proc_maps.h"
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25  // Linux 6.1; older C headers lack it
+#endif
+
+namespace kvx {
+
+namespace {
+
+using File = std::unique_ptr<FILE, int (*)(FILE *)>;
+
+File open_proc(const char *path) { return File(fopen(path, "re"), fclose); }
+
+// The PMD huge page size, 0 when the kernel has no transparent huge pages.
+uint64_t pmd_size() {
+    File f = open_proc("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+    unsigned long long v = 0;
+    if (!f || fscanf(f.get(), "%llu", &v) != 1) return 0;
+    return v;
+}
+
+// True when [lo, hi) is covered, without a gap, by writable private
+// anonymous mappings; false with *why naming the first that is not.
+bool anonymous_private(uintptr_t lo, uintptr_t hi, std::string *why) {
+    File f = open_proc("/proc/self/maps");
+    if (!f) {
+        *why = strfmt("cannot read /proc/self/maps: %s", strerror(errno));
+        return false;
+    }
+    char buf[4096 + 256];
+    uintptr_t covered = lo;
+    while (covered < hi && fgets(buf, sizeof buf, f.get())) {
+        MapLine m;
+        if (!parse_map_line(buf, &m) || m.end <= covered) continue;
+        if (m.start > covered) break;  // a gap
+        if (!m.anonymous_private() || m.perms[1] != 'w') {
+            *why = strfmt("the region is not private anonymous memory (a mapping %s %s at %#" PRIxPTR ")", m.perms,
+                          m.path.empty() ? "of a file" : m.path.c_str(), m.start);
+            return false;
+        }
+        covered = m.end;
+    }
+    if (covered >= hi) return true;
+    *why = strfmt("the region is not mapped at %#" PRIxPTR, covered);
+    return false;
+}
+
+}  // namespace
+
+uint64_t anon_huge_bytes(uintptr_t lo, uintptr_t hi) {
+    File f = open_proc("/proc/self/smaps");
+    if (!f) return 0;
+    char buf[4096 + 256];
+    uint64_t total = 0;
+    MapLine m;
+    bool in = false;
+    while (fgets(buf, sizeof buf, f.get())) {
+        MapLine next;
+        if (parse_map_line(buf, &next)) {
+            if (next.start >= hi) break;
+            m = next;
+            in = m.end > lo;
+            continue;
+        }
+        unsigned long long kb = 0;
+        if (in && sscanf(buf, "AnonHugePages: %llu kB", &kb) == 1) {
+            const uint64_t overlap = std::min<uintptr_t>(m.end, hi) - std::max<uintptr_t>(m.start, lo);
+            total += std::min<uint64_t>(kb * 1024, overlap);
+        }
+    }
+    return total;
+}
+
+HugepageReport hugepages_region(uint8_t *base, uint64_t len) {
+    HugepageReport r;
+    r.page = pmd_size();
+    if (r.page == 0 || (r.page & (r.page - 1)) != 0)
+        fail(KVX_ENOTSUP, "option region_hugepages: this kernel has no transparent huge pages "
+                          "(/sys/kernel/mm/transparent_hugepage/hpage_pmd_size)");
+    const uintptr_t b = reinterpret_cast<uintptr_t>(base);
+    const uintptr_t lo = (b + r.page - 1) & ~(r.page - 1), hi = (b + len) & ~(r.page - 1);
+    if (hi <= lo) {
+        r.note = strfmt("the region holds no whole, aligned huge page of %llu bytes", (unsigned long long)r.page);
+        return r;
+    }
+    r.interior = hi - lo;
+    if (!anonymous_private(lo, hi, &r.note)) return r;
+    void *at = reinterpret_cast<void *>(lo);
+    if (madvise(at, r.interior, MADV_HUGEPAGE) != 0)
+        fail(errno == EINVAL ? KVX_ENOTSUP : KVX_EBACKEND,
+             "option region_hugepages: madvise(MADV_HUGEPAGE) of %llu bytes at %p: %s",
+             (unsigned long long)r.interior, at, strerror(errno));
+    int rc = madvise(at, r.interior, MADV_COLLAPSE);
+    for (int again = 0; rc != 0 && errno == EAGAIN && again < 3; again++)  // a page busy for a moment
+        rc = madvise(at, r.interior, MADV_COLLAPSE);
+    if (rc != 0)
+        r.note = errno == EINVAL ? std::string("the kernel cannot collapse pages now (MADV_COLLAPSE: Linux 6.1+); "
+                                               "khugepaged collapses them in the background")
+                                 : strfmt("MADV_COLLAPSE: %s", strerror(errno));
+    r.huge = anon_huge_bytes(lo, hi);
+    return r;
+}
+
+}  // namespace kvx

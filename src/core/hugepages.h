@@ -1,0 +1,37 @@
+// region_hugepages: kvx_transport_create() moves the region's private
+// anonymous memory onto transparent huge pages (MADV_HUGEPAGE, then
+// MADV_COLLAPSE), so that a same-host writer's process_vm_writev pins one
+// huge page where it pinned 512 small ones: its page-table walk and the lock
+// of the target's page table that two copy threads share are most of the
+// kernel path's cost beside the copy itself (README, shm on private memory).
+// A verbs registration pins fewer pages too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kvx {
+
+struct HugepageReport {
+    uint64_t page = 0;      // the huge page size (PMD): 2 MiB on x86-64
+    uint64_t interior = 0;  // bytes of the region in whole, aligned huge pages
+    uint64_t huge = 0;      // of them, on huge pages afterwards (/proc/self/smaps)
+    std::string note;       // why not all of them, when so
+};
+
+// Advises the region's whole aligned huge pages MADV_HUGEPAGE and collapses
+// them now (MADV_COLLAPSE, Linux 6.1+): the bytes stay, pages never touched
+// are populated (zero), the calling thread copies about the region once.
+// Only when every mapping under them is private anonymous memory; otherwise
+// nothing is changed (report.note says why). Throws Error(KVX_ENOTSUP) when
+// the kernel has no transparent huge pages; a collapse the kernel refuses in
+// part (no free huge page, a pinned page) is no error: report.huge says how
+// much it got.
+HugepageReport hugepages_region(uint8_t *base, uint64_t len);
+
+// Bytes of [lo, hi) on transparent huge pages in this process, from the
+// AnonHugePages of /proc/self/smaps (each mapping counted within the range
+// at most).
+uint64_t anon_huge_bytes(uintptr_t lo, uintptr_t hi);
+
+}  // namespace kvx
