@@ -207,15 +207,18 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        whole, aligned huge pages (2 MiB on x86-64) inside
  *                        it are advised MADV_HUGEPAGE (which replaces an
  *                        MADV_NOHUGEPAGE) and collapsed (MADV_COLLAPSE,
- *                        Linux 6.1+; before, khugepaged collapses them in
- *                        the background). Every byte stays; pages never
- *                        touched are populated. For private anonymous
+ *                        Linux 6.1+; on older kernels, or with THP disabled
+ *                        for the process, they are only advised: khugepaged
+ *                        collapses them in the background unless THP is set
+ *                        to never). Every byte stays; pages never touched
+ *                        are populated; the advice stays after the
+ *                        transport is destroyed. For private anonymous
  *                        memory (malloc, a bytearray, a numpy array): a
  *                        same-host peer then writes into it with
- *                        process_vm_writev pinning one page where it pinned
- *                        512 (about 1.6x at 64 KiB and 1 MiB blocks on the
- *                        development host, README), and a verbs
- *                        registration pins fewer pages. Nothing is changed,
+ *                        process_vm_writev walking the page table once per
+ *                        2 MiB where it did per 4 KiB (about 1.6x at 64 KiB
+ *                        and 1 MiB blocks on the development host, README).
+ *                        Nothing is changed,
  *                        and no error, for a region in a shareable mapping
  *                        (a /dev/shm file, kvx_region_alloc() memory: the
  *                        writer maps it) or one holding no whole huge page;
@@ -224,7 +227,9 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        outcome is logged at KVX_LOG=info. Costs about one
  *                        copy of the region (0.6 s per 256 MiB in a PVM
  *                        guest). KVX_ENOTSUP when the kernel has no
- *                        transparent huge pages.
+ *                        transparent huge pages (or /sys does not show
+ *                        them); KVX_EBACKEND when madvise fails otherwise
+ *                        (e.g. vm.max_map_count reached).
  *   tcp.listen           "HOST:PORT" to listen on (IPv4, or [IPv6]:PORT),
  *                        default "0.0.0.0:0" (all IPv4 interfaces, any port).
  *   tcp.advertise        comma-separated "HOST:PORT" list put in the metadata
@@ -363,7 +368,7 @@ KVX_API int kvx_options_set(kvx_options *opts, const char *key, const char *valu
  *         JSON or not an object); KVX_ENOTSUP (backend not available here;
  *         region_hugepages=1 on a kernel without transparent huge pages);
  *         KVX_EBACKEND (listen/device failure; no pipe for
- *         region_prewarm); KVX_ENOMEM.
+ *         region_prewarm; madvise for region_hugepages); KVX_ENOMEM.
  * Thread safety: any thread.
  */
 KVX_API int kvx_transport_create(kvx_transport **out, void *base, uint64_t num_blocks,

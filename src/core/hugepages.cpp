@@ -7,7 +7,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-#include <memory>
 
 #include "util/error.h"
 #include "util/proc_maps.h"
@@ -20,35 +19,34 @@ namespace kvx {
 
 namespace {
 
-using File = std::unique_ptr<FILE, int (*)(FILE *)>;
-
-File open_proc(const char *path) { return File(fopen(path, "re"), fclose); }
-
-// The PMD huge page size, 0 when the kernel has no transparent huge pages.
+// The PMD huge page size, 0 when the kernel has no transparent huge pages
+// (or hides them: /sys not mounted).
 uint64_t pmd_size() {
-    File f = open_proc("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+    ProcLines f("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+    const char *line = f.next();
     unsigned long long v = 0;
-    if (!f || fscanf(f.get(), "%llu", &v) != 1) return 0;
+    if (!line || sscanf(line, "%llu", &v) != 1) return 0;
     return v;
 }
 
 // True when [lo, hi) is covered, without a gap, by writable private
 // anonymous mappings; false with *why naming the first that is not.
 bool anonymous_private(uintptr_t lo, uintptr_t hi, std::string *why) {
-    File f = open_proc("/proc/self/maps");
-    if (!f) {
-        *why = strfmt("cannot read /proc/self/maps: %s", strerror(errno));
+    ProcLines maps("/proc/self/maps");
+    if (!maps.ok()) {
+        *why = strfmt("cannot read /proc/self/maps: %s", strerror(maps.error()));
         return false;
     }
-    char buf[4096 + 256];
     uintptr_t covered = lo;
-    while (covered < hi && fgets(buf, sizeof buf, f.get())) {
+    while (covered < hi) {
+        const char *line = maps.next();
+        if (!line) break;
         MapLine m;
-        if (!parse_map_line(buf, &m) || m.end <= covered) continue;
+        if (!parse_map_line(line, &m) || m.end <= covered) continue;
         if (m.start > covered) break;  // a gap
         if (!m.anonymous_private() || m.perms[1] != 'w') {
-            *why = strfmt("the region is not private anonymous memory (a mapping %s %s at %#" PRIxPTR ")", m.perms,
-                          m.path.empty() ? "of a file" : m.path.c_str(), m.start);
+            *why = strfmt("the region is not writable private anonymous memory (a mapping %s %s at %#" PRIxPTR ")",
+                          m.perms, m.path.empty() ? (m.inode ? "of a file" : "anonymous") : m.path.c_str(), m.start);
             return false;
         }
         covered = m.end;
@@ -61,13 +59,11 @@ bool anonymous_private(uintptr_t lo, uintptr_t hi, std::string *why) {
 }  // namespace
 
 uint64_t anon_huge_bytes(uintptr_t lo, uintptr_t hi) {
-    File f = open_proc("/proc/self/smaps");
-    if (!f) return 0;
-    char buf[4096 + 256];
+    ProcLines smaps("/proc/self/smaps");
     uint64_t total = 0;
     MapLine m;
     bool in = false;
-    while (fgets(buf, sizeof buf, f.get())) {
+    while (const char *buf = smaps.next()) {
         MapLine next;
         if (parse_map_line(buf, &next)) {
             if (next.start >= hi) break;
@@ -89,7 +85,7 @@ HugepageReport hugepages_region(uint8_t *base, uint64_t len) {
     r.page = pmd_size();
     if (r.page == 0 || (r.page & (r.page - 1)) != 0)
         fail(KVX_ENOTSUP, "option region_hugepages: this kernel has no transparent huge pages "
-                          "(/sys/kernel/mm/transparent_hugepage/hpage_pmd_size)");
+                          "(/sys/kernel/mm/transparent_hugepage/hpage_pmd_size cannot be read)");
     const uintptr_t b = reinterpret_cast<uintptr_t>(base);
     const uintptr_t lo = (b + r.page - 1) & ~(r.page - 1), hi = (b + len) & ~(r.page - 1);
     if (hi <= lo) {
@@ -107,8 +103,9 @@ HugepageReport hugepages_region(uint8_t *base, uint64_t len) {
     for (int again = 0; rc != 0 && errno == EAGAIN && again < 3; again++)  // a page busy for a moment
         rc = madvise(at, r.interior, MADV_COLLAPSE);
     if (rc != 0)
-        r.note = errno == EINVAL ? std::string("the kernel cannot collapse pages now (MADV_COLLAPSE: Linux 6.1+); "
-                                               "khugepaged collapses them in the background")
+        r.note = errno == EINVAL ? std::string("MADV_COLLAPSE: EINVAL (a kernel before 6.1, or THP disabled for this "
+                                               "process): the pages are advised, khugepaged collapses them in the "
+                                               "background unless THP is set to never")
                                  : strfmt("MADV_COLLAPSE: %s", strerror(errno));
     r.huge = anon_huge_bytes(lo, hi);
     return r;

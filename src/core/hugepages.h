@@ -1,10 +1,10 @@
 // region_hugepages: kvx_transport_create() moves the region's private
 // anonymous memory onto transparent huge pages (MADV_HUGEPAGE, then
-// MADV_COLLAPSE), so that a same-host writer's process_vm_writev pins one
-// huge page where it pinned 512 small ones: its page-table walk and the lock
-// of the target's page table that two copy threads share are most of the
-// kernel path's cost beside the copy itself (README, shm on private memory).
-// A verbs registration pins fewer pages too.
+// MADV_COLLAPSE), so that a same-host writer's process_vm_writev walks the
+// target's page table once per huge page instead of once per 4 KiB page: that
+// walk, and the lock of the page table that two copy threads share, are most
+// of the kernel path's cost beside the copy itself (README, shm on private
+// memory).
 #pragma once
 
 #include <cstdint>

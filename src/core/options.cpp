@@ -20,7 +20,7 @@ constexpr OptionSpec kCoreOptions[] = {
      "transfers do not pay a first kernel access per page (slow on some hypervisors); costs one pass over the region"},
     {"region_hugepages", OptType::uint, 0, 1, "0",
      "1: kvx_transport_create() moves the region's private anonymous memory onto transparent huge pages "
-     "(MADV_HUGEPAGE + MADV_COLLAPSE): a same-host writer's process_vm_writev pins one page where it pinned 512; "
+     "(MADV_HUGEPAGE + MADV_COLLAPSE): a same-host writer's process_vm_writev walks its page table once per 2 MiB; "
      "costs about one copy of the region"},
 };
 

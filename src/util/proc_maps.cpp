@@ -1,7 +1,9 @@
 #include "util/proc_maps.h"
 
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 
 namespace kvx {
 
@@ -13,6 +15,20 @@ bool parse_map_line(const char *line, MapLine *m) {
     m->path = line + n;
     while (!m->path.empty() && (m->path.back() == '\n' || m->path.back() == ' ')) m->path.pop_back();
     return true;
+}
+
+ProcLines::ProcLines(const char *path) : f_(fopen(path, "re")) {
+    if (!f_) err_ = errno;
+}
+
+ProcLines::~ProcLines() {
+    if (f_) fclose(f_);
+    free(buf_);
+}
+
+const char *ProcLines::next() {
+    if (!f_) return nullptr;
+    return getline(&buf_, &cap_, f_) < 0 ? nullptr : buf_;
 }
 
 }  // namespace kvx

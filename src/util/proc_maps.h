@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 namespace kvx {
@@ -21,5 +22,25 @@ struct MapLine {
 
 // Parses a maps line; false when it is not one (an smaps "Key: value" line).
 bool parse_map_line(const char *line, MapLine *m);
+
+// Reads a /proc text file line by line, whole lines of any length (a path
+// in maps may be longer than any fixed buffer).
+class ProcLines {
+public:
+    explicit ProcLines(const char *path);
+    ~ProcLines();
+    ProcLines(const ProcLines &) = delete;
+    ProcLines &operator=(const ProcLines &) = delete;
+    bool ok() const { return f_ != nullptr; }
+    int error() const { return err_; }  // errno of the open, when !ok()
+    // The next line (its newline kept), or nullptr at the end.
+    const char *next();
+
+private:
+    FILE *f_;
+    int err_ = 0;
+    char *buf_ = nullptr;
+    size_t cap_ = 0;
+};
 
 }  // namespace kvx

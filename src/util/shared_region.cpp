@@ -34,18 +34,17 @@ uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 // The consecutive maps lines covering [lo, hi), all of one file, shared, at
 // consecutive file offsets: the first of them in *first.
 bool covering_mapping(uintptr_t lo, uintptr_t hi, MapLine *first, std::string *why) {
-    FILE *f = fopen("/proc/self/maps", "re");
-    if (!f) {
-        *why = strfmt("cannot read /proc/self/maps: %s", strerror(errno));
+    ProcLines maps("/proc/self/maps");
+    if (!maps.ok()) {
+        *why = strfmt("cannot read /proc/self/maps: %s", strerror(maps.error()));
         return false;
     }
-    char buf[4096 + 256];
     MapLine prev;
     bool in = false;
     uintptr_t covered = 0;
-    while (fgets(buf, sizeof buf, f)) {
+    while (const char *line = maps.next()) {
         MapLine m;
-        if (!parse_map_line(buf, &m) || m.end <= lo) continue;
+        if (!parse_map_line(line, &m) || m.end <= lo) continue;
         if (!in) {
             if (m.start > lo) break;
             *first = prev = m;
@@ -59,7 +58,6 @@ bool covering_mapping(uintptr_t lo, uintptr_t hi, MapLine *first, std::string *w
         covered = m.end;
         if (covered >= hi) break;
     }
-    fclose(f);
     if (in && covered >= hi) return true;
     *why = !in ? std::string("the region is not mapped")
                : strfmt("the region is not one writable MAP_SHARED file mapping (%s %s)", prev.perms,
