@@ -150,52 +150,67 @@ void test_region_prewarm(void **state) {
 }
 
 
-/* Bytes of [p, p + len) on transparent huge pages: AnonHugePages of the
- * mappings in /proc/self/smaps, each counted within the range at most. */
-static uint64_t thp_bytes(const void *p, uint64_t len) {
-    const uintptr_t lo = (uintptr_t)p, hi = lo + len;
-    FILE *f = fopen("/proc/self/smaps", "re");
-    assert_non_null(f);
+/* Calls f(start, end, line, ctx) for each line of /proc/self/smaps that
+ * follows a mapping's first line, with that mapping's range. */
+typedef void smaps_fn(uintptr_t s, uintptr_t e, char *line, void *ctx);
+static void smaps_each(smaps_fn *f, void *ctx) {
+    FILE *fp = fopen("/proc/self/smaps", "re");
+    assert_non_null(fp);
     char line[4096 + 256];
     uintptr_t s = 0, e = 0;
-    uint64_t total = 0;
-    while (fgets(line, sizeof line, f)) {
+    while (fgets(line, sizeof line, fp)) {
         uintptr_t a, b;
-        unsigned long long kb;
         if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " ", &a, &b) == 2) { /* a mapping's first line */
             s = a;
             e = b;
-        } else if (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1 && e > lo && s < hi) {
-            uint64_t overlap = (e < hi ? e : hi) - (s > lo ? s : lo);
-            total += kb * 1024 < overlap ? kb * 1024 : overlap;
+        } else {
+            f(s, e, line, ctx);
         }
     }
-    fclose(f);
-    return total;
+    fclose(fp);
+}
+
+struct thp_count {
+    uintptr_t lo, hi;
+    uint64_t total;
+};
+
+static void count_thp(uintptr_t s, uintptr_t e, char *line, void *ctx) {
+    struct thp_count *c = ctx;
+    unsigned long long kb;
+    if (e > c->lo && s < c->hi && sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) {
+        uint64_t overlap = (e < c->hi ? e : c->hi) - (s > c->lo ? s : c->lo);
+        c->total += kb * 1024 < overlap ? kb * 1024 : overlap;
+    }
+}
+
+/* Bytes of [p, p + len) on transparent huge pages: AnonHugePages of the
+ * mappings in /proc/self/smaps, each counted within the range at most. */
+static uint64_t thp_bytes(const void *p, uint64_t len) {
+    struct thp_count c = {(uintptr_t)p, (uintptr_t)p + len, 0};
+    smaps_each(count_thp, &c);
+    return c.total;
+}
+
+struct flag_find {
+    uintptr_t at;
+    const char *flag;
+    int found;
+};
+
+static void find_flag(uintptr_t s, uintptr_t e, char *line, void *ctx) {
+    struct flag_find *c = ctx;
+    if (c->at < s || c->at >= e || strncmp(line, "VmFlags:", 8) != 0) return;
+    for (char *tok = strtok(line + 8, " \n"); tok; tok = strtok(NULL, " \n"))
+        if (strcmp(tok, c->flag) == 0) c->found = 1;
 }
 
 /* 1 when the mapping holding p has VmFlags flag (smaps: "hg" advised
  * MADV_HUGEPAGE, "nh" MADV_NOHUGEPAGE). */
 static int vm_flag(const void *p, const char *flag) {
-    const uintptr_t at = (uintptr_t)p;
-    FILE *f = fopen("/proc/self/smaps", "re");
-    assert_non_null(f);
-    char line[4096 + 256];
-    uintptr_t s = 0, e = 0;
-    int found = 0;
-    while (fgets(line, sizeof line, f)) {
-        uintptr_t a, b;
-        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " ", &a, &b) == 2) {
-            s = a;
-            e = b;
-        } else if (at >= s && at < e && strncmp(line, "VmFlags:", 8) == 0) {
-            for (char *tok = strtok(line + 8, " \n"); tok; tok = strtok(NULL, " \n"))
-                if (strcmp(tok, flag) == 0) found = 1;
-            break;
-        }
-    }
-    fclose(f);
-    return found;
+    struct flag_find c = {(uintptr_t)p, flag, 0};
+    smaps_each(find_flag, &c);
+    return c.found;
 }
 
 #ifndef MADV_COLLAPSE
@@ -209,6 +224,7 @@ static int can_collapse(uint64_t hp) {
     uint8_t *m = mmap(NULL, 2 * hp, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(m != MAP_FAILED);
     uint8_t *a = (uint8_t *)(((uintptr_t)m + hp - 1) & ~(uintptr_t)(hp - 1));
+    a[0] = 1; /* a range with no page table yet is EINVAL too */
     const int ok = madvise(a, hp, MADV_COLLAPSE) == 0 || errno != EINVAL;
     munmap(m, 2 * hp);
     return ok;
@@ -251,14 +267,16 @@ void test_region_hugepages(void **state) {
         region_free(&r);
         return;
     }
-    if (hp > (32u << 20)) { /* e.g. 512 MiB with 64 KiB base pages: too large a test */
+    if (hp > (4u << 20)) { /* e.g. 512 MiB with 64 KiB base pages: too large a test */
         print_message("huge pages of %llu bytes: not tested\n", (unsigned long long)hp);
         return;
     }
-    /* 64 KiB blocks from a page into an aligned huge page to about 8 huge
-     * pages on: 6 whole huge pages inside, a partial one at each end, and
-     * marked bytes around it up to the mapping's ends */
-    const uint64_t span = 10 * hp;
+    /* 64 KiB blocks from a page into an aligned huge page to about 34 huge
+     * pages on: 32 whole huge pages inside (64 MiB: more than khugepaged
+     * collapses in one pass, 16 MiB by default, which an advice alone wakes
+     * it for), a partial one at each end, and marked bytes around it up to
+     * the mapping's ends */
+    const uint64_t span = 36 * hp;
     uint8_t *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(m != MAP_FAILED);
     assert_int_equal(madvise(m, span, MADV_NOHUGEPAGE), 0);
@@ -266,7 +284,7 @@ void test_region_hugepages(void **state) {
     r.mem = m;
     r.base = aligned + pg;
     r.bl = bl;
-    r.nb = (8 * hp - 2 * pg) / bl; /* ends a page or more before the 8th huge page does */
+    r.nb = (34 * hp - 2 * pg) / bl; /* ends a page or more before the 34th huge page does */
     r.fill = 0x44;
     memset(m, 0xA5, span);
     for (uint64_t i = 0; i < r.nb; i++) fill_block(r.base + i * bl, bl, i, 21);
@@ -285,7 +303,7 @@ void test_region_hugepages(void **state) {
     if (!can_collapse(hp)) /* only advised: khugepaged's, some time */
         print_message("this kernel does not collapse on request: %llu of %llu bytes on huge pages\n",
                       (unsigned long long)got, (unsigned long long)inner);
-    else if (got < inner / 2) /* all of it unless the host is out of free huge pages */
+    else if (got < inner / 4 * 3) /* all of it unless the host is out of free huge pages */
         fail_msg("%llu of %llu bytes on huge pages", (unsigned long long)got, (unsigned long long)inner);
     assert_int_equal(thp_bytes(m, (uint64_t)(inner_lo - m)), 0); /* the partial pages stay */
     assert_int_equal(thp_bytes(inner_hi, (uint64_t)(m + span - inner_hi)), 0);
