@@ -30,6 +30,10 @@
 #   shm private 2  the same with shm.threads=2, the default (4M and 1M:
 #                split from 512 KiB; 64K and 4K: batched, one
 #                process_vm_writev per batch)
+#   shm private 2 hp  the same with region_hugepages=1 on both sides: the
+#                library moves the regions (advised MADV_NOHUGEPAGE by the bench,
+#                4 KiB pages) onto transparent huge pages at create
+#   pvw x2 thp   pvw x2 with both regions on huge pages: its reference
 #   shm staged   the same with shm.private=staged: through the target's staging
 #                ring (the path of a writer the kernel refuses; two copies)
 #   tcp          --backend tcp over 127.0.0.1
@@ -98,12 +102,16 @@ for round in $(seq "$repeat"); do
     if ((have_thp)); then
         { "$ref" 4M,1M,64K 256M seq 1 "$duration" thp && "$ref" 4K 256M random 16 "$duration" thp; } | tag "memcpy thp"
         { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw thp && "$ref" 4K 256M random 16 "$duration" pvw thp; } | tag "pvw thp"
+        { "$ref" 4M,1M,64K 256M seq 1 "$duration" pvw thp threads=2 && "$ref" 4K 256M random 16 "$duration" pvw thp threads=2; } | tag "pvw x2 thp"
     fi
     kv "shm mapped" --backend shm --target-region shared --option shm.threads=1 "$@"
     kv "shm mapped 2" --backend shm --target-region shared --option shm.threads=2 "$@"
     kv "shm private" --backend shm --option shm.threads=1 "$@"
     kv "shm private 2" --backend shm --option shm.threads=2 "$@"
-    if ((have_thp)); then kv "shm private thp" --backend shm --target-region thp --option shm.threads=1 "$@"; fi
+    if ((have_thp)); then
+        kv "shm private thp" --backend shm --target-region thp --option shm.threads=1 "$@"
+        kv "shm private 2 hp" --backend shm --option shm.threads=2 --option region_hugepages=1 "$@"
+    fi
     kv "shm staged" --backend shm --option shm.threads=1 --option shm.private=staged "$@"
     kv "tcp" --backend tcp "$@"
 done
@@ -113,7 +121,7 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
 for r in rows:
-    if r["kind"] not in ("memcpy", "pvw", "memcpy thp", "pvw thp", "memcpy x2", "pvw x2"):
+    if r["kind"] not in ("memcpy", "pvw", "memcpy thp", "pvw thp", "memcpy x2", "pvw x2", "pvw x2 thp"):
         if r.get("failed") or r.get("verified") == "no":
             sys.exit("compare-shm.sh: a kvxfer run failed or did not verify: %s" % r)
     by.setdefault((r["kind"], r["block_size"], r["pattern"]), []).append(r["gb_per_s"])
@@ -126,8 +134,8 @@ def best_memcpy(bs, pat):  # the stronger anchor of the two memory kinds
 def fmt(c):
     return "%6.2f (%5.2f-%5.2f)" % c[:3] if c else "%19s" % "-"
 sizes = [(4 << 20, "seq"), (1 << 20, "seq"), (64 << 10, "seq"), (4 << 10, "random")]
-kinds = ["memcpy", "memcpy thp", "memcpy x2", "pvw", "pvw thp", "pvw x2", "shm mapped", "shm mapped 2", "shm private",
-         "shm private 2", "shm private thp", "shm staged", "tcp"]
+kinds = ["memcpy", "memcpy thp", "memcpy x2", "pvw", "pvw thp", "pvw x2", "pvw x2 thp", "shm mapped", "shm mapped 2",
+         "shm private", "shm private 2", "shm private thp", "shm private 2 hp", "shm staged", "tcp"]
 print("GB/s, median (min-max) of %d rounds; 4K = random, batch 16; others seq, batch 1" % max(len(v) for v in by.values()))
 print("%-10s" % "block" + "".join("%21s" % k for k in kinds))
 for bs, pat in sizes:
@@ -139,7 +147,8 @@ for bs, pat in sizes:
     name = "%dK" % (bs >> 10) if bs < (1 << 20) else "%dM" % (bs >> 20)
     parts = []
     for k, ref in (("shm mapped", "memcpy"), ("shm mapped 2", "memcpy"), ("shm private", "memcpy"),
-                   ("shm private 2", "memcpy"), ("shm private thp", "memcpy"), ("pvw", "memcpy"), ("pvw thp", "memcpy"),
+                   ("shm private 2", "memcpy"), ("shm private thp", "memcpy"), ("shm private 2 hp", "memcpy"),
+                   ("pvw", "memcpy"), ("pvw thp", "memcpy"), ("shm private 2 hp", "pvw x2 thp"),
                    ("shm private", "pvw"), ("shm private thp", "pvw thp"), ("shm mapped 2", "memcpy x2"),
                    ("shm private 2", "pvw x2"), ("shm staged", "memcpy"),
                    ("shm mapped", "tcp"), ("shm mapped 2", "tcp"), ("shm staged", "tcp")):

@@ -303,10 +303,11 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *   shm.threads          threads that copy shm transfers, 1..16, default 2:
  *                        the threads calling kvx_write_blocks() and
  *                        shm.threads - 1 threads of the transport.
- *                        Transfers of 2 MiB or more (512 KiB or more into
- *                        private memory, where the kernel's copy costs about
- *                        twice a memcpy) are split among the threads, and the
- *                        calling thread copies the first part. With 1, the
+ *                        Transfers of 1 MiB or more (2 MiB before 0.4.6;
+ *                        512 KiB or more into private memory, where the
+ *                        kernel's copy costs about twice a memcpy) are split
+ *                        among the threads, and the calling thread copies
+ *                        the first part. With 1, the
  *                        calling thread copies its transfer before the call
  *                        returns (it is done, or failed, by then). With more
  *                        (since 0.4.5), a smaller transfer is queued while

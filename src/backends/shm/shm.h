@@ -183,7 +183,7 @@ struct Link {
 };
 
 // The copy threads of one transport's shm backend: shm.threads copiers, the
-// threads that submit and shm.threads - 1 pool threads. A transfer of 2 MiB
+// threads that submit and shm.threads - 1 pool threads. A transfer of 1 MiB
 // or more (512 KiB into private memory) is split in parts, one per copier,
 // and the submitting thread copies the first. Each link queues the parts for
 // the pool; the links with parts queued are served in turn, so a peer's

@@ -10,7 +10,7 @@ namespace shm {
 namespace {
 
 constexpr OptionSpec kOptions[] = {
-    {"shm.threads", OptType::uint, 1, 16, "2", "threads copying transfers: the submitting threads and shm.threads - 1 pool threads, which take queued small transfers in batches (split from 2 MiB; private memory from 512 KiB)"},
+    {"shm.threads", OptType::uint, 1, 16, "2", "threads copying transfers: the submitting threads and shm.threads - 1 pool threads, which take queued small transfers in batches (split from 1 MiB; private memory from 512 KiB)"},
     {"shm.allow_other_users", OptType::uint, 0, 1, "0",
      "0 = serve only writers of our own user (SO_PEERCRED); 1 = any user that authenticates"},
     {"shm.private", OptType::choice, 0, 0, "auto",

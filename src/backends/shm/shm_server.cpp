@@ -259,10 +259,12 @@ ShmServer::ShmServer(const BackendContext &ctx) : ctx_(ctx) {
                 backing_.offset);
     } else {
         info_.mode = ctx.options->str("shm.private") == "off" ? Mode::none : Mode::kernel;
-        KVX_LOG(info, "shm: %s: same-host peers %s", why.c_str(),
+        const bool small_pages = info_.mode == Mode::kernel && !staged_ && ctx.options->uint("region_hugepages") == 0;
+        KVX_LOG(info, "shm: %s: same-host peers %s%s", why.c_str(),
                 info_.mode == Mode::none ? "cannot use shm (shm.private=off)"
                 : staged_                ? "copy through a staging ring (shm.private=staged)"
-                                         : "write with process_vm_writev (or a staging ring when the kernel refuses)");
+                                         : "write with process_vm_writev (or a staging ring when the kernel refuses)",
+                small_pages ? " (faster on huge pages: region_hugepages=1; mapped directly: kvx_region_alloc() memory)" : "");
     }
     listen_fd_ = net::Fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     sockaddr_un a;
