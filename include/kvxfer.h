@@ -211,13 +211,13 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        for the process, they are only advised: khugepaged
  *                        collapses them in the background unless THP is set
  *                        to never). Every byte stays; pages never touched
- *                        are populated; the advice stays after the
- *                        transport is destroyed. For private anonymous
+ *                        are populated when collapsed; the advice stays
+ *                        after the transport is destroyed. For private anonymous
  *                        memory (malloc, a bytearray, a numpy array): a
  *                        same-host peer then writes into it with
  *                        process_vm_writev walking the page table once per
- *                        2 MiB where it did per 4 KiB (about 1.6x at 64 KiB
- *                        and 1 MiB blocks on the development host, README).
+ *                        2 MiB where it did per 4 KiB (1.4-2x at 64 KiB to
+ *                        4 MiB blocks on the development host, README).
  *                        Nothing is changed,
  *                        and no error, for a region in a shareable mapping
  *                        (a /dev/shm file, kvx_region_alloc() memory: the
@@ -226,9 +226,10 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        huge page, a pinned page) is no error either; the
  *                        outcome is logged at KVX_LOG=info. Costs about one
  *                        copy of the region (0.6 s per 256 MiB in a PVM
- *                        guest). KVX_ENOTSUP when the kernel has no
- *                        transparent huge pages (or /sys does not show
- *                        them); KVX_EBACKEND when madvise fails otherwise
+ *                        guest). KVX_ENOTSUP when the region is private
+ *                        anonymous memory and the kernel has no transparent
+ *                        huge pages (or /sys does not show them);
+ *                        KVX_EBACKEND when madvise fails otherwise
  *                        (e.g. vm.max_map_count reached).
  *   tcp.listen           "HOST:PORT" to listen on (IPv4, or [IPv6]:PORT),
  *                        default "0.0.0.0:0" (all IPv4 interfaces, any port).

@@ -82,18 +82,18 @@ uint64_t anon_huge_bytes(uintptr_t lo, uintptr_t hi) {
 
 HugepageReport hugepages_region(uint8_t *base, uint64_t len) {
     HugepageReport r;
+    const uintptr_t b = reinterpret_cast<uintptr_t>(base);
+    if (!anonymous_private(b, b + len, &r.note)) return r;  // not ours to change, on any kernel
     r.page = pmd_size();
     if (r.page == 0 || (r.page & (r.page - 1)) != 0)
         fail(KVX_ENOTSUP, "option region_hugepages: this kernel has no transparent huge pages "
                           "(/sys/kernel/mm/transparent_hugepage/hpage_pmd_size cannot be read)");
-    const uintptr_t b = reinterpret_cast<uintptr_t>(base);
     const uintptr_t lo = (b + r.page - 1) & ~(r.page - 1), hi = (b + len) & ~(r.page - 1);
     if (hi <= lo) {
         r.note = strfmt("the region holds no whole, aligned huge page of %llu bytes", (unsigned long long)r.page);
         return r;
     }
     r.interior = hi - lo;
-    if (!anonymous_private(lo, hi, &r.note)) return r;
     void *at = reinterpret_cast<void *>(lo);
     if (madvise(at, r.interior, MADV_HUGEPAGE) != 0)
         fail(errno == EINVAL ? KVX_ENOTSUP : KVX_EBACKEND,

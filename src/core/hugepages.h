@@ -21,12 +21,12 @@ struct HugepageReport {
 
 // Advises the region's whole aligned huge pages MADV_HUGEPAGE and collapses
 // them now (MADV_COLLAPSE, Linux 6.1+): the bytes stay, pages never touched
-// are populated (zero), the calling thread copies about the region once.
-// Only when every mapping under them is private anonymous memory; otherwise
-// nothing is changed (report.note says why). Throws Error(KVX_ENOTSUP) when
-// the kernel has no transparent huge pages; a collapse the kernel refuses in
-// part (no free huge page, a pinned page) is no error: report.huge says how
-// much it got.
+// are populated (zero) when collapsed, the calling thread copies about the
+// region once. Only when every mapping under the region is writable private
+// anonymous memory; otherwise nothing is changed, on any kernel (report.note
+// says why). Throws Error(KVX_ENOTSUP) when the kernel has no transparent
+// huge pages; a collapse the kernel refuses in part (no free huge page, a
+// pinned page) is no error: report.huge says how much it got.
 HugepageReport hugepages_region(uint8_t *base, uint64_t len);
 
 // Bytes of [lo, hi) on transparent huge pages in this process, from the

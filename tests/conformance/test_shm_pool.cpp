@@ -140,7 +140,8 @@ struct Fixture {
         region_free(&dst);
     }
     // A transfer of blocks l[i] -> r[i] (consecutive ones as one run), split
-    // as the peer would for two copiers; returns its id.
+    // for two copiers into parts of at least min_part (the peer's is 512 KiB
+    // mapped, 256 KiB private; the tests pick their own); returns its id.
     uint64_t submit(shm::CopyPool &pool, const std::vector<std::pair<uint64_t, uint64_t>> &blocks,
                     uint64_t min_part = 1u << 20) {
         kvx::Op op;

@@ -12,8 +12,36 @@
 #include "harness.h"
 #include "shm_common.h"
 
+/* One block of bbl bytes (a split size + 4 KiB) to the middle of three:
+ * split inside the block between the threads, every byte there, nothing
+ * beside it. */
+static void one_split_block(uint64_t bbl) {
+    enum { BNB = 3 };
+    void *mem = NULL;
+    CHECK_OK(kvx_region_alloc(&mem, BNB * bbl + 2 * GUARD_LEN, 0));
+    uint8_t *tb = guarded(mem, BNB * bbl, 0x33);
+    region ra = region_new(BNB, bbl, 1);
+    kvx_transport *a = make(ra.base, BNB, bbl, opts("shm", "shm.threads=2"));
+    kvx_transport *b = make(tb, BNB, bbl, opts("shm", NULL));
+    connect_ab(a, b);
+    fill_block(ra.base + 2 * bbl, bbl, 2, 9);
+    uint64_t two = 2, one = 1, id;
+    size_t nf = 0;
+    CHECK_OK(kvx_write_blocks(&id, a, "b", &two, &one, 1));
+    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
+    assert_int_equal(nf, 0);
+    assert_true(block_matches(tb + bbl, bbl, 2, 9));
+    assert_true(block_is(tb, bbl, 0x33) && block_is(tb + 2 * bbl, bbl, 0x33));
+    for (size_t i = 0; i < GUARD_LEN; i++) assert_true(tb[-1 - (long)i] == 0xA5 && tb[BNB * bbl + i] == 0xA5);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    kvx_region_free(mem);
+    region_free(&ra);
+}
+
 /* Large blocks over two copy threads: a transfer of 8 MiB is split in two,
- * and so is a transfer of one block of 3 MiB + 4 KiB (inside the block). */
+ * and so are transfers of one block of 3 MiB + 4 KiB and 1 MiB + 4 KiB
+ * (inside the block). */
 static void test_mapped_threads(void **state) {
     (void)state;
     enum { TNB = 16, TBL = 1 << 20 };
@@ -41,26 +69,8 @@ static void test_mapped_threads(void **state) {
     kvx_region_free(mem);
     region_free(&ra);
 
-    /* One block of 3 MiB + 4 KiB: split inside the block between the threads. */
-    enum { BNB = 3, BBL = (3 << 20) + 4096 };
-    CHECK_OK(kvx_region_alloc(&mem, (uint64_t)BNB * BBL + 2 * GUARD_LEN, 0));
-    tb = guarded(mem, (uint64_t)BNB * BBL, 0x33);
-    ra = region_new(BNB, BBL, 1);
-    a = make(ra.base, BNB, BBL, opts("shm", "shm.threads=2"));
-    b = make(tb, BNB, BBL, opts("shm", NULL));
-    connect_ab(a, b);
-    fill_block(ra.base + 2 * BBL, BBL, 2, 9);
-    uint64_t two = 2, one = 1;
-    CHECK_OK(kvx_write_blocks(&id, a, "b", &two, &one, 1));
-    assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
-    assert_int_equal(nf, 0);
-    assert_true(block_matches(tb + BBL, BBL, 2, 9));
-    assert_true(block_is(tb, BBL, 0x33) && block_is(tb + 2 * BBL, BBL, 0x33));
-    for (size_t i = 0; i < GUARD_LEN; i++) assert_true(tb[-1 - (long)i] == 0xA5 && tb[(uint64_t)BNB * BBL + i] == 0xA5);
-    kvx_transport_destroy(a);
-    kvx_transport_destroy(b);
-    kvx_region_free(mem);
-    region_free(&ra);
+    one_split_block((3 << 20) + 4096);
+    one_split_block((1 << 20) + 4096); /* split from 1 MiB since 0.4.6: parts of 576 + 452 KiB */
 }
 
 /* Private memory over two copy threads: process_vm_writev costs about twice
