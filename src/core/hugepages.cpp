@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "util/error.h"
+#include "util/log.h"
 #include "util/proc_maps.h"
 
 #ifndef MADV_COLLAPSE
@@ -56,8 +57,9 @@ bool anonymous_private(uintptr_t lo, uintptr_t hi, std::string *why) {
     return false;
 }
 
-}  // namespace
-
+// Bytes of [lo, hi) on transparent huge pages in this process, from the
+// AnonHugePages of /proc/self/smaps (each mapping counted within the range
+// at most).
 uint64_t anon_huge_bytes(uintptr_t lo, uintptr_t hi) {
     ProcLines smaps("/proc/self/smaps");
     uint64_t total = 0;
@@ -79,6 +81,8 @@ uint64_t anon_huge_bytes(uintptr_t lo, uintptr_t hi) {
     }
     return total;
 }
+
+}  // namespace
 
 HugepageReport hugepages_region(uint8_t *base, uint64_t len) {
     HugepageReport r;
@@ -107,7 +111,7 @@ HugepageReport hugepages_region(uint8_t *base, uint64_t len) {
                                                "process): the pages are advised, khugepaged collapses them in the "
                                                "background unless THP is set to never")
                                  : strfmt("MADV_COLLAPSE: %s", strerror(errno));
-    r.huge = anon_huge_bytes(lo, hi);
+    if (log_enabled(LogLevel::info)) r.huge = anon_huge_bytes(lo, hi);  // smaps walks every page table
     return r;
 }
 

@@ -3,8 +3,7 @@
 // MADV_COLLAPSE), so that a same-host writer's process_vm_writev walks the
 // target's page table once per huge page instead of once per 4 KiB page: that
 // walk, and the lock of the page table that two copy threads share, are most
-// of the kernel path's cost beside the copy itself (README, shm on private
-// memory).
+// of the kernel path's cost beside the copy itself (README, "Release 0.4.6").
 #pragma once
 
 #include <cstdint>
@@ -15,7 +14,7 @@ namespace kvx {
 struct HugepageReport {
     uint64_t page = 0;      // the huge page size (PMD): 2 MiB on x86-64
     uint64_t interior = 0;  // bytes of the region in whole, aligned huge pages
-    uint64_t huge = 0;      // of them, on huge pages afterwards (/proc/self/smaps)
+    uint64_t huge = 0;      // of them, on huge pages afterwards (/proc/self/smaps; counted for KVX_LOG=info only)
     std::string note;       // why not all of them, when so
 };
 
@@ -28,10 +27,5 @@ struct HugepageReport {
 // huge pages; a collapse the kernel refuses in part (no free huge page, a
 // pinned page) is no error: report.huge says how much it got.
 HugepageReport hugepages_region(uint8_t *base, uint64_t len);
-
-// Bytes of [lo, hi) on transparent huge pages in this process, from the
-// AnonHugePages of /proc/self/smaps (each mapping counted within the range
-// at most).
-uint64_t anon_huge_bytes(uintptr_t lo, uintptr_t hi);
 
 }  // namespace kvx

@@ -26,8 +26,9 @@ void install_sigbus_guard();
 
 namespace {
 
-constexpr uint64_t kSplitMin = 512u << 10;  // transfers of at least 2 of these are split over copy threads (1 MiB
-// until 0.4.6: 1 MiB blocks mapped with 2 threads 12.1 -> 17.3 GB/s since)
+// Transfers of at least 2 of these are split over copy threads (1 MiB until
+// 0.4.6; 1 MiB blocks into a mapping on 2 threads: 12.1 -> 17.3 GB/s).
+constexpr uint64_t kSplitMin = 512u << 10;
 constexpr uint64_t kSplitGranule = 64u << 10;  // where a split may fall: anywhere for a copy, even inside a block
 // process_vm_writev costs about twice a memcpy per byte (it pins the target's
 // pages): a second thread pays off from much smaller transfers.
