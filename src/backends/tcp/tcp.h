@@ -69,7 +69,8 @@ public:
     std::list<TcpConn *>::iterator queued;
 
 private:
-    enum class State { hello, auth, refused, frame_head, frame_segs, payload, payload_tag };
+    enum class State { hello, auth, refused, frame_head, frame_segs, payload, probe, payload_tag };
+    enum Timer { kDeadline = 0, kProbe = 1 };  // on_timer's tags
     enum class Next { more, wait, close };  // after one read: read again, wait for the loop, close
     void on_event(int tag, uint32_t events) override;
     void on_timer(int tag) override;
@@ -86,6 +87,7 @@ private:
     Next drained();
     bool waited_since(Clock::time_point since);
     Next stale_landing(const iovec *chunk, size_t cnt);
+    void probe_over();
     Next read_tag();
     Next frame_done();
     ssize_t read_small(uint8_t *dst, size_t n);
@@ -129,6 +131,12 @@ private:
     std::vector<uint8_t> ahead_;
     size_t ahead_at_ = 0, ahead_len_ = 0;
     size_t tail_ = 0;  // bytes to read ahead at the end of this payload
+    // Stale payload read aside (State::probe): it lands, at probe_timer_,
+    // where probe_iov_ says unless the connection was reset meanwhile.
+    std::vector<uint8_t> aside_;
+    size_t aside_len_ = 0, probe_want_ = 0;
+    std::array<iovec, 64> probe_iov_{};  // a chunk's iovecs (at most kChunkIovs)
+    uint64_t probe_timer_ = 0;
     int lowat_ = 1;  // SO_RCVLOWAT: wake for a payload only once this much has arrived
     void wake_at(size_t bytes);
 };
@@ -153,8 +161,6 @@ public:
     // A connection proved itself; false (close it) when tcp.max_connections are open.
     bool authenticated(TcpConn &c);
     void close(TcpConn &c);  // frees c
-    // A buffer of the loop thread's, for bytes read aside.
-    std::vector<uint8_t> &scratch() { return scratch_; }
 
 private:
     void on_event(int tag, uint32_t events) override;
@@ -169,7 +175,6 @@ private:
     uint64_t listen_tok_ = 0, resume_timer_ = 0;
     // The loop thread's.
     std::unordered_map<TcpConn *, std::unique_ptr<TcpConn>> conns_;
-    std::vector<uint8_t> scratch_;
     std::list<TcpConn *> handshaking_;  // unauthenticated connections, oldest first
     std::unordered_map<SourceAddr, size_t, SourceHash> per_source_;  // of them, by source address
     size_t authenticated_ = 0;

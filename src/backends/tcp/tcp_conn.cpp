@@ -3,7 +3,6 @@
 // application.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -85,17 +84,19 @@ bool TcpConn::start(Clock::time_point deadline) {
     events_ = EPOLLIN;
     token_ = ctx_.loop->attach(fd_.get(), events_, this, 0);
     if (token_ == 0) return false;
-    deadline_ = ctx_.loop->add_timer(deadline, this, 0);
+    deadline_ = ctx_.loop->add_timer(deadline, this, kDeadline);
     return true;
 }
 
 void TcpConn::stop() {
     ctx_.loop->detach(token_);
     ctx_.loop->cancel_timer(deadline_);
-    token_ = deadline_ = 0;
+    ctx_.loop->cancel_timer(probe_timer_);
+    token_ = deadline_ = probe_timer_ = 0;
 }
 
-void TcpConn::on_timer(int) {
+void TcpConn::on_timer(int tag) {
+    if (tag == kProbe) return probe_over();
     deadline_ = 0;
     KVX_LOG(debug, "tcp: closing a connection that did not authenticate within %llu ms",
             (unsigned long long)ctx_.options->uint("tcp.handshake_timeout_ms"));
@@ -103,6 +104,9 @@ void TcpConn::on_timer(int) {
 }
 
 void TcpConn::on_event(int, uint32_t events) {
+    // Probing, nothing is read; an error or hang-up (a reset) ends the probe
+    // at once, as it would end the round trips it waits for.
+    if (state_ == State::probe && (events & (EPOLLERR | EPOLLHUP))) return probe_over();
     Next n = Next::wait;
     try {
         if (state_ != State::refused && (events & (EPOLLIN | EPOLLERR | EPOLLHUP))) n = read_turn();
@@ -127,7 +131,8 @@ TcpConn::Next TcpConn::read_turn() {
         case State::frame_segs: n = read_head(); break;
         case State::payload: n = read_payload(); break;
         case State::payload_tag: n = read_tag(); break;
-        case State::refused: break;
+        case State::refused:
+        case State::probe: break;
         }
         if (n != Next::more || (out_.size() - out_at_ >= kMaxUnsent && ahead() == 0)) return n;
     }
@@ -420,25 +425,44 @@ bool TcpConn::waited_since(Clock::time_point since) {
 // Stale bytes: the chunk is read aside (which opens the receive window, so
 // the kernel acknowledges, and a dead initiator's kernel answers with a reset
 // that is exact), then lands only if no reset came within a few round trips.
+// The wait is this connection's alone (State::probe, a timer on the loop):
+// it reads nothing meanwhile, and every other source of the loop goes on.
 TcpConn::Next TcpConn::stale_landing(const iovec *chunk, size_t cnt) {
-    std::vector<uint8_t> &aside = server_.scratch();
-    aside.resize(chunk_len(chunk, cnt));
-    ssize_t r = outcome(::recv(fd_.get(), aside.data(), aside.size(), 0));
+    static_assert(std::tuple_size_v<decltype(probe_iov_)> >= kChunkIovs);
+    probe_want_ = chunk_len(chunk, cnt);
+    aside_.resize(probe_want_);  // released when the probe is over: 4096 connections x a chunk is 1 GiB
+    ssize_t r = outcome(::recv(fd_.get(), aside_.data(), probe_want_, 0));
     if (r <= 0) return r < 0 ? Next::close : drained();
+    aside_len_ = static_cast<size_t>(r);
+    std::copy(chunk, chunk + cnt, probe_iov_.begin());
     tcp_info ti{};
     socklen_t len = sizeof ti;
     const int rtt_us = ::getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 ? int(ti.tcpi_rtt) : 0;
-    pollfd p{fd_.get(), 0, 0};
-    (void)::poll(&p, 1, std::clamp(4 * rtt_us / 1000 + 1, 2, 200));  // POLLERR/POLLHUP end it early
+    const auto wait = std::chrono::milliseconds(std::clamp(4 * rtt_us / 1000 + 1, 2, 200));
+    probe_timer_ = ctx_.loop->add_timer(Clock::now() + wait, this, kProbe);
+    if (probe_timer_ == 0) return Next::close;  // the loop is stopping
+    state_ = State::probe;
+    return Next::wait;
+}
+
+// The probe's wait is over (its timer, or an error or hang-up before it):
+// the bytes read aside land unless the initiator reset the connection.
+// Reading then goes on as after any landing.
+void TcpConn::probe_over() {
+    ctx_.loop->cancel_timer(probe_timer_);
+    probe_timer_ = 0;
     if (int err = net::pending_error(fd_.get())) {
-        KVX_LOG(info, "tcp: dropped %zd bytes that waited in the socket: the initiator reset the connection (%s)", r,
-                strerror(err));
-        return Next::close;
+        KVX_LOG(info, "tcp: dropped %zu bytes that waited in the socket: the initiator reset the connection (%s)",
+                aside_len_, strerror(err));
+        return server_.close(*this);  // frees this
     }
-    unchecked_ = static_cast<size_t>(r);
+    state_ = State::payload;
+    unchecked_ = aside_len_;
     last_landed_ = Clock::now();
-    land_from(aside.data(), static_cast<size_t>(r), chunk);
-    return payload_landed(static_cast<size_t>(r), chunk_len(chunk, cnt));
+    land_from(aside_.data(), aside_len_, probe_iov_.data());
+    std::vector<uint8_t>().swap(aside_);
+    if (payload_landed(aside_len_, probe_want_) == Next::close) return server_.close(*this);
+    on_event(0, EPOLLIN);  // what arrived meanwhile; may free this
 }
 
 // Sealed: the chunk's ciphertext, decrypted in place; the tag at the end of
@@ -515,11 +539,12 @@ void TcpConn::compact_out() {
     out_at_ = 0;
 }
 
-// Read unless refused or the peer does not take its acks; wait to write
-// only while something is unsent.
+// Read unless refused, probing, or the peer does not take its acks; wait to
+// write only while something is unsent.
 void TcpConn::update_interest() {
     const size_t unsent = out_.size() - out_at_;
-    const uint32_t want = (state_ != State::refused && unsent < kMaxUnsent ? uint32_t{EPOLLIN} : 0) |
+    const bool reading = state_ != State::refused && state_ != State::probe;
+    const uint32_t want = (reading && unsent < kMaxUnsent ? uint32_t{EPOLLIN} : 0) |
                          (unsent ? uint32_t{EPOLLOUT} : 0);
     if (want != events_) ctx_.loop->modify(token_, events_ = want);
 }
