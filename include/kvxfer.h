@@ -175,12 +175,19 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        a warning); 0: that failure fails the add instead.
  *   connect_timeout_ms   connect + authenticate budget of add_remote_peer,
  *                        1..3600000, default 5000.
- *   transfer_timeout_ms  a transfer not done after this long fails and its
- *                        peer is marked broken, 1..3600000, default 30000.
- *                        tcp sockets of both sides get keepalive and
- *                        TCP_USER_TIMEOUT from it: the connection of a peer
+ *   transfer_timeout_ms  a peer with transfers outstanding that makes no
+ *                        progress for this long (T) has them failed and is
+ *                        marked broken, 1..3600000, default 30000. While
+ *                        the kernel resends into a silent network (tcp:
+ *                        a retransmission timeout or unanswered probes on
+ *                        one of its connections), after 2T + max(T/4,
+ *                        500 ms) instead: resends double their interval,
+ *                        and an outage shorter than T fails nothing (for T
+ *                        of 2000 and more). tcp sockets of both sides get
+ *                        keepalive (from T/2) and TCP_USER_TIMEOUT (that
+ *                        grace + 1 s) from it: the connection of a peer
  *                        host that vanishes without a FIN is released
- *                        within it (for 2000 and more; 2 s below that).
+ *                        after about 2T + max(T/4, 500 ms) + 1 s.
  *                        A verbs target probes each inbound connection
  *                        every half of it and closes one whose initiator
  *                        stopped answering within about this long (at

@@ -206,6 +206,19 @@ struct PeerContext {
     CompletionSink *sink = nullptr;
 };
 
+// The stall timeout's timers, all derived from transfer_timeout_ms (t, in
+// ms) and stated in docs/semantics.md ("Timers"). A peer with transfers
+// outstanding and no progress for t is failed, unless at that moment one of
+// its connections is silent because of the network (BackendPeer::
+// network_silent()): the kernel resends at doubling intervals, so the resend
+// that follows an outage of d comes up to 2d + one retransmission timeout
+// after the outage began, and such a peer is failed only once it made no
+// progress for stall_grace_ms(t). The kernel gives up on a connection
+// (TCP_USER_TIMEOUT, keepalive) only after that, so that an outage shorter
+// than t fails nothing and the watchdog, not the kernel, ends a longer one.
+constexpr uint64_t stall_grace_ms(uint64_t t) { return 2 * t + (t / 4 > 500 ? t / 4 : 500); }
+constexpr uint64_t kernel_give_up_ms(uint64_t t) { return stall_grace_ms(t) + 1000; }
+
 class BackendPeer {
 public:
     virtual ~BackendPeer() = default;
@@ -224,6 +237,12 @@ public:
     // How this peer's bytes move when the backend has several ways ("mapped",
     // "process_vm_writev"); "" when it has one. Static storage.
     virtual const char *path() const { return ""; }
+    // True when the silence of a peer that made no progress for the stall
+    // timeout is the network's: the kernel is resending after a
+    // retransmission timeout, or its keepalive probes go unanswered, on one
+    // of the peer's connections (a frozen peer's kernel still answers).
+    // Called by the watchdog thread, at most once per stall.
+    virtual bool network_silent() { return false; }
 };
 
 class Backend {

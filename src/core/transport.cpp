@@ -632,9 +632,11 @@ void Transport::drop_unpolled_locked(const std::unordered_set<uint64_t> &ids) {
 }
 
 // A transfer times out only when its peer stalls: work outstanding and no
-// progress (no acknowledgement, nothing completed) for transfer_timeout_ms.
-// Time spent queued behind a healthy peer's other transfers does not count,
-// and nothing here scans the transfers in flight: the work is O(peers).
+// progress (no acknowledgement, nothing completed) for transfer_timeout_ms,
+// or for stall_grace_ms of it when the network was silent at that point
+// (backend.h). Time spent queued behind a healthy peer's other transfers
+// does not count, and nothing here scans the transfers in flight: the work
+// is O(peers).
 void Transport::watchdog() {
     const auto timeout = std::chrono::milliseconds(core_.transfer_timeout_ms);
     // A peer that gets work while the watchdog sleeps is checked at most this late.
@@ -647,8 +649,9 @@ void Transport::watchdog() {
         std::vector<std::shared_ptr<Peer>> stalled = stalled_peers(&next);
         lk.lock();
         for (auto &p : stalled) {
-            KVX_LOG(warn, "peer '%s' made no progress for %u ms with %llu transfers in flight: failing them",
-                    p->id.c_str(), core_.transfer_timeout_ms, (unsigned long long)p->outstanding.load());
+            KVX_LOG(warn, "peer '%s' made no progress for %llu ms with %llu transfers in flight: failing them",
+                    p->id.c_str(), (unsigned long long)(Peer::now_ns() - p->progress_ns.load()) / 1000000,
+                    (unsigned long long)p->outstanding.load());
             p->timed_out.store(true);
         }
         if (!stalled.empty()) {
@@ -668,11 +671,21 @@ std::vector<std::shared_ptr<Transport::Peer>> Transport::stalled_peers(Clock::ti
         peers.reserve(peers_.size());
         for (auto &[id, p] : peers_) peers.push_back(p);
     }
-    const int64_t timeout_ns = std::chrono::nanoseconds(std::chrono::milliseconds(core_.transfer_timeout_ms)).count();
+    auto ns = [](uint64_t ms) { return std::chrono::nanoseconds(std::chrono::milliseconds(ms)).count(); };
+    const int64_t timeout_ns = ns(core_.transfer_timeout_ms);
+    const int64_t grace_ns = ns(stall_grace_ms(core_.transfer_timeout_ms));
     const int64_t now = Peer::now_ns();
     for (auto &p : peers) {
         if (p->outstanding.load() == 0 || p->timed_out.load()) continue;
-        int64_t due = p->progress_ns.load(std::memory_order_relaxed) + timeout_ns;
+        const int64_t since = p->progress_ns.load(std::memory_order_relaxed);
+        int64_t due = since + (p->grace_from_ns == since ? grace_ns : timeout_ns);
+        if (due <= now && p->grace_from_ns != since && p->link->network_silent()) {
+            p->grace_from_ns = since;
+            due = since + grace_ns;
+            KVX_LOG(info, "peer '%s' made no progress for %u ms while the network is silent (the kernel is resending): "
+                          "given until %llu ms", p->id.c_str(), core_.transfer_timeout_ms,
+                    (unsigned long long)stall_grace_ms(core_.transfer_timeout_ms));
+        }
         if (due <= now) stalled.push_back(p);
         else *next = std::min(*next, Clock::now() + std::chrono::nanoseconds(due - now));
     }

@@ -82,6 +82,14 @@ void netns_drop_all(const netns_pair *n, const char *ns) {
                      0);
 }
 
+void netns_drop_in(const netns_pair *n, const char *ns) {
+    assert_int_equal(netns_sh(n,
+                              "ip netns exec %s nft add table inet kvxcut && "
+                              "ip netns exec %s nft add chain inet kvxcut in '{ type filter hook input priority 0; policy drop; }'",
+                              ns, ns),
+                     0);
+}
+
 void netns_pass_all(const netns_pair *n, const char *ns) {
     assert_int_equal(netns_sh(n, "ip netns exec %s nft delete table inet kvxcut", ns), 0);
 }

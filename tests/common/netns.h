@@ -29,5 +29,11 @@ int netns_sh(const netns_pair *n, const char *fmt, ...) __attribute__((format(pr
  * partition: no reset, no error); netns_pass_all() deletes it again. */
 void netns_drop_all(const netns_pair *n, const char *ns);
 void netns_pass_all(const netns_pair *n, const char *ns);
+/* Drops every packet arriving in ns, not those leaving it: applied to both
+ * namespaces, the network between them loses everything while neither
+ * kernel sees a local send error, so both back off their retransmissions as
+ * on a real path (a local drop is retried every 500 ms without backoff).
+ * netns_pass_all() undoes it. */
+void netns_drop_in(const netns_pair *n, const char *ns);
 
 #endif

@@ -45,9 +45,9 @@ struct SourceHash {
     size_t operator()(const SourceAddr &a) const noexcept;
 };
 
-// Keepalive and TCP_USER_TIMEOUT derived from transfer_timeout_ms, so that a
-// peer host that vanishes without a FIN releases the connection within that
-// timeout (for timeouts of 2 s and more; keepalive counts whole seconds).
+// Keepalive and TCP_USER_TIMEOUT derived from transfer_timeout_ms
+// (kernel_give_up_ms, backend.h): a peer host that vanishes without a FIN
+// releases the connection, and an outage shorter than the timeout does not.
 void set_liveness(int fd, uint64_t timeout_ms);
 
 // One accepted connection, on the loop thread: the handshake (HELLO ->
@@ -254,6 +254,7 @@ public:
     bool broken() const override { return broken_.load(); }
     void abort(int status) override;
     void shutdown() override;
+    bool network_silent() override;
 
 private:
     struct Stream final : EventLoop::Source {

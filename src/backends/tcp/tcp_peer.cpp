@@ -1,5 +1,9 @@
 // Initiator side of the tcp backend: streams to one peer, connected and
 // authenticated in the caller's thread, then served by the event loop.
+#include <netinet/in.h>
+#include <linux/sockios.h>
+#include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -359,6 +363,28 @@ void TcpPeer::abort(int status) {
     victims.deliver(*sink_);
     std::lock_guard<std::mutex> lk(mu_);
     if (--aborting_ == 0) aborted_.notify_all();
+}
+
+// The kernel's view of each stream (TCP_INFO): resending after a
+// retransmission timeout, or keepalive probes without an answer. Not window
+// probes: a frozen target's kernel answers them with a zero window, and
+// since Linux 5.10 they count as unanswered until the window opens; they go
+// out only while data waits unsent, keepalive only while nothing does.
+bool TcpPeer::network_silent() {
+    bool silent = false;
+    loop_->call([&] {
+        for (auto &s : streams_) {
+            tcp_info ti{};
+            socklen_t len = sizeof ti;
+            int unsent = 0;
+            if (!s->token || ::getsockopt(s->fd.get(), IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+                ::ioctl(s->fd.get(), SIOCOUTQNSD, &unsent) != 0)
+                continue;
+            const bool keepalive_unanswered = ti.tcpi_probes > 0 && ti.tcpi_unacked == 0 && unsent == 0;
+            silent |= ti.tcpi_retransmits > 0 || ti.tcpi_ca_state == TCP_CA_Loss || keepalive_unanswered;
+        }
+    });
+    return silent;
 }
 
 void TcpPeer::shutdown() {

@@ -74,19 +74,17 @@ size_t SourceHash::operator()(const SourceAddr &a) const noexcept {
 }
 
 void set_liveness(int fd, uint64_t timeout_ms) {
-    // Unacknowledged data: the kernel gives up after the user timeout, 3/4 of
-    // the timeout (its retransmission timer fires late by up to ~15 %, as
-    // measured in tests/adversarial/test_liveness.c). An idle connection: the
-    // first probe goes out after idle_s of silence, then one a second, and the
-    // kernel gives up at the first one past the user timeout, on a whole
-    // second at or below 95 % of the timeout (2 s at least: keepalive counts
-    // seconds).
+    // Unacknowledged data: the kernel gives up after the user timeout. An
+    // idle connection: the first probe goes out after idle_s of silence (half
+    // the timeout, whole seconds), then one a second, and with a user timeout
+    // set the kernel gives up at the first one past it (the count is then
+    // unused; it is set to match). Before either, the watchdog has failed the
+    // peer's transfers (stall_grace_ms).
+    const uint64_t user_ms = kernel_give_up_ms(timeout_ms);
     const uint64_t idle_s = std::max<uint64_t>(1, timeout_ms / 2000);
-    const uint64_t give_up_s = std::max<uint64_t>(2, (timeout_ms - timeout_ms / 20) / 1000);
-    const uint64_t user_ms = std::max<uint64_t>(1, std::min(timeout_ms - timeout_ms / 4, give_up_s * 1000));
-    const int one = 1, idle = static_cast<int>(idle_s), intvl = 1;
-    const int cnt = static_cast<int>(std::clamp<uint64_t>(give_up_s - std::min(idle_s, give_up_s), 1, 127));
-    const unsigned user = static_cast<unsigned>(user_ms);
+    const int one = 1, idle = static_cast<int>(std::min<uint64_t>(idle_s, 32767)), intvl = 1;
+    const int cnt = static_cast<int>(std::clamp<uint64_t>(user_ms / 1000 - std::min(idle_s, user_ms / 1000), 1, 127));
+    const unsigned user = static_cast<unsigned>(std::min<uint64_t>(user_ms, UINT32_MAX));
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
