@@ -462,7 +462,12 @@ KVX_API int kvx_get_agent_metadata(size_t *out_len, kvx_transport *t, void *buf,
  *         requires AEAD, the other offers none); KVX_ECONNREFUSED /
  *         KVX_ETIMEDOUT / KVX_EHOSTUNREACH / KVX_EAUTH / KVX_ECONNRESET (the
  *         peer closed the connection during the handshake) (connection);
- *         KVX_ECLOSED.
+ *         KVX_ECLOSED. Of the first three, the one that says what the last
+ *         attempt saw: KVX_ECONNREFUSED when every address refused (nothing
+ *         listens: tcp retries a refusal 3 times, milliseconds, then fails),
+ *         KVX_ETIMEDOUT when one did not answer in time; the message lists
+ *         each address and its reason. tcp retries a reset or close during
+ *         the handshake (a loaded target sheds) until connect_timeout_ms.
  * Blocks the calling thread up to connect_timeout_ms; other calls proceed.
  * kvx_add_remote_peer_async() is the non-blocking form, and the one that can
  * replace a registered peer (KVX_PEER_REPLACE).

@@ -72,9 +72,13 @@ int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const
     return 0;
 }
 
-// A busy or flooded target refuses, resets, or closes before the handshake
-// is done: worth another try before the deadline.
-bool transient(int rc) { return rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED; }
+// A busy or flooded target resets or closes before the handshake is done
+// (it sheds unauthenticated connections): worth another try before the
+// deadline. A refusal of the connection itself means nothing listens on
+// that port (a target that exited or restarted; a full backlog drops, it
+// does not refuse): retried kRefusedRounds times only, a few milliseconds.
+bool transient(int rc) { return rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED; }
+constexpr int kRefusedRounds = 3;
 
 // Sleeps 1..2 ms, doubling per attempt up to 64..128 ms (jittered, so a crowd
 // spreads out), never past the deadline, and in slices when it can be called off.
@@ -90,13 +94,19 @@ void back_off(int attempt, const net::Deadline &deadline) {
 }
 
 // Opens one authenticated connection to the first endpoint that takes it,
-// in rounds until the deadline while an endpoint only refused or reset.
+// in rounds until the deadline while an endpoint reset or closed (or, for
+// kRefusedRounds, refused). The error says what the last round saw of each
+// endpoint: KVX_ECONNREFUSED when every one refused (or is another
+// transport's), KVX_ETIMEDOUT when one did not answer in time or the
+// deadline passed while resets were retried, KVX_EHOSTUNREACH otherwise.
 Authenticated open_stream(const BackendContext &ctx, const PeerContext &pc, const std::vector<net::Endpoint> &eps) {
     std::string tried;
     bool timed_out = false, refused_only = true;
     for (int round = 0;; round++) {
         bool again = false;
         tried.clear();
+        timed_out = false;
+        refused_only = true;
         for (const net::Endpoint &ep : eps) {
             const std::string where = strfmt("peer '%s' at %s", pc.peer_id.c_str(), ep.str().c_str());
             Authenticated c;
@@ -113,14 +123,15 @@ Authenticated open_stream(const BackendContext &ctx, const PeerContext &pc, cons
             tried += strfmt("%s%s: %s", tried.empty() ? "" : ", ", ep.str().c_str(), why);
             refused_only &= rc == -ECONNREFUSED || rc == kOtherTransport;
             timed_out |= rc == -ETIMEDOUT;
-            again |= transient(rc);
+            again |= transient(rc) || (rc == -ECONNREFUSED && round + 1 < kRefusedRounds);
             if (pc.deadline.passed()) break;
         }
         if (!again || pc.deadline.passed()) break;
         back_off(round, pc.deadline);
     }
-    timed_out |= Clock::now() >= pc.deadline.at() && !refused_only;
-    int code = timed_out ? KVX_ETIMEDOUT : refused_only ? KVX_ECONNREFUSED : KVX_EHOSTUNREACH;
+    // Out of time while still retrying resets (a target shedding load): a timeout too.
+    const bool out_of_time = pc.deadline.passed() && !pc.deadline.cancelled();
+    const int code = refused_only ? KVX_ECONNREFUSED : timed_out || out_of_time ? KVX_ETIMEDOUT : KVX_EHOSTUNREACH;
     fail(code, "peer '%s': cannot connect (%s)", pc.peer_id.c_str(), tried.c_str());
 }
 
