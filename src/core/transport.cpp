@@ -636,36 +636,77 @@ void Transport::drop_unpolled_locked(const std::unordered_set<uint64_t> &ids) {
 // or for stall_grace_ms of it when the network was silent at that point
 // (backend.h). Time spent queued behind a healthy peer's other transfers
 // does not count, and nothing here scans the transfers in flight: the work
-// is O(peers).
+// is O(peers). Time this process did not run (stopped, a paused VM) does
+// not count either: its event loop could not take acknowledgements then.
 void Transport::watchdog() {
     const auto timeout = std::chrono::milliseconds(core_.transfer_timeout_ms);
     // A peer that gets work while the watchdog sleeps is checked at most this late.
     const auto slack = std::clamp<std::chrono::milliseconds>(timeout / 20, std::chrono::milliseconds(1),
                                                              std::chrono::milliseconds(100));
+    // Waking later than this past its time, the watchdog was not running.
+    const auto paused = std::max<Clock::duration>(4 * slack, std::chrono::milliseconds(200));
     std::unique_lock<std::mutex> lk(mu_);
     while (!closed_) {
         Clock::time_point next = Clock::now() + slack;
         lk.unlock();
-        std::vector<std::shared_ptr<Peer>> stalled = stalled_peers(&next);
+        std::vector<Stalled> stalled = stalled_peers(&next);
         lk.lock();
-        for (auto &p : stalled) {
+        size_t n = 0;
+        for (auto &s : stalled) {
+            // Progress or completion since the look: not stalled after all.
+            if (s.peer->progress_ns.load() != s.since || s.peer->outstanding.load() == 0) continue;
             KVX_LOG(warn, "peer '%s' made no progress for %llu ms with %llu transfers in flight: failing them",
-                    p->id.c_str(), (unsigned long long)(Peer::now_ns() - p->progress_ns.load()) / 1000000,
-                    (unsigned long long)p->outstanding.load());
-            p->timed_out.store(true);
+                    s.peer->id.c_str(), (unsigned long long)(Peer::now_ns() - s.since) / 1000000,
+                    (unsigned long long)s.peer->outstanding.load());
+            s.peer->timed_out.store(true);
+            stalled[n++] = std::move(s);
         }
+        stalled.resize(n);
+        // How much longer than expected the next step took: the process was
+        // not running for most of it. An abort waits up to 200 ms for its
+        // resets to arrive (tcp's settle), a sleep ends at `next`.
+        Clock::duration late{};
         if (!stalled.empty()) {
             lk.unlock();
-            for (auto &p : stalled) p->link->abort(KVX_ETIMEDOUT);  // reports its transfers, failed
+            const Clock::time_point t0 = Clock::now();
+            for (auto &s : stalled) s.peer->link->abort(KVX_ETIMEDOUT);  // reports its transfers, failed
+            late = Clock::now() - t0 - std::chrono::milliseconds(250 * static_cast<int64_t>(stalled.size()));
             lk.lock();
-            continue;
+        } else {
+            const Clock::time_point from = Clock::now();
+            wd_cv_.wait_until(lk, next);
+            late = Clock::now() - std::max(next, from);
         }
-        wd_cv_.wait_until(lk, next);
+        if (late > paused) {
+            lk.unlock();
+            credit_pause(std::chrono::duration_cast<std::chrono::nanoseconds>(late).count());
+            lk.lock();
+        }
     }
 }
 
-std::vector<std::shared_ptr<Transport::Peer>> Transport::stalled_peers(Clock::time_point *next) {
-    std::vector<std::shared_ptr<Peer>> peers, stalled;
+// The process did not run for late_ns: every peer's last progress moves
+// that much later (never past now), so a stall counts only time in which
+// its acknowledgements could have been taken.
+void Transport::credit_pause(int64_t late_ns) {
+    std::vector<std::shared_ptr<Peer>> peers;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto &[id, p] : peers_) peers.push_back(p);
+    }
+    KVX_LOG(info, "the stall watchdog woke %lld ms late (the process was stopped or starved): peers' stall time "
+                  "restarts", (long long)(late_ns / 1000000));
+    const int64_t now = Peer::now_ns();
+    for (auto &p : peers) {
+        int64_t old = p->progress_ns.load();
+        while (!p->progress_ns.compare_exchange_weak(old, std::min(old + late_ns, now))) {
+        }
+    }
+}
+
+std::vector<Transport::Stalled> Transport::stalled_peers(Clock::time_point *next) {
+    std::vector<std::shared_ptr<Peer>> peers;
+    std::vector<Stalled> stalled;
     {
         std::lock_guard<std::mutex> lk(mu_);
         peers.reserve(peers_.size());
@@ -686,7 +727,7 @@ std::vector<std::shared_ptr<Transport::Peer>> Transport::stalled_peers(Clock::ti
                           "given until %llu ms", p->id.c_str(), core_.transfer_timeout_ms,
                     (unsigned long long)stall_grace_ms(core_.transfer_timeout_ms));
         }
-        if (due <= now) stalled.push_back(p);
+        if (due <= now) stalled.push_back(Stalled{p, since});
         else *next = std::min(*next, Clock::now() + std::chrono::nanoseconds(due - now));
     }
     return stalled;

@@ -135,9 +135,15 @@ private:
     // close(): stops the threads, links and backends (closed_ set, no lock).
     void shut_down(std::map<std::string, std::shared_ptr<Peer>> &peers);
     void watchdog();
+    // A stalled peer and its last progress when it was found so.
+    struct Stalled {
+        std::shared_ptr<Peer> peer;
+        int64_t since = 0;
+    };
     // Peers stalled now (work outstanding, no progress for the timeout); sets
     // *next to when the next one could stall.
-    std::vector<std::shared_ptr<Peer>> stalled_peers(Clock::time_point *next);
+    std::vector<Stalled> stalled_peers(Clock::time_point *next);
+    void credit_pause(int64_t late_ns);
     // Connects to the first path that takes it, before connect_timeout_ms or
     // until *called_off is set (may be null).
     std::shared_ptr<Peer> connect_peer(const std::string &id, const wire::AgentMetadata &m,
