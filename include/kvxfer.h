@@ -536,7 +536,15 @@ typedef enum kvx_registration_state {
  * Start registering a remote peer without blocking (since 0.2). The arguments
  * and the metadata are checked now, exactly as by kvx_add_remote_peer(); the
  * connection is made on a thread of the library, and its outcome is learnt
- * from kvx_registration_status(). While the registration is in progress
+ * from kvx_registration_status(). Connections are made by a small pool of
+ * at most 16 connect threads per transport (started when registrations are
+ * queued, gone again shortly after the last one ended), not by a thread per
+ * registration, and in the order of the calls: a registration waits for a
+ * free connect thread first, so one queued behind attempts that take long
+ * (peers that do not answer, each bounded by connect_timeout_ms) starts, and
+ * ends, correspondingly later: with k earlier registrations of t still
+ * pending, it may take up to ceil((k + 1) / 16) x connect_timeout_ms.
+ * While the registration is in progress
  * peer_id is reserved (kvx_add_remote_peer(), and this function without
  * KVX_PEER_REPLACE, fail with KVX_EEXIST) but not yet usable
  * (kvx_write_blocks() fails with KVX_ENOENT). When it succeeds the peer is
@@ -559,7 +567,8 @@ typedef enum kvx_registration_state {
  *         KVX_EFINGERPRINT; KVX_ENOTSUP (no backend in common); KVX_ECLOSED;
  *         KVX_ENOMEM. Failures of the connection (KVX_ECONNREFUSED,
  *         KVX_ETIMEDOUT, KVX_EHOSTUNREACH, KVX_EAUTH, KVX_ECONNRESET) are
- *         reported by kvx_registration_status(), within connect_timeout_ms.
+ *         reported by kvx_registration_status(), within connect_timeout_ms
+ *         of the attempt's start (see above for the wait before it).
  * Thread safety: any thread. Never blocks on the network.
  */
 KVX_API int kvx_add_remote_peer_async(uint64_t *out_reg, kvx_transport *t, const char *peer_id,

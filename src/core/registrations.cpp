@@ -1,7 +1,8 @@
 #include "core/registrations.h"
 
 #include <chrono>
-#include <system_error>
+#include <exception>
+#include <iterator>
 
 #include "util/error.h"
 
@@ -79,70 +80,131 @@ void Registrations::start() { launcher_ = std::thread([this] { launcher(); }); }
 
 void Registrations::submit_locked(const Ref &r, std::function<void()> fn) {
     jobs_.push_back(Job{r, std::move(fn)});
-    launch_cv_.notify_one();
+    start_failed_ = false;  // worth another try
+    if (idle_ > 0) work_cv_.notify_one();
+    if (need_worker_locked()) launch_cv_.notify_one();
 }
 
-// The thread's last act, under the lock, is to say it ended: joining it
-// afterwards never waits for work, and nothing of the transport is touched
-// once the flag is set (fn and what it holds are gone by then).
-std::thread Registrations::start_worker(std::function<void()> fn, std::shared_ptr<bool> ended) {
-    return std::thread([this, ended, fn = std::move(fn)]() mutable {
-        {
-            std::function<void()> run = std::move(fn);
-            run();
-        }
-        std::lock_guard<std::mutex> lk(mu_);
-        *ended = true;
-    });
+bool Registrations::need_worker_locked() const {
+    return !stopping_ && !start_failed_ && jobs_.size() > idle_ && live_ < kMaxWorkers;
 }
 
+// Why a launcher at all: the first worker of a burst must be started by some
+// thread, and the caller of kvx_add_remote_peer_async may not pay for a thread
+// start (it can take milliseconds on a busy host). Workers could start their
+// successors, but then only the first start would need the launcher; it
+// starts them all instead, which keeps the cap and the bookkeeping in one
+// place. It also joins the workers that ended after their linger.
 void Registrations::launcher() {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
-        launch_cv_.wait(lk, [&] { return stopping_ || !jobs_.empty(); });
-        if (stopping_) return;  // close cancelled what is queued
+        launch_cv_.wait(lk, [&] { return stopping_ || ended_ > 0 || need_worker_locked(); });
+        if (stopping_) return;  // shutdown joins the workers; close cancelled what is queued
+        if (ended_ > 0) reap(lk);
+        if (need_worker_locked()) start_worker(lk);  // (again: reap let the lock go)
+    }
+}
+
+// Joins the workers that ended: their last act was to say so, under the lock,
+// so joining never waits for work.
+void Registrations::reap(std::unique_lock<std::mutex> &lk) {
+    std::list<Worker> ended;
+    for (auto it = workers_.begin(); it != workers_.end();) {
+        auto next = std::next(it);
+        if (it->ended) ended.splice(ended.end(), workers_, it);
+        it = next;
+    }
+    ended_ = 0;
+    lk.unlock();
+    for (auto &w : ended) w.thread.join();
+    lk.lock();
+}
+
+// One more worker, started without the lock. If none can be started and none
+// runs, what is queued fails with KVX_ENOMEM (nothing would ever run it);
+// with workers running, they serve the queue and the next submit or worker
+// end allows another try.
+void Registrations::start_worker(std::unique_lock<std::mutex> &lk) {
+    live_++;
+    idle_++;  // it takes a job as soon as it runs: no second start for the same job
+    auto it = workers_.emplace(workers_.end());
+    Worker *w = &*it;
+    std::thread th;
+    std::string why;
+    lk.unlock();
+    try {
+        th = std::thread([this, w] { work(w); });
+    } catch (const std::exception &e) {  // system_error (no thread), bad_alloc
+        why = e.what();
+    }
+    lk.lock();
+    if (th.joinable()) {
+        w->thread = std::move(th);  // (the worker may have run and ended meanwhile: reap joins it)
+        return;
+    }
+    workers_.erase(it);
+    live_--;
+    idle_--;
+    start_failed_ = true;
+    while (live_ == 0 && !jobs_.empty()) {
         Job job = std::move(jobs_.front());
         jobs_.pop_front();
-        std::vector<std::thread> ended;
-        for (auto it = workers_.begin(); it != workers_.end();) {
-            if (!*it->ended) {
-                ++it;
-                continue;
-            }
-            ended.push_back(std::move(it->thread));
-            it = workers_.erase(it);
-        }
-        lk.unlock();
-        for (auto &t : ended) t.join();
-        auto flag = std::make_shared<bool>(false);
-        std::thread th;
-        try {
-            th = start_worker(std::move(job.fn), flag);
-        } catch (const std::system_error &e) {
-            lk.lock();
-            finish_locked(job.r, KVX_ENOMEM, strfmt("peer '%s': cannot start a thread to connect: %s",
-                                                     job.r->id.c_str(), e.what()));
+        finish_locked(job.r, KVX_ENOMEM,
+                      strfmt("peer '%s': cannot start a thread to connect: %s", job.r->id.c_str(), why.c_str()));
+    }
+}
+
+void Registrations::work(Worker *self) {
+    std::unique_lock<std::mutex> lk(mu_);
+    run_jobs(lk);
+    live_--;
+    idle_--;
+    start_failed_ = false;  // a thread fewer: worth another try
+    ended_++;
+    launch_cv_.notify_one();  // the launcher joins it
+    self->ended = true;  // the last act: after it, nothing of the transport is touched but the unlock
+}
+
+// Takes jobs, oldest first, until none came for kWorkerLinger (or close).
+void Registrations::run_jobs(std::unique_lock<std::mutex> &lk) {
+    for (;;) {
+        if (!work_cv_.wait_for(lk, kWorkerLinger, [&] { return stopping_ || !jobs_.empty(); })) return;
+        if (stopping_) return;
+        Job job = std::move(jobs_.front());
+        jobs_.pop_front();
+        if (job.r->cancel_code != 0) {  // removed, superseded or closed while queued: already reported
+            finish_locked(job.r, job.r->cancel_code, "");
             continue;
         }
+        idle_--;
+        lk.unlock();
+        {
+            Job run = std::move(job);
+            run.fn();
+        }  // fn and what it holds are released without the lock
         lk.lock();
-        workers_.push_back(Worker{std::move(th), flag});
+        idle_++;
     }
 }
 
 void Registrations::shutdown() {
+    std::deque<Job> dropped;
     {
         std::lock_guard<std::mutex> lk(mu_);
         stopping_ = true;
-        jobs_.clear();
+        dropped.swap(jobs_);  // close cancelled them: their outcomes are recorded
         launch_cv_.notify_all();
+        work_cv_.notify_all();
     }
+    dropped.clear();
     if (launcher_.joinable()) launcher_.join();
-    std::vector<Worker> workers;
+    std::list<Worker> workers;
     {
         std::lock_guard<std::mutex> lk(mu_);
-        workers.swap(workers_);
+        workers.swap(workers_);  // (nodes keep their addresses: running workers still hold theirs)
     }
-    for (auto &w : workers) w.thread.join();  // called off: their waits end within a slice (net::Deadline)
+    for (auto &w : workers)  // called off: their waits end within a slice (net::Deadline); idle ones wake
+        if (w.thread.joinable()) w.thread.join();
     std::unique_lock<std::mutex> lk(mu_);
     sync_cv_.wait(lk, [&] { return sync_ == 0; });  // called off too
 }

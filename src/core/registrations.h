@@ -2,28 +2,42 @@
 // until it publishes or fails; a replacing add supersedes it and
 // kvx_remove_remote_peer() or close cancel it, and a registration that lost
 // its reservation never publishes. Asynchronous ones
-// (kvx_add_remote_peer_async) also have an outcome, reported once, and a
-// thread that connects, owned here and joined at close. Those threads are
-// started by a launcher thread of the transport, never by the caller, whose
-// call must not block (a thread start alone can take milliseconds on a busy
-// host).
+// (kvx_add_remote_peer_async) also have an outcome, reported once.
+//
+// Their connections are made by a bounded pool of connect workers owned
+// here: at most kMaxWorkers threads, started on demand while jobs are queued
+// and fewer than the cap run; each takes jobs from the queue (oldest first)
+// until it is empty, lingers kWorkerLinger for more and exits, so an idle
+// transport is back at its idle thread count (event loop, watchdog, the
+// launcher). Workers are started by the launcher thread, never by the caller
+// of kvx_add_remote_peer_async, whose call must not block (a thread start
+// alone can take milliseconds on a busy host). All are joined at close.
+//
+// The cost of the cap: a connect attempt blocks its worker until it is done
+// (bounded by connect_timeout_ms), so a registration queued behind slow ones
+// (a peer that does not answer) waits for a worker first: with k queued
+// ahead of it, up to ceil((k + 1) / kMaxWorkers) connect timeouts in all
+// (kvxfer.h, kvx_add_remote_peer_async). A registration cancelled while
+// queued (remove, replace, close) is never run: its outcome is already
+// recorded.
 //
 // Everything is guarded by the transport's mutex: *_locked methods expect it
 // held, wait() takes the caller's lock on it.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <vector>
 
 #include "kvxfer.h"
 
@@ -31,6 +45,22 @@ namespace kvx {
 
 class Registrations {
 public:
+    // Connect workers at most. Connections to answering peers take about a
+    // round trip and a handshake, so a few workers keep up with a burst of
+    // adds (100 on loopback in tens of ms); the cap bounds what a burst costs
+    // (a thread, its stack) at a small constant. It is 16, not 4, for the
+    // peers that do not answer, each holding a worker for up to
+    // connect_timeout_ms: vLLM's session code expects each registration to
+    // end within connect_timeout_ms of its call (bindings/python/tests/
+    // test_vllm_dropin.py, 10 silent peers at once), which holds for up to
+    // 16 pending at once (glibc's AIO pool has 20 threads for the same
+    // trade). tests/scale/test_async_adds.c names the same value.
+    static constexpr size_t kMaxWorkers = 16;
+    // How long an idle worker waits for another job before it exits: long
+    // enough that adds in quick succession reuse it, short enough that the
+    // threads of a burst are gone soon after it.
+    static constexpr std::chrono::milliseconds kWorkerLinger{250};
+
     // mu: the transport's mutex, which guards this object.
     explicit Registrations(std::mutex &mu) : mu_(mu) {}
 
@@ -71,22 +101,24 @@ public:
 
     // Starts the launcher thread (once, at transport creation).
     void start();
-    // Has fn run on a thread of its own, for registration r (which fails
-    // with KVX_ENOMEM if no thread can be started).
+    // Queues fn, the connection of registration r, for a connect worker;
+    // skipped if r is cancelled before a worker takes it. r fails with
+    // KVX_ENOMEM if no worker runs and none can be started.
     void submit_locked(const Ref &r, std::function<void()> fn);
     // A synchronous registration (kvx_add_remote_peer() in the caller's
     // thread) began / ended: shutdown() waits for every one that began to
-    // end, as it joins the threads of the asynchronous ones.
+    // end, as it joins the connect workers.
     void sync_began_locked() { sync_++; }
     void sync_ended_locked();
-    // Stops the launcher, joins every thread and waits for the synchronous
-    // registrations (close; without the lock).
+    // Stops the launcher, drops the queue (cancelled by close), joins every
+    // worker and waits for the synchronous registrations (close; without the
+    // lock).
     void shutdown();
 
 private:
     struct Worker {
         std::thread thread;
-        std::shared_ptr<bool> ended;  // set, under the lock, as the thread's last act
+        bool ended = false;  // set, under the lock, as the thread's last act
     };
     struct Job {
         Ref r;
@@ -94,16 +126,25 @@ private:
     };
     void record_locked(uint64_t reg, int status, const std::string &message);
     void launcher();
-    std::thread start_worker(std::function<void()> fn, std::shared_ptr<bool> ended);
+    bool need_worker_locked() const;
+    void start_worker(std::unique_lock<std::mutex> &lk);
+    void reap(std::unique_lock<std::mutex> &lk);
+    void work(Worker *self);
+    void run_jobs(std::unique_lock<std::mutex> &lk);
 
     std::mutex &mu_;
     std::map<std::string, Ref> by_id_;
     std::unordered_map<uint64_t, Status> outcomes_;
-    std::vector<Worker> workers_;
     std::condition_variable cv_;  // an outcome was decided
-    std::deque<Job> jobs_;
+    std::deque<Job> jobs_;        // queued for a worker, oldest first
+    std::list<Worker> workers_;   // started and not joined yet (a list: workers hold their node)
+    size_t live_ = 0;             // workers starting or running, at most kMaxWorkers
+    size_t idle_ = 0;             // of those, the ones not running a job (starting ones count)
+    size_t ended_ = 0;            // workers that ended and wait to be joined
+    bool start_failed_ = false;   // no worker could be started: wait for a change before trying again
     bool stopping_ = false;
-    std::condition_variable launch_cv_;
+    std::condition_variable work_cv_;    // a job was queued, or stopping_
+    std::condition_variable launch_cv_;  // a worker may be needed, one ended, or stopping_
     std::thread launcher_;
     size_t sync_ = 0;                  // synchronous registrations under way
     std::condition_variable sync_cv_;  // sync_ reached 0
