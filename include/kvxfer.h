@@ -180,14 +180,15 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        marked broken, 1..3600000, default 30000. While
  *                        the kernel resends into a silent network (tcp:
  *                        a retransmission timeout or unanswered probes on
- *                        one of its connections), after 2T + max(T/4,
- *                        500 ms) instead: resends double their interval,
- *                        and an outage shorter than T fails nothing (for T
- *                        of 2000 and more). tcp sockets of both sides get
- *                        keepalive (from T/2) and TCP_USER_TIMEOUT (that
- *                        grace + 1 s) from it: the connection of a peer
- *                        host that vanishes without a FIN is released
- *                        after about 2T + max(T/4, 500 ms) + 1 s.
+ *                        one of its connections), after 2T + its
+ *                        retransmission timeout + 250 ms instead (at least
+ *                        2T + max(T/4, 500 ms), at most 3T): resends double
+ *                        their interval, and an outage shorter than T fails
+ *                        nothing (for T of 2000 and more). tcp sockets of
+ *                        both sides get keepalive (from T/2) and
+ *                        TCP_USER_TIMEOUT (3T + 1 s) from it: the
+ *                        connection of a peer host that vanishes without a
+ *                        FIN is released after about 3T + 2 s.
  *                        A verbs target probes each inbound connection
  *                        every half of it and closes one whose initiator
  *                        stopped answering within about this long (at

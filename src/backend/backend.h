@@ -6,6 +6,7 @@
 // the registry and never names a backend.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -210,14 +211,20 @@ struct PeerContext {
 // ms) and stated in docs/semantics.md ("Timers"). A peer with transfers
 // outstanding and no progress for t is failed, unless at that moment one of
 // its connections is silent because of the network (BackendPeer::
-// network_silent()): the kernel resends at doubling intervals, so the resend
-// that follows an outage of d comes up to 2d + one retransmission timeout
-// after the outage began, and such a peer is failed only once it made no
-// progress for stall_grace_ms(t). The kernel gives up on a connection
-// (TCP_USER_TIMEOUT, keepalive) only after that, so that an outage shorter
-// than t fails nothing and the watchdog, not the kernel, ends a longer one.
-constexpr uint64_t stall_grace_ms(uint64_t t) { return 2 * t + (t / 4 > 500 ? t / 4 : 500); }
-constexpr uint64_t kernel_give_up_ms(uint64_t t) { return stall_grace_ms(t) + 1000; }
+// network_silent_rto_us()): the kernel resends at doubling intervals from
+// its retransmission timeout rto (200 ms at least; more on a loaded or long
+// path), so the resend that follows an outage of d comes up to 2d + rto
+// after the outage began, in each direction. Such a peer is failed only once
+// it made no progress for stall_grace_ms(t, rto): 2t plus rto and 250 ms to
+// take the answer, at least max(t/4, 500 ms), at most max(t, 500 ms). The kernel gives up
+// on a connection (TCP_USER_TIMEOUT, keepalive) only after the longest
+// grace, so that an outage shorter than t fails nothing and the watchdog,
+// not the kernel, ends a longer one.
+constexpr uint64_t stall_grace_ms(uint64_t t, uint64_t rto_ms) {
+    const uint64_t least = std::max<uint64_t>(t / 4, 500);
+    return 2 * t + std::clamp<uint64_t>(rto_ms + 250, least, std::max(least, t));
+}
+constexpr uint64_t kernel_give_up_ms(uint64_t t) { return 3 * t + 1000; }
 
 class BackendPeer {
 public:
@@ -237,12 +244,14 @@ public:
     // How this peer's bytes move when the backend has several ways ("mapped",
     // "process_vm_writev"); "" when it has one. Static storage.
     virtual const char *path() const { return ""; }
-    // True when the silence of a peer that made no progress for the stall
+    // Whether the silence of a peer that made no progress for the stall
     // timeout is the network's: the kernel is resending after a
     // retransmission timeout, or its keepalive probes go unanswered, on one
     // of the peer's connections (a frozen peer's kernel still answers).
-    // Called by the watchdog thread, at most once per stall.
-    virtual bool network_silent() { return false; }
+    // 0 when not; else the largest base retransmission timeout (before
+    // backoff) of those connections, in microseconds, at least 1. Called by
+    // the watchdog thread, at most once per stall.
+    virtual uint64_t network_silent_rto_us() { return 0; }
 };
 
 class Backend {

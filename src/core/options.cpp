@@ -15,8 +15,8 @@ constexpr OptionSpec kCoreOptions[] = {
     {"connect_timeout_ms", OptType::uint, 1, 3600000, "5000", "connect + authenticate budget of add_remote_peer"},
     {"transfer_timeout_ms", OptType::uint, 1, 3600000, "30000",
      "a peer with transfers outstanding that makes no progress for this long has them failed and is marked broken "
-     "(while the kernel resends into a silent network, after 2x this + max(1/4 of it, 500 ms): an outage shorter "
-     "than this fails nothing)"},
+     "(while the kernel resends into a silent network, after 2x this + its retransmission timeout + 250 ms, at least "
+     "max(1/4 of this, 500 ms), at most this: an outage shorter than this fails nothing)"},
     {"region_prewarm", OptType::uint, 0, 1, "0",
      "1: kvx_transport_create() has the kernel read every page of the region once (read-only), so that the first "
      "transfers do not pay a first kernel access per page (slow on some hypervisors); costs one pass over the region"},

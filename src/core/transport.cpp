@@ -714,18 +714,21 @@ std::vector<Transport::Stalled> Transport::stalled_peers(Clock::time_point *next
     }
     auto ns = [](uint64_t ms) { return std::chrono::nanoseconds(std::chrono::milliseconds(ms)).count(); };
     const int64_t timeout_ns = ns(core_.transfer_timeout_ms);
-    const int64_t grace_ns = ns(stall_grace_ms(core_.transfer_timeout_ms));
     const int64_t now = Peer::now_ns();
     for (auto &p : peers) {
         if (p->outstanding.load() == 0 || p->timed_out.load()) continue;
         const int64_t since = p->progress_ns.load(std::memory_order_relaxed);
-        int64_t due = since + (p->grace_from_ns == since ? grace_ns : timeout_ns);
-        if (due <= now && p->grace_from_ns != since && p->link->network_silent()) {
+        int64_t due = since + (p->grace_from_ns == since ? p->grace_ns : timeout_ns);
+        const uint64_t rto_us = due <= now && p->grace_from_ns != since ? p->link->network_silent_rto_us() : 0;
+        if (rto_us != 0) {
+            const uint64_t grace_ms = stall_grace_ms(core_.transfer_timeout_ms, (rto_us + 999) / 1000);
             p->grace_from_ns = since;
-            due = since + grace_ns;
-            KVX_LOG(info, "peer '%s' made no progress for %u ms while the network is silent (the kernel is resending): "
-                          "given until %llu ms", p->id.c_str(), core_.transfer_timeout_ms,
-                    (unsigned long long)stall_grace_ms(core_.transfer_timeout_ms));
+            p->grace_ns = ns(grace_ms);
+            due = since + p->grace_ns;
+            KVX_LOG(warn, "peer '%s' made no progress for %u ms while the network loses its packets (the kernel is "
+                          "resending, timeout %llu ms): waiting for a resend, up to %llu ms in all",
+                    p->id.c_str(), core_.transfer_timeout_ms, (unsigned long long)(rto_us + 999) / 1000,
+                    (unsigned long long)grace_ms);
         }
         if (due <= now) stalled.push_back(Stalled{p, since});
         else *next = std::min(*next, Clock::now() + std::chrono::nanoseconds(due - now));

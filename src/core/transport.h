@@ -89,8 +89,8 @@ private:
         std::atomic<uint64_t> outstanding{0};
         std::atomic<int64_t> progress_ns{0};
         // The watchdog thread's: the progress_ns of the stall that was given
-        // until stall_grace_ms (the network was silent), 0 when none.
-        int64_t grace_from_ns = 0;
+        // grace_ns (the network was silent: stall_grace_ms), 0 when none.
+        int64_t grace_from_ns = 0, grace_ns = 0;
         // Transfers counted in outstanding whose write_blocks has not returned
         // from link->submit() yet: a remove racing them shuts the link down
         // before they reach it, and submit() fails them (not a backend's leak).

@@ -4,7 +4,7 @@
  * then drops every packet of the initiator's namespace (no FIN, no reset,
  * nothing). The target's socket count returns to its baseline within the
  * kernel's give-up time derived from transfer_timeout_ms T (docs/semantics.md,
- * "Timers": TCP_USER_TIMEOUT = 2T + max(T/4, 500 ms) + 1 s; keepalive probes
+ * "Timers": TCP_USER_TIMEOUT = 3T + 1 s; keepalive probes
  * a second apart) + 15 % (the timer fires late). Not sooner than T: an
  * outage shorter than the stall timeout must not end a connection. Also with
  * transfers in flight when the link goes silent.
@@ -26,7 +26,7 @@
 #define BL (1u << 20)
 #define TIMEOUT_MS 2000
 /* TCP_USER_TIMEOUT for TIMEOUT_MS, and when the target must have let go */
-#define GIVE_UP_MS (2 * TIMEOUT_MS + (TIMEOUT_MS / 4 > 500 ? TIMEOUT_MS / 4 : 500) + 1000)
+#define GIVE_UP_MS (3 * TIMEOUT_MS + 1000)
 #define BOUND_MS ((GIVE_UP_MS + 1000) * 115 / 100)
 
 static netns_pair g_ns;

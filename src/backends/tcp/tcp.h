@@ -254,7 +254,7 @@ public:
     bool broken() const override { return broken_.load(); }
     void abort(int status) override;
     void shutdown() override;
-    bool network_silent() override;
+    uint64_t network_silent_rto_us() override;
 
 private:
     struct Stream final : EventLoop::Source {

@@ -381,8 +381,8 @@ void TcpPeer::abort(int status) {
 // probes: a frozen target's kernel answers them with a zero window, and
 // since Linux 5.10 they count as unanswered until the window opens; they go
 // out only while data waits unsent, keepalive only while nothing does.
-bool TcpPeer::network_silent() {
-    bool silent = false;
+uint64_t TcpPeer::network_silent_rto_us() {
+    uint64_t rto_us = 0;
     loop_->call([&] {
         for (auto &s : streams_) {
             tcp_info ti{};
@@ -392,10 +392,11 @@ bool TcpPeer::network_silent() {
                 ::ioctl(s->fd.get(), SIOCOUTQNSD, &unsent) != 0)
                 continue;
             const bool keepalive_unanswered = ti.tcpi_probes > 0 && ti.tcpi_unacked == 0 && unsent == 0;
-            silent |= ti.tcpi_retransmits > 0 || ti.tcpi_ca_state == TCP_CA_Loss || keepalive_unanswered;
+            if (ti.tcpi_retransmits > 0 || ti.tcpi_ca_state == TCP_CA_Loss || keepalive_unanswered)
+                rto_us = std::max<uint64_t>({rto_us, ti.tcpi_rto >> std::min<uint8_t>(ti.tcpi_backoff, 31), 1});
         }
     });
-    return silent;
+    return rto_us;
 }
 
 void TcpPeer::shutdown() {

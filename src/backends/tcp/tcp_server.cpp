@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include "backends/tcp/tcp.h"
@@ -84,7 +85,7 @@ void set_liveness(int fd, uint64_t timeout_ms) {
     const uint64_t idle_s = std::max<uint64_t>(1, timeout_ms / 2000);
     const int one = 1, idle = static_cast<int>(std::min<uint64_t>(idle_s, 32767)), intvl = 1;
     const int cnt = static_cast<int>(std::clamp<uint64_t>(user_ms / 1000 - std::min(idle_s, user_ms / 1000), 1, 127));
-    const unsigned user = static_cast<unsigned>(std::min<uint64_t>(user_ms, UINT32_MAX));
+    const unsigned user = static_cast<unsigned>(std::min<uint64_t>(user_ms, INT_MAX));  // the kernel reads an int
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
