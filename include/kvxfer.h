@@ -49,8 +49,8 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define KVX_VERSION_MAJOR 0
-#define KVX_VERSION_MINOR 4
-#define KVX_VERSION_PATCH 6
+#define KVX_VERSION_MINOR 5
+#define KVX_VERSION_PATCH 0
 /** MAJOR*10000 + MINOR*100 + PATCH, comparable with '<'. */
 #define KVX_VERSION_NUMBER \
     (KVX_VERSION_MAJOR * 10000 + KVX_VERSION_MINOR * 100 + KVX_VERSION_PATCH)

@@ -149,7 +149,7 @@ func isErr(t *testing.T, err error, target error, scope kvxfer.Scope, msgPart st
 }
 
 func TestVersion(t *testing.T) {
-	if v := kvxfer.Version(); v != "0.4.6" {
+	if v := kvxfer.Version(); v != "0.5.0" {
 		t.Errorf("Version() = %q", v)
 	}
 }

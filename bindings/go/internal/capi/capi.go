@@ -273,8 +273,8 @@ func Kvx_go_region_free(arg1 uint64) {
 }
 
 const KVX_VERSION_MAJOR int = 0
-const KVX_VERSION_MINOR int = 4
-const KVX_VERSION_PATCH int = 6
+const KVX_VERSION_MINOR int = 5
+const KVX_VERSION_PATCH int = 0
 
 func _swig_getKVX_VERSION_NUMBER() (_swig_ret int) {
 	var swig_r int

@@ -324,7 +324,7 @@ intgo _wrap_KVX_VERSION_NUMBER_capi_9b0a9b48af155b2f() {
   intgo _swig_go_result;
   
   
-  result = (int)((0*10000+4*100+6));
+  result = (int)((0*10000+5*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
