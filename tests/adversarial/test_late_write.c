@@ -259,7 +259,7 @@ static void test_remove_in_flight(void **state) {
 static void test_remove_slow_link(void **state) {
     (void)state;
     enum { TRIALS = 60 };
-    netns_pair ns;
+    static netns_pair ns; /* netns.c removes the namespaces at exit, through a pointer to it */
     if (!netns_usable("late_write", "tc -V >/dev/null 2>&1")) skip();
     if (netns_pair_make(&ns, "latewr", 215) != 0) fail_msg("making the namespaces failed");
     /* the queue sits on the target's side of the link, as in a switch: the
