@@ -225,7 +225,8 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
  *                        same-host peer then writes into it with
  *                        process_vm_writev walking the page table once per
  *                        2 MiB where it did per 4 KiB (1.4-2x at 64 KiB to
- *                        4 MiB blocks on the development host, README).
+ *                        4 MiB blocks on the development host,
+ *                        docs/performance.md).
  *                        Nothing is changed,
  *                        and no error, for a region in a shareable mapping
  *                        (a /dev/shm file, kvx_region_alloc() memory: the
