@@ -2,9 +2,9 @@
 # it names in SEES: its include directory is a farm of symlinks to exactly
 # those folders of src/, so an include of another layer fails to compile.
 #
-#   util <- wire <- handshake <- backend (interface, ops, registry)
-#                                  ^- backends/tcp, backends/verbs, backends (the list)
-#                                  ^- core <- capi
+#   util <- wire <- handshake <- backend_api (the interface, ops) <- registry
+#                                  registry <- backends/shm, backends/tcp, backends/verbs
+#                                  registry <- core <- capi
 #
 # kvx_layer(NAME SOURCES ... SEES dir ... [LIBS lib ...])
 function(kvx_layer name)
@@ -39,21 +39,21 @@ kvx_layer(handshake
   SOURCES src/handshake/handshake.cpp
   SEES util wire handshake
   LIBS OpenSSL::Crypto)
-kvx_layer(backend
-  SOURCES src/backend/ops.cpp
-  SEES util wire handshake backend)
-kvx_layer(backends
-  SOURCES src/backends/registry.cpp
-  SEES util wire handshake backend)
+kvx_layer(backend_api
+  SOURCES src/backend_api/ops.cpp
+  SEES util wire handshake backend_api)
+kvx_layer(registry
+  SOURCES src/registry/registry.cpp
+  SEES util wire handshake backend_api registry)
 kvx_layer(core
   SOURCES src/core/options.cpp src/core/fingerprint.cpp src/core/id_table.cpp src/core/transport.cpp
           src/core/transport_peers.cpp src/core/registrations.cpp src/core/telemetry.cpp
           src/core/ready.cpp src/core/prewarm.cpp src/core/hugepages.cpp
-  SEES util wire handshake backend core
+  SEES util wire handshake backend_api registry core
   LIBS OpenSSL::Crypto nlohmann_json::nlohmann_json)
 kvx_layer(capi
   SOURCES src/capi/api.cpp
-  SEES util wire handshake backend core)
+  SEES util wire handshake backend_api registry core)
 
 # One line per backend (and its folder's CMakeLists.txt, which calls kvx_layer).
 add_subdirectory(src/backends/shm)

@@ -23,7 +23,8 @@ n=$(ctags --languages=C,C++ --fields=+ne -o - --kinds-c++=f --kinds-c=f -R src |
 
 # 2. the core walks the registry
 git grep -n 'KVX_HAVE_' -- src/core src/capi && complain "a backend switch in the core"
-git grep -n '#include "backends/' -- src/core src/capi src/backend && complain "the core includes a backend"
+git grep -n '#include "backends/' -- src/core src/capi src/backend_api src/registry &&
+    complain "the core includes a backend"
 
 # 3. layer boundaries: what must and must not compile from each layer
 try() { # layer header expect(ok|fail)
@@ -37,8 +38,10 @@ try() { # layer header expect(ok|fail)
 [ -d "$BUILD/layers/core" ] || complain "no layer include farms in $BUILD/layers (configure first)"
 try util util/event_loop.h ok;       try util wire/metadata.h fail
 try wire wire/metadata.h ok;         try wire handshake/handshake.h fail
-try handshake handshake/handshake.h ok; try handshake backend/backend.h fail
-try backend backend/ops.h ok;        try backend backends/tcp/tcp.h fail;  try backend core/transport.h fail
+try handshake handshake/handshake.h ok; try handshake backend_api/backend.h fail
+try backend_api backend_api/ops.h ok; try backend_api registry/registry.h fail
+try backend_api backends/tcp/tcp.h fail; try backend_api core/transport.h fail
+try registry registry/registry.h ok; try registry backends/tcp/tcp.h fail; try registry core/transport.h fail
 try core core/transport.h ok;        try core backends/tcp/tcp.h fail
 try tcp backends/tcp/tcp.h ok;       try tcp core/transport.h fail
 if [ -d "$BUILD/layers/verbs" ]; then

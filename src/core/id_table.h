@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend_api/backend.h"
 
 namespace kvx {
 

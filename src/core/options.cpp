@@ -1,6 +1,6 @@
 #include "core/options.h"
 
-#include "backend/registry.h"
+#include "registry/registry.h"
 #include "util/error.h"
 
 namespace kvx {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backend/registry.h"
+#include "registry/registry.h"
 #include "core/fingerprint.h"
 #include "core/hugepages.h"
 #include "core/prewarm.h"

@@ -15,7 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend_api/backend.h"
 #include "core/id_table.h"
 #include "core/options.h"
 #include "core/ready.h"

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/ops.h"
+#include "backend_api/ops.h"
 #include "backends/shm/shm.h"
 
 // cmocka's macros clash with C++ headers: include it last.

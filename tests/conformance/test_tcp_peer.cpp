@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend_api/backend.h"
 #include "backends/tcp/tcp.h"
 #include "core/options.h"
 #include "util/event_loop.h"

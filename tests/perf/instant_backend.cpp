@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/registry.h"
+#include "registry/registry.h"
 #include "kvxfer.h"
 
 namespace kvx::instant {

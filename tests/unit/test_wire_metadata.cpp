@@ -8,7 +8,7 @@
 // with kvx::fail() in util/error.h.
 #include "kvxfer.h"
 #include "wire/metadata.h"
-#include "backend/registry.h"
+#include "registry/registry.h"
 #include "backends/tcp/tcp.h"
 #include "meta_writer.h"
 #include "util/error.h"

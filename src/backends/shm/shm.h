@@ -23,8 +23,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/backend.h"
-#include "backend/ops.h"
+#include "backend_api/backend.h"
+#include "backend_api/ops.h"
 #include "backends/shm/shm_wire.h"
 #include "handshake/handshake.h"
 #include "util/event_loop.h"

@@ -1,5 +1,5 @@
 // The shm backend's registry entry: options, metadata section, factory.
-#include "backend/registry.h"
+#include "registry/registry.h"
 #include "backends/shm/shm.h"
 #include "util/error.h"
 

@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/backend.h"
-#include "backend/ops.h"
+#include "backend_api/backend.h"
+#include "backend_api/ops.h"
 #include "backends/tcp/tcp_aead.h"
 #include "backends/tcp/tcp_wire.h"
 #include "handshake/handshake.h"

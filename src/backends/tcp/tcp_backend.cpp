@@ -1,5 +1,5 @@
 // The tcp backend's registry entry: options, metadata section, factory.
-#include "backend/registry.h"
+#include "registry/registry.h"
 #include "backends/tcp/tcp.h"
 #include "util/error.h"
 #include "util/log.h"

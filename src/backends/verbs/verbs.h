@@ -25,8 +25,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/backend.h"
-#include "backend/ops.h"
+#include "backend_api/backend.h"
+#include "backend_api/ops.h"
 #include "handshake/handshake.h"
 #include "util/event_loop.h"
 #include "util/net.h"

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <unordered_map>
 
-#include "backend/registry.h"
+#include "registry/registry.h"
 #include "backends/verbs/verbs.h"
 #include "handshake/handshake.h"
 #include "util/bytes.h"

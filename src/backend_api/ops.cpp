@@ -1,4 +1,4 @@
-#include "backend/ops.h"
+#include "backend_api/ops.h"
 
 #include <algorithm>
 

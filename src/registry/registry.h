@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "backend/backend.h"
+#include "backend_api/backend.h"
 
 namespace kvx {
 

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend_api/backend.h"
 
 namespace kvx {
 

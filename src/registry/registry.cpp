@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <array>
 
-#include "backend/registry.h"
+#include "registry/registry.h"
 
 #define KVX_BACKEND_LIST(X) \
     X(shm)                  \
