@@ -36,7 +36,7 @@ kvx_layer(wire
   SEES util wire
   LIBS OpenSSL::Crypto)
 kvx_layer(handshake
-  SOURCES src/handshake/handshake.cpp
+  SOURCES src/handshake/handshake.cpp src/handshake/engine.cpp
   SEES util wire handshake
   LIBS OpenSSL::Crypto)
 kvx_layer(backend_api

@@ -4,7 +4,11 @@
 #   2. the core names no backend: no KVX_HAVE_* switch, no backend folder include;
 #   3. layers: each layer's include farm (BUILD/layers/NAME) lets through what
 #      it may include and nothing else — checked by compiling one include each;
-#   4. no "seed" in code or the public header (say "vLLM's DataTransport").
+#   4. no "seed" in code or the public header (say "vLLM's DataTransport");
+#   5. every backend has one shape: NAME_entry.cpp (the only file defining its
+#      registry entry), NAME_wire.cpp, NAME_listener.cpp, NAME_peer.cpp;
+#   6. backends drive the handshake engine (handshake/engine.h), never the
+#      message codec or the proofs themselves.
 # Usage: scripts/check-structure.sh BUILD_DIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +42,7 @@ try() { # layer header expect(ok|fail)
 [ -d "$BUILD/layers/core" ] || complain "no layer include farms in $BUILD/layers (configure first)"
 try util util/event_loop.h ok;       try util wire/metadata.h fail
 try wire wire/metadata.h ok;         try wire handshake/handshake.h fail
-try handshake handshake/handshake.h ok; try handshake backend_api/backend.h fail
+try handshake handshake/engine.h ok; try handshake backend_api/backend.h fail
 try backend_api backend_api/ops.h ok; try backend_api registry/registry.h fail
 try backend_api backends/tcp/tcp.h fail; try backend_api core/transport.h fail
 try registry registry/registry.h ok; try registry backends/tcp/tcp.h fail; try registry core/transport.h fail
@@ -50,6 +54,21 @@ fi
 
 # 4. names
 git grep -n -i -w 'seed' -- src include && complain "'seed' in code or header"
+
+# 5. one shape per backend
+for dir in src/backends/*/; do
+    name=$(basename "$dir")
+    for role in entry wire listener peer; do
+        [ -f "$dir${name}_$role.cpp" ] || complain "backend $name has no ${name}_$role.cpp (src/backends/README.md)"
+    done
+    other=$(git grep -l "kvx_backend_$name\b" -- "$dir*.cpp" "$dir*.h" | grep -v "/${name}_entry.cpp$")
+    [ -z "$other" ] || complain "backend $name defines its registry entry outside ${name}_entry.cpp: $other"
+done
+
+# 6. the handshake engine, not its primitives
+git grep -n -E 'handshake::(verify|answer|expect_answer|expect_accept|derive_keys|encode|decode|ChallengeCookies)\b' \
+    -- "src/backends/*.cpp" "src/backends/*.h" "src/core/*" "src/capi/*" &&
+    complain "a backend or the core bypasses the handshake engine"
 
 [ $bad -eq 0 ] && echo "check-structure: ok ($n functions, layers and names as drawn)"
 exit $bad

@@ -89,10 +89,8 @@ void decode_body(Message &m, const uint8_t *p) {
         break;
     case Kind::refuse: {
         m.refuse.status = static_cast<int32_t>(get_le(p + 8, 4));
-        int s = m.refuse.status;
-        if (s != KVX_EAUTH && s != KVX_EFINGERPRINT && s != KVX_ECONNREFUSED && s != KVX_EVERSION &&
-            s != KVX_ENOTSUP)
-            fail(KVX_EINVAL, "handshake: refusal with unexpected status %d", s);
+        if (!refusable(m.refuse.status))
+            fail(KVX_EINVAL, "handshake: refusal with unexpected status %d", m.refuse.status);
         break;
     }
     case Kind::accept:
@@ -170,6 +168,10 @@ Message decode(const void *data, size_t n) {
     return m;
 }
 
+bool refusable(int s) {
+    return s == KVX_EAUTH || s == KVX_EFINGERPRINT || s == KVX_ECONNREFUSED || s == KVX_EVERSION || s == KVX_ENOTSUP;
+}
+
 int failure_code(int decode_error) { return decode_error == KVX_EVERSION ? KVX_EVERSION : KVX_EAUTH; }
 
 int refusal_code(const Refuse &r) { return r.status; }
@@ -193,39 +195,31 @@ bool fingerprints_compatible(const Fingerprint &a, const Fingerprint &b) {
     return a == none || b == none || a == b;
 }
 
-Challenge new_challenge(uint32_t *next_id) {
-    Challenge c;
-    c.challenge_id = (*next_id)++;
-    random_fill(c.nonce.data(), c.nonce.size());
-    return c;
+std::string DataPathOptions::describe(uint32_t f) const {
+    return name ? name(f) : strfmt("flags 0x%x", f);
 }
 
-int on_hello(const Identity &me, const Hello &h) {
-    if (h.instance_id == me.instance_id) return 0;
-    KVX_LOG(warn, "handshake: refused a connection meant for another transport");
-    return KVX_ECONNREFUSED;
-}
-
-int verify(const Identity &me, const Challenge &issued, const Auth &a, Accept *out, const char *what) {
+int verify(const Identity &me, const DataPathOptions &opts, const Challenge &issued, const Auth &a, Accept *out,
+           std::string *why) {
     if (a.instance_id != me.instance_id || a.challenge_id != issued.challenge_id) {
-        KVX_LOG(warn, "handshake: refused %s: meant for another transport or challenge", what);
+        *why = "an AUTH meant for another transport or challenge";
         return KVX_EAUTH;
     }
     if (CRYPTO_memcmp(client_proof(me.secret, issued, a).data(), a.proof.data(), kProofLen) != 0) {
-        KVX_LOG(warn, "handshake: refused %s: no valid proof of the secret", what);
+        *why = "no valid proof of the secret";
         return KVX_EAUTH;
     }
-    if (a.flags & ~kKnownFlags) {
-        KVX_LOG(warn, "handshake: refused %s: unknown flags 0x%x", what, a.flags);
+    if (a.flags & ~opts.defined) {
+        *why = strfmt("flags 0x%x this side does not know", a.flags);
         return KVX_EVERSION;
     }
-    if (a.flags != me.flags) {
-        KVX_LOG(warn, "handshake: refused %s: it offers data path protection %s, this side requires %s", what,
-                a.flags & kFlagTcpAead ? "aead" : "none", me.flags & kFlagTcpAead ? "aead" : "none");
+    if (a.flags != opts.flags) {
+        *why = strfmt("it offers %s, this side requires %s", opts.describe(a.flags).c_str(),
+                      opts.describe(opts.flags).c_str());
         return KVX_ENOTSUP;
     }
     if (!fingerprints_compatible(me.fingerprint, a.fingerprint)) {
-        KVX_LOG(warn, "handshake: refused %s: another config fingerprint", what);
+        *why = "another config fingerprint";
         return KVX_EFINGERPRINT;
     }
     out->flags = a.flags;
@@ -272,6 +266,12 @@ Challenge ChallengeCookies::issue() {
     return make(tag << kEpochShift | (counter_++ & ((1u << kEpochShift) - 1)));
 }
 
+Challenge ChallengeCookies::issue_random() {
+    Challenge c = issue();
+    random_fill(c.nonce.data(), c.nonce.size());
+    return c;
+}
+
 bool ChallengeCookies::find(uint32_t id, Challenge *out) {
     advance();
     const uint32_t tag = id >> kEpochShift;
@@ -299,9 +299,7 @@ Auth answer(const Challenge &c, uint64_t instance_id, const wire::Secret &secret
     return a;
 }
 
-namespace {
-
-Message decode_reply(const void *p, size_t n, const char *where, const char *to) {
+Message expect_answer(const void *p, size_t n, const DataPathOptions &opts, const char *where, const char *to) {
     Message m;
     try {
         m = decode(p, n);
@@ -309,29 +307,21 @@ Message decode_reply(const void *p, size_t n, const char *where, const char *to)
         fail(failure_code(e.code()), "%s: bad answer to %s: %s", where, to, e.what());
     }
     if (m.kind == Kind::refuse && m.refuse.status == KVX_ENOTSUP)
-        fail(KVX_ENOTSUP, "%s refused the connection: its tcp.protection differs from ours", where);
+        fail(KVX_ENOTSUP, "%s refused the connection: it does not run the data path with %s", where,
+             opts.describe(opts.flags).c_str());
     if (m.kind == Kind::refuse)
         fail(refusal_code(m.refuse), "%s refused the connection: %s", where, error_name(m.refuse.status));
+    if (m.kind != Kind::challenge && m.kind != Kind::accept)
+        fail(KVX_EAUTH, "%s answered %s with an unexpected message", where, to);
     return m;
 }
 
-}  // namespace
-
-Challenge expect_challenge(const void *p, size_t n, const char *where) {
-    Message m = decode_reply(p, n, where, "HELLO");
-    if (m.kind != Kind::challenge) fail(KVX_EAUTH, "%s answered HELLO with an unexpected message", where);
-    return m.challenge;
-}
-
-Accept expect_accept(const void *p, size_t n, const Challenge &c, const Auth &a, const wire::Secret &secret,
-                     const char *where) {
-    Message m = decode_reply(p, n, where, "AUTH");
-    if (m.kind != Kind::accept) fail(KVX_EAUTH, "%s answered AUTH with an unexpected message", where);
-    if (m.accept.flags != a.flags)
-        fail(KVX_EVERSION, "%s accepted with flags 0x%x, we offered 0x%x", where, m.accept.flags, a.flags);
-    if (CRYPTO_memcmp(server_proof(secret, c, a, m.accept.flags).data(), m.accept.proof.data(), kProofLen) != 0)
+void expect_accept(const Accept &acc, const Challenge &c, const Auth &a, const wire::Secret &secret,
+                   const char *where) {
+    if (acc.flags != a.flags)
+        fail(KVX_EVERSION, "%s accepted with flags 0x%x, we offered 0x%x", where, acc.flags, a.flags);
+    if (CRYPTO_memcmp(server_proof(secret, c, a, acc.flags).data(), acc.proof.data(), kProofLen) != 0)
         fail(KVX_EAUTH, "%s could not prove it holds the metadata's secret", where);
-    return m.accept;
 }
 
 Keys derive_keys(const wire::Secret &secret, const Challenge &c, const Auth &a, const Accept &acc) {

@@ -1,7 +1,8 @@
 // The one connection handshake of every backend: challenge, HMAC proofs of
 // the metadata's secret over the transcript, the fingerprint rule, binding to
 // the target transport's instance, and the refusal codes a target may send.
-// Backends only carry these bytes: tcp on the stream, verbs in rdma_cm
+// Backends only carry these bytes (the engine, engine.h, decides): tcp on the
+// stream, shm in seqpacket datagrams, verbs in rdma_cm
 // private data (docs/wire-format.md, "Handshake").
 //
 //   initiator --HELLO{instance_id}--------------------------> target
@@ -39,11 +40,17 @@ constexpr size_t kProofLen = 16;  // HMAC-SHA256 truncated to 128 bits
 constexpr size_t kFingerprintBytes = 8;
 constexpr size_t kKeyLen = 16;  // AES-128-GCM
 
-// AUTH.flags (offered) and ACCEPT.flags (chosen): the data path's options.
-// kFlagTcpAead: after the handshake every tcp record is AES-128-GCM with the
-// keys of derive_keys(). Only tcp sets it; a verbs target requires flags 0.
-constexpr uint32_t kFlagTcpAead = 1u << 0;
-constexpr uint32_t kKnownFlags = kFlagTcpAead;
+// AUTH.flags (offered) and ACCEPT.flags (chosen) carry the data path's
+// options. Their bits belong to the backend whose carrier runs the handshake
+// (tcp defines its protection there, docs/wire-format.md); this layer only
+// requires that both sides offer exactly the same ones.
+struct DataPathOptions {
+    uint32_t flags = 0;    // what this side offers and requires, exactly
+    uint32_t defined = 0;  // the bits this backend defines; any other one is KVX_EVERSION
+    // Names a set of flags for a message ("tcp.protection=aead"); null: hex.
+    std::string (*name)(uint32_t flags) = nullptr;
+    std::string describe(uint32_t f) const;
+};
 
 enum class Kind : uint8_t { hello = 1, auth = 2, challenge = 3, refuse = 4, accept = 5 };
 
@@ -68,7 +75,7 @@ struct Auth {
     uint64_t instance_id = 0;
     uint32_t challenge_id = 0;
     Fingerprint fingerprint{};
-    uint32_t flags = 0;  // offered options (kFlag*)
+    uint32_t flags = 0;  // offered data path options (the backend's DataPathOptions)
     std::array<uint8_t, kClientNonceLen> nonce{};
     std::array<uint8_t, kProofLen> proof{};
 };
@@ -112,6 +119,10 @@ Message decode(const void *p, size_t n);
 // KVX_EVERSION stays, anything else is an authentication failure.
 int failure_code(int decode_error);
 
+// The codes a REFUSE may carry: KVX_EAUTH, KVX_EFINGERPRINT,
+// KVX_ECONNREFUSED, KVX_EVERSION, KVX_ENOTSUP.
+bool refusable(int status);
+
 // A refusal is unauthenticated: only the codes a target may send pass, as
 // themselves; decode() already rejected any other.
 int refusal_code(const Refuse &r);
@@ -126,23 +137,20 @@ struct Identity {
     uint64_t instance_id = 0;
     wire::Secret secret{};
     Fingerprint fingerprint{};
-    uint32_t flags = 0;  // the data path options this side requires, exactly (kFlag*)
 };
+
+// The primitives below are the engine's (handshake/engine.h); backends drive
+// the engine, never these.
 
 // ---- target side
 
-// A fresh challenge with a random nonce and the next id. Throws Error(KVX_EINTERNAL).
-Challenge new_challenge(uint32_t *next_id);
-
-// 0 and a challenge to send for a HELLO meant for us, else the refusal code.
-int on_hello(const Identity &me, const Hello &h);
-
-// Verifies an AUTH against the challenge that was issued on this connection.
-// 0: accepted, *out is the ACCEPT to send. Else the refusal code to send
-// (KVX_EAUTH, KVX_EFINGERPRINT; KVX_EVERSION for unknown flags; KVX_ENOTSUP
-// when the offered flags are not exactly me.flags: a peer with another
-// tcp.protection); what: where the request came from, for the log.
-int verify(const Identity &me, const Challenge &issued, const Auth &a, Accept *out, const char *what);
+// Verifies an AUTH against the challenge that was issued for it. 0:
+// accepted, *out is the ACCEPT to send. Else the refusal code to send
+// (KVX_EAUTH; KVX_EVERSION for flags opts does not define; KVX_ENOTSUP when
+// the offered flags are not exactly opts.flags; KVX_EFINGERPRINT), and *why
+// says why, for the log.
+int verify(const Identity &me, const DataPathOptions &opts, const Challenge &issued, const Auth &a, Accept *out,
+           std::string *why);
 
 // Challenges of a connectionless carrier (verbs: the challenge travels in a
 // reject, the AUTH arrives on a new request), with no state per HELLO: the
@@ -158,6 +166,11 @@ public:
     // Throws Error(KVX_EINTERNAL) when OpenSSL fails.
     ChallengeCookies(std::chrono::milliseconds ttl, size_t max_used);
     Challenge issue();
+    // A challenge bound to one connection: the next id, and a nonce from the
+    // CSPRNG rather than the epoch's key (a connection keeps its challenge,
+    // so nothing needs to find it again, and it never repeats). Throws
+    // Error(KVX_EINTERNAL) when OpenSSL fails.
+    Challenge issue_random();
     // The challenge with this id, if its epoch is live and it is not used up.
     bool find(uint32_t id, Challenge *out);
     // Uses up id (its AUTH verified); false when it was used already or the
@@ -180,21 +193,21 @@ private:
 // ---- initiator side
 
 // The AUTH answering challenge c for the target that metadata m describes.
-// flags: the data path options offered (kFlag*).
+// flags: the data path options offered (DataPathOptions::flags).
 Auth answer(const Challenge &c, uint64_t instance_id, const wire::Secret &secret, const Fingerprint &ours,
             uint32_t flags = 0);
 
-// The target's answer to HELLO, as received: its challenge. Throws the
-// refusal's code, or Error(KVX_EAUTH)/(KVX_EVERSION) for anything else; where
-// names the peer for the message.
-Challenge expect_challenge(const void *p, size_t n, const char *where);
+// The target's answer, as received: a decoded CHALLENGE or ACCEPT (checked
+// by expect_accept). Throws the refusal's code (KVX_ENOTSUP naming opts'
+// flags), or Error(KVX_EAUTH)/(KVX_EVERSION) for anything else; where names
+// the peer for the message, to the message it answers.
+Message expect_answer(const void *p, size_t n, const DataPathOptions &opts, const char *where, const char *to);
 
-// The target's answer to AUTH, as received, checked: an ACCEPT whose proof
-// shows the target holds the secret. Throws the refusal's code, or
-// Error(KVX_EAUTH) naming where; Error(KVX_EVERSION) when it chose flags
-// other than a.flags.
-Accept expect_accept(const void *p, size_t n, const Challenge &c, const Auth &a, const wire::Secret &secret,
-                     const char *where);
+// An ACCEPT answering a, checked: its proof shows the target holds the
+// secret. Throws Error(KVX_EAUTH) naming where; Error(KVX_EVERSION) when it
+// chose flags other than a.flags.
+void expect_accept(const Accept &acc, const Challenge &c, const Auth &a, const wire::Secret &secret,
+                   const char *where);
 
 // ---- both sides
 

@@ -95,7 +95,7 @@ void handshake(int fd, const kvx::wire::AgentMetadata &meta) {
     assert_int_equal(read_full(fd, b, hs::kChallengeLen), 0);
     hs::Challenge c;
     try {
-        c = hs::expect_challenge(b, hs::kChallengeLen, "the target");
+        c = hs::expect_answer(b, hs::kChallengeLen, hs::DataPathOptions{}, "the target", "HELLO").challenge;
     } catch (const std::exception &e) {
         fail_msg("handshake: %s", e.what());
     }
@@ -104,7 +104,8 @@ void handshake(int fd, const kvx::wire::AgentMetadata &meta) {
     assert_int_equal(write_full(fd, b, n), 0);
     assert_int_equal(read_full(fd, b, hs::kAcceptLen), 0);
     try {
-        (void)hs::expect_accept(b, hs::kAcceptLen, c, a, meta.secret, "the target");
+        hs::expect_accept(hs::expect_answer(b, hs::kAcceptLen, hs::DataPathOptions{}, "the target", "AUTH").accept, c, a,
+                          meta.secret, "the target");
     } catch (const std::exception &e) {
         fail_msg("handshake: %s", e.what());
     }

@@ -102,11 +102,12 @@ Writer writer_up(const Target &tg) {
     hs::Bytes b{};
     assert_int_equal(shm::send_msg(w.sock, b.data(), hs::encode(hs::Hello{tg.meta.instance_id}, b.data()), -1), 0);
     ssize_t n = recv_one(w.sock, b.data(), b.size());
-    const hs::Challenge ch = hs::expect_challenge(b.data(), static_cast<size_t>(n), "test");
+    const hs::Challenge ch = hs::expect_answer(b.data(), static_cast<size_t>(n), shm::kDataPath, "test", "HELLO").challenge;
     const hs::Auth au = hs::answer(ch, tg.meta.instance_id, tg.meta.secret, hs::fingerprint_bytes(""));
     assert_int_equal(shm::send_msg(w.sock, b.data(), hs::encode(au, b.data()), -1), 0);
     n = recv_one(w.sock, b.data(), b.size());
-    hs::expect_accept(b.data(), static_cast<size_t>(n), ch, au, tg.meta.secret, "test");
+    hs::expect_accept(hs::expect_answer(b.data(), static_cast<size_t>(n), shm::kDataPath, "test", "AUTH").accept, ch, au,
+                      tg.meta.secret, "test");
     const shm::CtlMsg g = recv_ctl(w.sock);
     assert_true(g.kind == shm::Ctl::grant && g.mode == shm::Mode::staged && g.size == kNB * kBL);
     send_ctl(w.sock, shm::CtlMsg{shm::Ctl::stage});

@@ -83,7 +83,7 @@ int handshake(const kvx::wire::AgentMetadata &meta, const std::array<uint8_t, 32
     m = read_message(fd.get(), deadline);
     *status = m.kind == hs::Kind::refuse ? m.refuse.status : 0;
     if (m.kind == hs::Kind::accept)  // the target proves it holds the secret too
-        hs::expect_accept(b.data(), hs::encode(m.accept, b.data()), ch, a, secret, "target");
+        hs::expect_accept(m.accept, ch, a, secret, "target");
     return fd.release();
 }
 

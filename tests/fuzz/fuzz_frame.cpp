@@ -1,5 +1,5 @@
 // libFuzzer target: the tcp backend's receive path: the frame parsers of
-// src/backends/tcp/tcp_wire.cpp as used by src/backends/tcp/tcp_server.cpp
+// src/backends/tcp/tcp_wire.cpp as used by src/backends/tcp/tcp_conn.cpp
 // after the handshake, and the shared handshake's stream framing
 // (src/handshake/handshake.cpp: message_len, decode) on the stream prefix.
 //
@@ -94,7 +94,7 @@ size_t encode_message(const hs::Message &m, uint8_t *out) {
 }
 
 // The stream starts with the shared handshake (HELLO, then AUTH), read as
-// tcp_server.cpp reads it: the 8-byte header, message_len() of it, the rest,
+// tcp_conn.cpp reads it: the 8-byte header, message_len() of it, the rest,
 // decode(). The initiator reads acks (decode_ack) from its side of the stream.
 void stream_prefix(const uint8_t *p, size_t n) {
     for (int i = 0; i < 2 && n >= hs::kHeaderLen; i++) {

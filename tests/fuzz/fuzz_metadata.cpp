@@ -2,7 +2,7 @@
 // reachable before any authentication: the container
 // (kvx::wire::decode_metadata, src/wire/metadata.cpp) and, for every tcp
 // section (type 2) it returns, the tcp backend's section codec
-// (kvx::tcp::decode_section, src/backends/tcp/tcp_backend.cpp). Verbs sections
+// (kvx::tcp::decode_section, src/backends/tcp/tcp_wire.cpp). Verbs sections
 // (type 3) stay opaque here: their codec needs rdma-core headers.
 //
 // Each input is decoded twice:

@@ -1,7 +1,7 @@
 // Writes the seed inputs of the fuzz corpora (deterministic output):
 //   kvx_fuzz_gen_seeds OUT_DIR   -> OUT_DIR/{metadata,frame,handshake}/seed-*
 // metadata: agent metadata 2.x (src/wire/metadata.h) with tcp and verbs
-// sections (src/backends/tcp/tcp_backend.cpp, src/backends/verbs/verbs_backend.cpp);
+// sections (src/backends/tcp/tcp_wire.cpp, src/backends/verbs/verbs_wire.cpp);
 // frame: tcp streams (src/backends/tcp/tcp_wire.h, input layout in
 // fuzz_frame.cpp); handshake: messages of src/handshake/handshake.h.
 // The committed corpora (tests/fuzz/corpus/<target>) are these seeds plus
@@ -73,7 +73,7 @@ Endpoint ep6(uint8_t last, uint16_t port) {
     return e;
 }
 
-// The verbs section as src/backends/verbs/verbs_backend.cpp writes it (its
+// The verbs section as src/backends/verbs/verbs_wire.cpp writes it (its
 // codec needs rdma-core headers): endpoint, mr_addr, mr_len, rkey, reserved.
 Section verbs_section(const Endpoint &cm, uint64_t mr_addr, uint64_t mr_len, uint32_t rkey) {
     kvx::Writer w;

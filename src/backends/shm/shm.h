@@ -26,12 +26,15 @@
 #include "backend_api/backend.h"
 #include "backend_api/ops.h"
 #include "backends/shm/shm_wire.h"
-#include "handshake/handshake.h"
+#include "handshake/engine.h"
 #include "util/event_loop.h"
 #include "util/net.h"
 #include "util/shared_region.h"
 
 namespace kvx::shm {
+
+// shm's part of the handshake: it defines no flags.
+inline const handshake::DataPathOptions kDataPath{};
 
 // This host's boot id and this process's network namespace.
 std::array<uint8_t, 16> boot_id();
@@ -60,8 +63,8 @@ private:
     void on_event(int tag, uint32_t events) override;
     void on_timer(int tag) override;
     bool step(const uint8_t *msg, size_t n);
-    bool on_auth(const uint8_t *msg, size_t n);
-    bool check_credentials();
+    bool on_handshake(const uint8_t *msg, size_t n);
+    bool other_user(std::string *who);
     bool on_stage();
     bool on_copy(const CtlMsg &m);
 
@@ -69,7 +72,7 @@ private:
     net::Fd fd_;
     uint64_t token_ = 0, timer_ = 0;
     State state_ = State::hello;
-    handshake::Challenge challenge_;
+    handshake::Responder::Session session_;
     // Staged writer: the ring we made for it (mapped here), and its geometry.
     uint8_t *ring_ = nullptr;
     uint32_t slots_ = 0, slot_len_ = 0;
@@ -88,6 +91,7 @@ public:
 
     // For ShmConn, on the loop thread.
     const BackendContext &ctx() const { return ctx_; }
+    handshake::Responder &responder() { return responder_; }
     Mode mode() const { return info_.mode; }
     Mode grant_mode() const { return info_.mode == Mode::kernel && staged_ ? Mode::staged : info_.mode; }
     int backing_fd() const { return backing_.fd.get(); }
@@ -107,6 +111,7 @@ private:
     void resume_accepting();
 
     BackendContext ctx_;
+    handshake::Responder responder_;
     SectionInfo info_;
     shared::Backing backing_;
     bool allow_others_ = false;

@@ -73,18 +73,31 @@ net::Fd connect_socket(const SectionInfo &si, const net::Deadline &deadline, con
     return s;
 }
 
-// The shared handshake over the socket; throws the refusal or failure.
+// The handshake's carrier: one message per datagram.
+class SeqpacketCarrier final : public handshake::Carrier {
+public:
+    SeqpacketCarrier(int sock, const PeerContext &pc, const std::string &where) : sock_(sock), pc_(pc), where_(where) {}
+    int send(const uint8_t *p, size_t n) override {
+        send_or_fail(sock_, p, n, where_);
+        return 0;
+    }
+    int receive(handshake::Bytes &buf, size_t *n) override {
+        net::Fd none;  // a target passes no descriptor before it grants
+        *n = static_cast<size_t>(recv_by(sock_, buf.data(), buf.size(), &none, pc_.deadline, where_));
+        return 0;
+    }
+
+private:
+    int sock_;
+    const PeerContext &pc_;
+    const std::string &where_;
+};
+
+// The handshake over the socket; throws the refusal or failure.
 void authenticate(int sock, const BackendContext &ctx, const PeerContext &pc, const std::string &where) {
-    const wire::AgentMetadata &m = *pc.meta;
-    handshake::Bytes buf;
-    send_or_fail(sock, buf.data(), handshake::encode(handshake::Hello{m.instance_id}, buf.data()), where);
-    net::Fd none;
-    ssize_t n = recv_by(sock, buf.data(), buf.size(), &none, pc.deadline, where);
-    handshake::Challenge ch = handshake::expect_challenge(buf.data(), static_cast<size_t>(n), where.c_str());
-    handshake::Auth a = handshake::answer(ch, m.instance_id, m.secret, ctx.identity.fingerprint, 0);
-    send_or_fail(sock, buf.data(), handshake::encode(a, buf.data()), where);
-    n = recv_by(sock, buf.data(), buf.size(), &none, pc.deadline, where);
-    handshake::expect_accept(buf.data(), static_cast<size_t>(n), ch, a, m.secret, where.c_str());
+    handshake::Initiator in(*pc.meta, ctx.identity.fingerprint, kDataPath, where);
+    SeqpacketCarrier carrier(sock, pc, where);
+    handshake::initiate(in, carrier);
 }
 
 // Maps exactly the peer's region out of the file it granted.

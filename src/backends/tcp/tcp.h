@@ -25,7 +25,7 @@
 #include "backend_api/ops.h"
 #include "backends/tcp/tcp_aead.h"
 #include "backends/tcp/tcp_wire.h"
-#include "handshake/handshake.h"
+#include "handshake/engine.h"
 #include "util/event_loop.h"
 #include "util/net.h"
 
@@ -77,7 +77,7 @@ private:
     Next read_turn();
     Next read_handshake();
     Next answer();
-    bool on_authenticated(const handshake::Auth &a, const handshake::Accept &acc);
+    bool on_authenticated(const handshake::Step &accepted);
     Next read_head();
     const uint8_t *open_head();
     void start_payload(const uint8_t *segs);
@@ -108,7 +108,7 @@ private:
     State state_ = State::hello;
     size_t have_ = 0, need_ = 0;  // of the handshake message or frame head being read
     handshake::Bytes msg_{};
-    handshake::Challenge challenge_;
+    handshake::Responder::Session session_;
     std::vector<uint8_t> head_;  // frame header + segment table
     FrameHeader frame_;
     std::vector<iovec> iov_;  // the frame's payload in the region
@@ -158,6 +158,7 @@ public:
 
     // For TcpConn, on the loop thread.
     const BackendContext &ctx() const { return ctx_; }
+    handshake::Responder &responder() { return responder_; }
     // A connection proved itself; false (close it) when tcp.max_connections are open.
     bool authenticated(TcpConn &c);
     void close(TcpConn &c);  // frees c
@@ -170,6 +171,7 @@ private:
     void pause_accepting();
 
     BackendContext ctx_;
+    handshake::Responder responder_;
     net::Fd listen_fd_;
     std::vector<net::Endpoint> advertised_;
     uint64_t listen_tok_ = 0, resume_timer_ = 0;
@@ -305,7 +307,8 @@ private:
 // Opens and authenticates the streams to a peer; throws Error.
 std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerContext &pc);
 
-// The handshake flags tcp.protection offers and requires.
-uint32_t protection_flags(const Options &o);
+// tcp's part of the handshake: the protection tcp.protection offers and
+// requires (kFlagAead, tcp_wire.h).
+handshake::DataPathOptions data_path_options(const Options &o);
 
 }  // namespace kvx::tcp

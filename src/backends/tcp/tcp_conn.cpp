@@ -69,10 +69,12 @@ size_t chunk_len(const iovec *chunk, size_t cnt) {
     return bytes;
 }
 
-template <class M>
-void append(std::vector<uint8_t> &out, const M &m) {
-    handshake::Bytes b;
-    out.insert(out.end(), b.data(), b.data() + handshake::encode(m, b.data()));
+// "tcp 192.0.2.7:41234": where the connection comes from, for the handshake's log.
+std::string peer_text(int fd) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (getpeername(fd, reinterpret_cast<sockaddr *>(&ss), &len) != 0) return "tcp ?";
+    return "tcp " + net::to_endpoint(ss).str();
 }
 
 }  // namespace
@@ -154,50 +156,34 @@ TcpConn::Next TcpConn::read_handshake() {
 // A whole header (then: read the rest its kind needs) or message is in msg_.
 // HELLO -> CHALLENGE, AUTH -> ACCEPT, or a REFUSE at either step.
 TcpConn::Next TcpConn::answer() {
-    int status = KVX_EAUTH;
-    try {
-        if (need_ == handshake::kHeaderLen) {
+    if (need_ == handshake::kHeaderLen) {
+        try {
             need_ = handshake::message_len(msg_.data());
-            return Next::more;
+            if (need_ > have_) return Next::more;
+        } catch (const Error &) {
+            need_ = have_;  // the engine refuses it
         }
-        handshake::Message m = handshake::decode(msg_.data(), have_);
-        have_ = 0;
-        need_ = handshake::kHeaderLen;
-        if (state_ == State::hello) {
-            status = m.kind == handshake::Kind::hello ? handshake::on_hello(ctx_.identity, m.hello) : KVX_EAUTH;
-            if (status == 0) {
-                uint32_t one_per_connection = 0;
-                challenge_ = handshake::new_challenge(&one_per_connection);
-                append(out_, challenge_);
-                state_ = State::auth;
-                return Next::more;
-            }
-        } else {
-            handshake::Accept acc;
-            status = m.kind == handshake::Kind::auth
-                         ? handshake::verify(ctx_.identity, challenge_, m.auth, &acc, "a tcp connection")
-                         : KVX_EAUTH;
-            if (status == 0) {
-                if (!on_authenticated(m.auth, acc)) return Next::close;
-                append(out_, acc);  // the ACCEPT itself travels in clear
-                return Next::more;
-            }
-        }
-    } catch (const Error &e) {
-        KVX_LOG(warn, "tcp: bad handshake message: %s", e.what());
-        status = handshake::failure_code(e.code());
     }
-    append(out_, handshake::Refuse{status});
+    const handshake::Step st = server_.responder().on_message(session_, msg_.data(), have_, peer_text(fd_.get()).c_str());
+    have_ = 0;
+    need_ = handshake::kHeaderLen;
+    if (st.outcome == handshake::Step::Outcome::accepted && !on_authenticated(st)) return Next::close;
+    out_.insert(out_.end(), st.reply.data(), st.reply.data() + st.reply_len);  // the ACCEPT travels in clear
+    switch (st.outcome) {
+    case handshake::Step::Outcome::challenged: state_ = State::auth; return Next::more;
+    case handshake::Step::Outcome::accepted: return Next::more;
+    case handshake::Step::Outcome::refused: break;
+    }
     state_ = State::refused;  // closed once the refusal is out, or at the deadline
     return Next::wait;
 }
 
 // false: the transport holds tcp.max_connections already; close without an ACCEPT.
-bool TcpConn::on_authenticated(const handshake::Auth &a, const handshake::Accept &acc) {
+bool TcpConn::on_authenticated(const handshake::Step &accepted) {
     // Keys first: what may throw (OpenSSL) does so while the connection still
     // counts as handshaking, so a refusal leaves the server's books right.
-    if (acc.flags & handshake::kFlagTcpAead) {
-        handshake::Keys k = handshake::derive_keys(ctx_.identity.secret, challenge_, a, acc);
+    if (accepted.accept.flags & kFlagAead) {
+        handshake::Keys k = server_.responder().keys(accepted);
         const AeadImpl impl = aead_impl(*ctx_.options);
         rx_ = std::make_unique<Aead>(k.to_target, false, impl);
         tx_ = std::make_unique<Aead>(k.to_initiator, true, impl);

@@ -28,47 +28,48 @@ constexpr uint64_t kBatchBytes = 1 << 20; // ... up to about this many bytes
 constexpr int kTurnBatches = 8;           // batches per writable event, then other sources get a turn
 constexpr size_t kAckBatch = 256;         // acks one recv may return
 
-// Reads one handshake message (header, then the rest its kind needs) into buf.
-int read_message(int fd, handshake::Bytes &buf, size_t *len, const net::Deadline &deadline) {
-    int rc = net::read_full_by(fd, buf.data(), handshake::kHeaderLen, deadline);
-    if (rc != 0) return rc;
-    try {
-        *len = handshake::message_len(buf.data());
-    } catch (const Error &) {
-        *len = handshake::kHeaderLen;  // expect_*() report it
-        return 0;
+// The handshake's carrier on a connected socket: a message is its header,
+// then the rest its kind needs.
+class StreamCarrier final : public handshake::Carrier {
+public:
+    StreamCarrier(int fd, const net::Deadline &deadline) : fd_(fd), deadline_(deadline) {}
+    int send(const uint8_t *p, size_t n) override { return net::write_full_by(fd_, p, n, deadline_); }
+    int receive(handshake::Bytes &buf, size_t *len) override {
+        int rc = net::read_full_by(fd_, buf.data(), handshake::kHeaderLen, deadline_);
+        if (rc != 0) return rc;
+        try {
+            *len = handshake::message_len(buf.data());
+        } catch (const Error &) {
+            *len = handshake::kHeaderLen;  // the engine reports it
+            return 0;
+        }
+        return net::read_full_by(fd_, buf.data() + handshake::kHeaderLen, *len - handshake::kHeaderLen, deadline_);
     }
-    return net::read_full_by(fd, buf.data() + handshake::kHeaderLen, *len - handshake::kHeaderLen, deadline);
-}
+
+private:
+    int fd_;
+    const net::Deadline &deadline_;
+};
 
 // A target that answers "no such transport here": the next endpoint, never again.
 constexpr int kOtherTransport = 1;
 
-// The shared handshake on a connected socket: 0, kOtherTransport, a -errno
-// of the socket, or throws Error with the code of a refusal or a failed
-// proof. *keys: the data path's keys when the peers chose protection.
+// The handshake on a connected socket: 0, kOtherTransport, a -errno of the
+// socket, or throws Error with the code of a refusal or a failed proof.
+// *keys: the data path's keys when the peers chose protection.
 int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const std::string &where,
                  std::optional<handshake::Keys> *keys) {
-    const wire::AgentMetadata &m = *pc.meta;
-    handshake::Bytes buf;
-    size_t len = 0;
-    int rc = net::write_full_by(fd, buf.data(), handshake::encode(handshake::Hello{m.instance_id}, buf.data()), pc.deadline);
-    if (rc == 0) rc = read_message(fd, buf, &len, pc.deadline);
-    if (rc != 0) return rc;
-    handshake::Challenge ch;
+    const handshake::DataPathOptions opts = data_path_options(*ctx.options);
+    handshake::Initiator in(*pc.meta, ctx.identity.fingerprint, opts, where);
+    StreamCarrier carrier(fd, pc.deadline);
     try {
-        ch = handshake::expect_challenge(buf.data(), len, where.c_str());
+        if (int rc = handshake::initiate(in, carrier)) return rc;
     } catch (const Error &e) {
-        if (e.code() == KVX_ECONNREFUSED) return kOtherTransport;  // another transport listens there now
+        // HELLO refused: another transport listens there now
+        if (e.code() == KVX_ECONNREFUSED && !in.challenged()) return kOtherTransport;
         throw;
     }
-    handshake::Auth a = handshake::answer(ch, m.instance_id, m.secret, ctx.identity.fingerprint,
-                                          protection_flags(*ctx.options));
-    rc = net::write_full_by(fd, buf.data(), handshake::encode(a, buf.data()), pc.deadline);
-    if (rc == 0) rc = read_message(fd, buf, &len, pc.deadline);
-    if (rc != 0) return rc;
-    handshake::Accept acc = handshake::expect_accept(buf.data(), len, ch, a, m.secret, where.c_str());
-    if (acc.flags & handshake::kFlagTcpAead) *keys = handshake::derive_keys(m.secret, ch, a, acc);
+    if (opts.flags & kFlagAead) *keys = in.keys();
     return 0;
 }
 

@@ -19,6 +19,10 @@ namespace kvx::tcp {
 // the endpoints to connect to, in order of preference.
 constexpr uint16_t kSectionId = 2;
 constexpr uint8_t kSectionVersion = 0;
+
+// tcp's flag in the handshake's AUTH and ACCEPT (docs/wire-format.md): after
+// the handshake every record is AES-128-GCM with the handshake's data keys.
+constexpr uint32_t kFlagAead = 1u << 0;
 wire::Section encode_section(const std::vector<net::Endpoint> &eps);
 // Throws Error(KVX_EBADMETA) naming the defect.
 std::vector<net::Endpoint> decode_section(const wire::Section &s);

@@ -3,10 +3,11 @@
 //   CmId, CmEvent and friends - rdma_cm plumbing both sides share.
 //   VerbsPeer  - the initiator side towards one peer: RC QPs, one CQ, the
 //                software queue behind the send queues.
-// The target side (listener, passive QPs) lives in verbs_backend.cpp. The
+// The target side (listener, passive QPs) is verbs_listener.h. The
 // transport's EventLoop (util/event_loop.h) serves the listener's rdma_cm
-// events and every peer's CQ and cm events; the handshake messages come from
-// handshake/, the transfer bookkeeping (OpState, Part) from backend/ops.h.
+// events and every peer's CQ and cm events; the handshake is the engine's
+// (handshake/engine.h), the transfer bookkeeping (OpState, Part) from
+// backend_api/ops.h.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -27,11 +28,14 @@
 
 #include "backend_api/backend.h"
 #include "backend_api/ops.h"
-#include "handshake/handshake.h"
+#include "handshake/engine.h"
 #include "util/event_loop.h"
 #include "util/net.h"
 
 namespace kvx::verbs {
+
+// verbs' part of the handshake: it defines no flags.
+inline const handshake::DataPathOptions kDataPath{};
 
 // What the address discovery found: where to listen and what to advertise.
 struct Placement {
@@ -92,6 +96,9 @@ struct PeerConfig {
 
 PeerConfig peer_config(const Device &dev, const Options &o);
 
+// The device, port and GID the verbs.* options ask for.
+Selection selection(const Options &o);
+
 // ---- rdma_cm helpers both sides use (verbs_cm.cpp)
 
 // Destroys a cm_id and its QP, if it has one.
@@ -136,6 +143,12 @@ ibv_qp_init_attr rc_qp_attr(ibv_cq *cq, uint32_t send_wr, uint32_t recv_wr);
 // receives (before 0.4.2) answers with RNR NAKs, retried forever (rnr_retry
 // 7): alive too, just slower to confirm.
 constexpr uint32_t kProbeRecvs = 2;
+
+// Work request ids and event tags the initiator's files share.
+constexpr uint64_t kDrainWrId = UINT64_MAX;     // shutdown's marker WR
+constexpr uint64_t kRecvWrId = UINT64_MAX - 1;  // a receive kept for the target's liveness probes
+enum { kTagCq = 1, kTagCm = 2 };                 // VerbsPeer's loop sources
+constexpr int kCqPollBatch = 32;                 // completions per ibv_poll_cq
 
 // Initiator side towards one peer. Created connected (dial), then start()ed.
 class VerbsPeer final : public BackendPeer, private EventLoop::Source {
@@ -212,9 +225,9 @@ private:
     void connect_qp(const Dial &d);
     CmEvent wait_cm(rdma_cm_id *id, const Dial &d, const char *what);
     CmId resolve(const Dial &d);
-    handshake::Challenge hello(const Dial &d);
-    bool authenticate(const Dial &d, handshake::Challenge *ch);
-    handshake::Challenge challenge_in(const CmEvent &e, const char *what) const;
+    void hello(const Dial &d, handshake::Initiator &in);
+    bool authenticate(const Dial &d, handshake::Initiator &in);
+    bool answer(const CmEvent &e, handshake::Initiator &in, const char *what);
     [[noreturn]] void connect_failed(const CmEvent &e, const char *what) const;
     void adopt(CmId id, size_t index);
     void move_qp(rdma_cm_id *id, ibv_qp *qp, ibv_qp_state st) const;
@@ -282,6 +295,9 @@ struct SectionInfo {
     uint64_t mr_len = 0;
     uint32_t rkey = 0;
 };
+// The verbs section (its registry id, the section's type): verbs_wire.cpp.
+constexpr uint16_t kSectionId = 3;
+constexpr uint8_t kSectionVersion = 0;
 wire::Section encode_section(const SectionInfo &v);
 // Throws Error(KVX_EBADMETA) naming the defect; m: the rest of the peer's metadata.
 SectionInfo decode_section(const wire::Section &s, const wire::AgentMetadata &m);

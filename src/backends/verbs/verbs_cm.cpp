@@ -1,5 +1,5 @@
 // rdma_cm plumbing shared by the initiator (verbs_peer.cpp) and the target
-// (verbs_backend.cpp): cm_id lifetime, reading events, connection parameters.
+// (verbs_listener.cpp): cm_id lifetime, reading events, connection parameters.
 #include <cerrno>
 
 #include "backends/verbs/verbs.h"

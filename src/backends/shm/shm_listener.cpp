@@ -88,26 +88,7 @@ void ShmConn::on_event(int, uint32_t events) {
 
 // One message in the current state; false: close the connection.
 bool ShmConn::step(const uint8_t *msg, size_t n) {
-    const handshake::Identity &me = server_.ctx().identity;
-    uint8_t out[handshake::kMaxMessageLen];
-    if (state_ == State::hello) {
-        handshake::Message m;
-        try {
-            m = handshake::decode(msg, n);
-        } catch (const Error &) {
-            return false;
-        }
-        if (m.kind != handshake::Kind::hello) return false;
-        if (int rc = handshake::on_hello(me, m.hello)) {
-            send_msg(fd_.get(), out, handshake::encode(handshake::Refuse{rc}, out), -1);
-            return false;
-        }
-        static thread_local uint32_t next_id = 0;
-        challenge_ = handshake::new_challenge(&next_id);
-        state_ = State::auth;
-        return send_msg(fd_.get(), out, handshake::encode(challenge_, out), -1) == 0;
-    }
-    if (state_ == State::auth) return on_auth(msg, n);
+    if (state_ == State::hello || state_ == State::auth) return on_handshake(msg, n);
     if (state_ == State::revoking) {
         try {
             if (decode_ctl(msg, n).kind == Ctl::revoked) {
@@ -195,30 +176,27 @@ bool ShmConn::on_copy(const CtlMsg &m) {
     return send_msg(fd_.get(), out, encode_ctl(r, out), -1) == 0;
 }
 
-bool ShmConn::on_auth(const uint8_t *msg, size_t n) {
-    uint8_t out[kCtlMaxLen + handshake::kMaxMessageLen];
-    handshake::Message m;
-    try {
-        m = handshake::decode(msg, n);
-    } catch (const Error &e) {
-        send_msg(fd_.get(), out, handshake::encode(handshake::Refuse{handshake::failure_code(e.code())}, out), -1);
-        return false;
+// HELLO -> CHALLENGE, AUTH -> ACCEPT and the grant, or a REFUSE at either
+// step; a writer of another user is refused unless they are allowed.
+bool ShmConn::on_handshake(const uint8_t *msg, size_t n) {
+    std::string who;
+    handshake::Step st = other_user(&who)
+                             ? server_.responder().decline(KVX_EAUTH, "a writer of another user (shm.allow_other_users=0)",
+                                                           who.c_str())
+                             : server_.responder().on_message(session_, msg, n, who.c_str());
+    if (send_msg(fd_.get(), st.reply.data(), st.reply_len, -1) != 0) return false;
+    if (st.outcome == handshake::Step::Outcome::refused) return false;
+    if (st.outcome == handshake::Step::Outcome::challenged) {
+        state_ = State::auth;
+        return true;
     }
-    if (m.kind != handshake::Kind::auth) return false;
-    handshake::Accept acc;
-    int rc = handshake::verify(server_.ctx().identity, challenge_, m.auth, &acc, "a shm writer");
-    if (rc == 0 && !check_credentials()) rc = KVX_EAUTH;
-    if (rc != 0) {
-        send_msg(fd_.get(), out, handshake::encode(handshake::Refuse{rc}, out), -1);
-        return false;
-    }
-    if (send_msg(fd_.get(), out, handshake::encode(acc, out), -1) != 0) return false;
     CtlMsg g;
     g.kind = Ctl::grant;
     g.mode = server_.grant_mode();
     g.offset = g.mode == Mode::mapped ? server_.backing_offset() : 0;
     g.size = server_.ctx().region.size();
     const int pass = g.mode == Mode::mapped ? server_.backing_fd() : -1;
+    uint8_t out[kCtlMaxLen];
     if (send_msg(fd_.get(), out, encode_ctl(g, out), pass) != 0) return false;
     state_ = State::granted;
     server_.ctx().loop->cancel_timer(timer_);
@@ -226,15 +204,16 @@ bool ShmConn::on_auth(const uint8_t *msg, size_t n) {
     return true;
 }
 
-// The writer runs as our user, or other users are allowed.
-bool ShmConn::check_credentials() {
+// The writer runs as another user (and they are not allowed); *who names it.
+bool ShmConn::other_user(std::string *who) {
     ucred cred{};
     socklen_t len = sizeof cred;
-    if (getsockopt(fd_.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
-    if (cred.uid == geteuid() || server_.allow_other_users()) return true;
-    KVX_LOG(warn, "shm: refused a writer of uid %u (pid %d): another user (shm.allow_other_users=0)",
-            static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid));
-    return false;
+    if (getsockopt(fd_.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        *who = "shm writer of unknown credentials";
+        return true;
+    }
+    *who = strfmt("shm uid %u pid %d", static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid));
+    return cred.uid != geteuid() && !server_.allow_other_users();
 }
 
 bool ShmConn::revoke() {
@@ -245,7 +224,7 @@ bool ShmConn::revoke() {
     return true;
 }
 
-ShmServer::ShmServer(const BackendContext &ctx) : ctx_(ctx) {
+ShmServer::ShmServer(const BackendContext &ctx) : ctx_(ctx), responder_(ctx.identity, kDataPath, "shm") {
     allow_others_ = ctx.options->uint("shm.allow_other_users") != 0;
     staged_ = ctx.options->str("shm.private") == "staged";
     info_.boot_id = boot_id();

@@ -95,6 +95,7 @@ void set_liveness(int fd, uint64_t timeout_ms) {
 
 TcpServer::TcpServer(const BackendContext &ctx)
     : ctx_(ctx),
+      responder_(ctx.identity, data_path_options(*ctx.options), "tcp"),
       max_handshakes_(ctx.options->uint("tcp.max_handshakes")),
       max_per_source_(ctx.options->uint("tcp.max_handshakes_per_source")),
       max_connections_(ctx.options->uint("tcp.max_connections")),

@@ -50,9 +50,7 @@ bool probe(const Options &, std::string *) { return true; }
 
 // Our side offers and requires exactly the protection of tcp.protection.
 std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) {
-    BackendContext c = ctx;
-    c.identity.flags = protection_flags(*ctx.options);
-    if (c.identity.flags != 0) {
+    if (data_path_options(*ctx.options).flags != 0) {
         // A block travels as one frame when larger than a frame's usual
         // bound, and a frame's payload is one record.
         if (ctx.region.block_len > kMaxRecordBytes)
@@ -63,15 +61,19 @@ std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) {
         const AeadImpl impl = aead_impl(*ctx.options);  // a code that cannot run here fails the create
         KVX_LOG(info, "tcp: records sealed with AES-128-GCM by %s", aead_impl_name(impl));
     }
-    return std::make_unique<TcpBackend>(c);
+    return std::make_unique<TcpBackend>(ctx);
 }
 
 void check_section(const wire::Section &s, const wire::AgentMetadata &) { decode_section(s); }
 
 }  // namespace
 
-uint32_t protection_flags(const Options &o) {
-    return o.str("tcp.protection") == "aead" ? handshake::kFlagTcpAead : 0;
+handshake::DataPathOptions data_path_options(const Options &o) {
+    handshake::DataPathOptions d;
+    d.flags = o.str("tcp.protection") == "aead" ? kFlagAead : 0;
+    d.defined = kFlagAead;
+    d.name = [](uint32_t f) -> std::string { return f & kFlagAead ? "tcp.protection=aead" : "tcp.protection=none"; };
+    return d;
 }
 
 }  // namespace tcp
