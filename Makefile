@@ -66,6 +66,11 @@ test-install: deps
 abi-check: deps build
 	packaging/abi-check.sh $(BUILD)
 
+# packaging/debian/changelog and packaging/rpm/changelog from NEWS.md
+.PHONY: changelogs
+changelogs:
+	scripts/gen-changelogs.sh
+
 bench-compare: deps build
 	bench/compare-tcp.sh
 

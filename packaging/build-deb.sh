@@ -15,7 +15,7 @@ build=${1:-$kvx_src/build-deb}
 
 version=$(kvx_version)
 head -n 1 "$kvx_src/packaging/debian/changelog" | grep -q "^kvxfer ($version-" ||
-    kvx_die "packaging/debian/changelog has no entry for $version (first line: $(head -n 1 "$kvx_src/packaging/debian/changelog"))"
+    kvx_die "packaging/debian/changelog has no entry for $version (first line: $(head -n 1 "$kvx_src/packaging/debian/changelog")): add it to NEWS.md and run scripts/gen-changelogs.sh"
 command -v dpkg-shlibdeps >/dev/null || kvx_die "dpkg-shlibdeps missing: apt-get install dpkg-dev"
 
 # shellcheck disable=SC2086

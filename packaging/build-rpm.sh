@@ -14,7 +14,7 @@ build=${1:-$kvx_src/build-rpm}
 
 version=$(kvx_version)
 head -n 1 "$kvx_src/packaging/rpm/changelog" | grep -q -- "- $version-" ||
-    kvx_die "packaging/rpm/changelog has no entry for $version (first line: $(head -n 1 "$kvx_src/packaging/rpm/changelog"))"
+    kvx_die "packaging/rpm/changelog has no entry for $version (first line: $(head -n 1 "$kvx_src/packaging/rpm/changelog")): add it to NEWS.md and run scripts/gen-changelogs.sh"
 command -v rpmbuild >/dev/null || kvx_die "rpmbuild missing: apt-get install rpm"
 
 # A tree of its own: GNUInstallDirs would give the Debian multiarch libdir.
