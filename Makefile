@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
 .PHONY: all deps build run test test-unit test-asan test-tsan test-fuzz test-bindings test-interop test-vm \
-        bench-compare bench-compare-verbs deb rpm test-install abi-check install clean
+        bench-compare bench-compare-verbs deb rpm test-install abi-check option-docs install clean
 
 all: build
 
@@ -65,6 +65,10 @@ test-install: deps
 
 abi-check: deps build
 	packaging/abi-check.sh $(BUILD)
+
+# README.md's option table and kvx_options_set(3) from the option tables in src/
+option-docs: build
+	scripts/gen-option-docs.py --tool $(BUILD)/kvxfer-options
 
 # packaging/debian/changelog and packaging/rpm/changelog from NEWS.md
 .PHONY: changelogs

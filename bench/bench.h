@@ -42,7 +42,7 @@ struct bench_opts {
     bool verify;
     bool json;
     bool progress;                /* only honoured when stderr is a tty */
-    const char *options[BENCH_MAX_OPTIONS]; /* "KEY=VALUE" from argv */
+    const char *options[BENCH_MAX_OPTIONS]; /* "KEY=VALUE ..." lists from argv */
     size_t n_options;
     const char *config;           /* NULL: none */
     bool config_given;
@@ -92,8 +92,8 @@ uint64_t poison_seed(uint64_t seed);
 void *region_alloc(uint64_t bytes, bool thp);
 void region_free(void *p, uint64_t bytes);
 
-/* kvx_options from backend (NULL: library default) and every --option
- * KEY=VALUE. 0, or -1 with the reason in err. */
+/* kvx_options from every --option list (kvx_options_parse) and backend
+ * (NULL: library default), set last. 0, or -1 with the reason in err. */
 int make_kvx_options(const struct bench_opts *o, const char *backend, kvx_options **out,
                      char *err, size_t err_cap);
 

@@ -17,9 +17,6 @@ bool lib_snapshot(kvx_transport *t, const char *peer_id, kvx_stats *s)
     return true;
 }
 
-/* Lower bound of latency bucket i (the formula of kvx_stats in kvxfer.h). */
-static uint64_t bucket_lo(size_t i) { return i < 8 ? i : (uint64_t)(8 + i % 8) << (i / 8 - 1); }
-
 /* The per_mille-th latency of a histogram of n samples, in us: the midpoint
  * of its bucket, as the library computes its own percentiles. */
 static double hist_pct_us(const uint64_t *b, uint64_t n, unsigned per_mille)
@@ -33,9 +30,10 @@ static double hist_pct_us(const uint64_t *b, uint64_t n, unsigned per_mille)
         seen += b[i];
         if (seen < rank)
             continue;
+        uint64_t lo = kvx_stats_bucket_lower_ns(i);
         if (i + 1 == KVX_STATS_LATENCY_BUCKETS)
-            return (double)bucket_lo(i) / 1e3;
-        return (double)(bucket_lo(i) + (bucket_lo(i + 1) - bucket_lo(i)) / 2) / 1e3;
+            return (double)lo / 1e3;
+        return (double)(lo + (kvx_stats_bucket_lower_ns(i + 1) - lo) / 2) / 1e3;
     }
     return 0;
 }

@@ -146,31 +146,21 @@ int make_kvx_options(const struct bench_opts *o, const char *backend, kvx_option
         fmt_kvx_error(err, err_cap, "kvx_options_create", rc);
         return -1;
     }
-    if (backend && (rc = kvx_options_set(opts, "backend", backend)) != 0) {
-        /* Format first: the next kvx call may reset the thread's message. */
-        fmt_kvx_error(err, err_cap, "kvx_options_set(backend)", rc);
-        kvx_options_destroy(opts);
-        return -1;
-    }
     for (size_t i = 0; i < o->n_options; i++) {
-        const char *kv = o->options[i];
-        const char *eq = strchr(kv, '=');
-        char key[256];
-        size_t kl = eq ? (size_t)(eq - kv) : 0;
-        if (!eq || kl == 0 || kl >= sizeof key) {
-            snprintf(err, err_cap, "--option '%s': expected KEY=VALUE", kv);
-            kvx_options_destroy(opts);
-            return -1;
-        }
-        memcpy(key, kv, kl);
-        key[kl] = '\0';
-        if ((rc = kvx_options_set(opts, key, eq + 1)) != 0) {
+        if ((rc = kvx_options_parse(opts, o->options[i])) != 0) {
+            /* Format first: the next kvx call may reset the thread's message. */
             char what[300];
-            snprintf(what, sizeof what, "kvx_options_set(%s)", key);
+            snprintf(what, sizeof what, "--option '%.200s': kvx_options_parse", o->options[i]);
             fmt_kvx_error(err, err_cap, what, rc);
             kvx_options_destroy(opts);
             return -1;
         }
+    }
+    /* After the --option lists: the backend is always --backend's. */
+    if (backend && (rc = kvx_options_set(opts, "backend", backend)) != 0) {
+        fmt_kvx_error(err, err_cap, "kvx_options_set(backend)", rc);
+        kvx_options_destroy(opts);
+        return -1;
     }
     *out = opts;
     return 0;

@@ -49,7 +49,7 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define KVX_VERSION_MAJOR 0
-#define KVX_VERSION_MINOR 5
+#define KVX_VERSION_MINOR 6
 #define KVX_VERSION_PATCH 0
 /** MAJOR*10000 + MINOR*100 + PATCH, comparable with '<'. */
 #define KVX_VERSION_NUMBER \
@@ -65,7 +65,7 @@ KVX_API const char *kvx_version_string(void);
 
 /**
  * Error codes. Every failure is one of these, negated errno values first.
- * Scope (see kvx_error_scope()) tells the caller what recovery fits:
+ * Scope (see kvx_error_scope_of()) tells the caller what recovery fits:
  * REQUEST - fix the arguments and retry; PEER - remove and re-add the peer;
  * TRANSPORT - the transport is unusable, destroy it and create a new one.
  */
@@ -158,203 +158,33 @@ KVX_API void kvx_options_destroy(kvx_options *opts);
 
 /**
  * Set option key to value (both copied). Setting a key again replaces it.
- * Known keys, validated here (syntax) and again at kvx_transport_create():
- *   backend              "auto" (default): serve on every backend usable
- *                        here, in order of preference shm, verbs (when an
- *                        RDMA device is usable), tcp; or a comma-separated
- *                        list of names to serve on exactly those ("shm,tcp"),
- *                        each of which must be usable (else KVX_ENOTSUP).
- *                        The metadata carries a section per backend served;
- *                        each peer gets the first path both sides offer that
- *                        applies: shm when the peer is on this host (same
- *                        boot id, its socket reachable), else verbs, else
- *                        tcp. kvx_peer_backend() says which one a peer got,
- *                        and KVX_LOG=info logs why.
- *   peer_backend_fallback  0..1. 1 (default): a peer whose preferred path applies
- *                        but fails to connect gets the next path (logged as
- *                        a warning); 0: that failure fails the add instead.
- *   connect_timeout_ms   connect + authenticate budget of add_remote_peer,
- *                        1..3600000, default 5000.
- *   transfer_timeout_ms  a peer with transfers outstanding that makes no
- *                        progress for this long (T) has them failed and is
- *                        marked broken, 1..3600000, default 30000. While
- *                        the kernel resends into a silent network (tcp:
- *                        a retransmission timeout or unanswered probes on
- *                        one of its connections), after 2T + its
- *                        retransmission timeout + 250 ms instead (at least
- *                        2T + max(T/4, 500 ms), at most 3T): resends double
- *                        their interval, and an outage shorter than T fails
- *                        nothing (for T of 2000 and more). tcp sockets of
- *                        both sides get keepalive (from T/2) and
- *                        TCP_USER_TIMEOUT (3T + 1 s) from it: the
- *                        connection of a peer host that vanishes without a
- *                        FIN is released after about 3T + 2 s.
- *                        A verbs target probes each inbound connection
- *                        every half of it and closes one whose initiator
- *                        stopped answering within about this long (at
- *                        least 0.5 s). A verbs queue pair whose target
- *                        acknowledges nothing for 7 ACK timeouts (rdma_cm's:
- *                        about 4 s on RoCE) breaks its peer, also sooner.
- *   region_prewarm       0..1, default 0 (since 0.4.3). 1:
- *                        kvx_transport_create() has the kernel read every
- *                        page of the region once (through its user address;
- *                        read-only, bytes written meanwhile are kept) before
- *                        it returns, so that the first transfers do not pay
- *                        a first kernel access per page, which costs about
- *                        10x a later one on some hypervisors (touching the
- *                        pages from user space does not help there). Costs
- *                        one pass over the region. Host memory only, and
- *                        populated: a page never written is the shared zero
- *                        page until written, and a write still faults it in.
- *                        A page that cannot be read (e.g. device memory)
- *                        fails the create with KVX_EINVAL naming its offset
- *                        and block.
- *   region_hugepages     0..1, default 0 (since 0.4.6). 1:
- *                        kvx_transport_create() moves the region onto
- *                        transparent huge pages before it returns: the
- *                        whole, aligned huge pages (2 MiB on x86-64) inside
- *                        it are advised MADV_HUGEPAGE (which replaces an
- *                        MADV_NOHUGEPAGE) and collapsed (MADV_COLLAPSE,
- *                        Linux 6.1+; on older kernels, or with THP disabled
- *                        for the process, they are only advised: khugepaged
- *                        collapses them in the background unless THP is set
- *                        to never). Every byte stays; pages never touched
- *                        are populated when collapsed; the advice stays
- *                        after the transport is destroyed. For private anonymous
- *                        memory (malloc, a bytearray, a numpy array): a
- *                        same-host peer then writes into it with
- *                        process_vm_writev walking the page table once per
- *                        2 MiB where it did per 4 KiB (1.4-2x at 64 KiB to
- *                        4 MiB blocks on the development host,
- *                        docs/performance.md).
- *                        Nothing is changed,
- *                        and no error, for a region in a shareable mapping
- *                        (a /dev/shm file, kvx_region_alloc() memory: the
- *                        writer maps it) or one holding no whole huge page;
- *                        a collapse the kernel refuses in part (no free
- *                        huge page, a pinned page) is no error either; the
- *                        outcome is logged at KVX_LOG=info. Costs about one
- *                        copy of the region (0.6 s per 256 MiB in a PVM
- *                        guest). KVX_ENOTSUP when the region is private
- *                        anonymous memory and the kernel has no transparent
- *                        huge pages (or /sys does not show them);
- *                        KVX_EBACKEND when madvise fails otherwise
- *                        (e.g. vm.max_map_count reached).
- *   tcp.listen           "HOST:PORT" to listen on (IPv4, or [IPv6]:PORT),
- *                        default "0.0.0.0:0" (all IPv4 interfaces, any port).
- *   tcp.advertise        comma-separated "HOST:PORT" list put in the metadata
- *                        in order of preference; PORT 0 means the listening
- *                        port. Default: when listening on a specific address,
- *                        that address; when listening on a wildcard, every
- *                        non-loopback IPv4 address of the host that is up,
- *                        then 127.0.0.1 (so one host and several both work).
- *   tcp.streams          TCP connections per peer, 1..16, default 1.
- *   tcp.handshake_timeout_ms  an accepted connection that has not
- *                        authenticated within this long is closed,
- *                        10..60000, default 1000.
- *   tcp.max_handshakes   unauthenticated connections a target holds at
- *                        once, 1..65536, default 1024; past it the oldest is
- *                        closed to admit the newest (a peer whose connection
- *                        is closed or refused retries until
- *                        connect_timeout_ms).
- *   tcp.max_handshakes_per_source  of them, from one source address,
- *                        1..65536, default 128; more are closed at once.
- *   tcp.max_connections  authenticated connections a target keeps at once,
- *                        1..1048576, default 4096; more are closed before
- *                        their handshake completes.
- *   tcp.protection       "aead" (default): every frame and ack after the
- *                        handshake is sealed with AES-128-GCM under keys
- *                        derived from that connection's handshake, so bytes
- *                        forged, replayed, reordered or redirected on the
- *                        network never land or complete anything;
- *                        "none": cleartext, for trusted networks only. Both
- *                        sides must agree: kvx_add_remote_peer() to a peer
- *                        with the other setting fails with KVX_ENOTSUP
- *                        (docs/security.md).
- *   tcp.aead_impl        the code that seals and opens those records; the
- *                        cipher and the bytes on the wire are the same with
- *                        each, so the two sides need not agree. "auto"
- *                        (default): Intel's ipsec-mb where the library was
- *                        built with it and it runs its VAES code here (a
- *                        CPU with AVX-512, VAES, VPCLMULQDQ, GFNI,
- *                        AVX512-IFMA and SHA-NI, and a kernel that enables
- *                        AVX-512; about three times OpenSSL 3.0 per core),
- *                        else OpenSSL; "openssl"; "ipsec-mb" (its best code
- *                        for this CPU, which needs at least SSE4.2, AES-NI
- *                        and PCLMULQDQ; with tcp.protection=aead,
- *                        kvx_transport_create() fails with KVX_ENOTSUP where
- *                        it cannot run or the library was built without it).
- *                        KVX_LOG=info names the code in use.
- *   verbs.device         RDMA device name (e.g. "mlx5_0"); default: the
- *                        first device with an ACTIVE port.
- *   verbs.port           port number on that device, 1..255; default: the
- *                        first ACTIVE port.
- *   verbs.gid_index      0..65535: take the listen address from that GID
- *                        (RoCE); default: rdma_cm's choice, logged.
- *   verbs.listen         "IP:PORT" for rdma_cm to listen on (an address of
- *                        the RDMA device; PORT 0 = any); default: the IPv4
- *                        address of the chosen port, any port.
- *   verbs.qps_per_peer   RC queue pairs per peer, 1..16, default 1;
- *                        transfers of 512 KiB or more are split over them.
- *   verbs.post_batch_bytes  0..1073741824, default 0 (since 0.4): when not
- *                        0, while at least this many bytes stay in flight on
- *                        a queue pair behind its next completion, a new
- *                        transfer waits for that completion and is posted
- *                        with the others that waited, one doorbell and one
- *                        signalled work request for all (e.g. 1048576 on a
- *                        hardware NIC); 0 posts each at once.
- *   The verbs.* keys are ignored by other backends, and exist only in builds
- *   with the verbs backend (KVX_VERBS=ON, the default and the packages'): a
- *   build without it refuses them as unknown (KVX_EINVAL), while backend
- *   "verbs" is accepted there and fails creation with KVX_ENOTSUP. With backend "verbs" a
- *   device that cannot be used (none, no ACTIVE port, RLIMIT_MEMLOCK too low
- *   for the region, verbs.* naming something absent) fails creation with
- *   KVX_ENOTSUP and the reason; with "auto" it selects tcp (logged).
- *   shm.threads          threads that copy shm transfers, 1..16, default 2:
- *                        the threads calling kvx_write_blocks() and
- *                        shm.threads - 1 threads of the transport.
- *                        Transfers of 1 MiB or more (2 MiB before 0.4.6;
- *                        512 KiB or more into private memory, where the
- *                        kernel's copy costs about twice a memcpy) are split
- *                        among the threads, and the calling thread copies
- *                        the first part. With 1, the
- *                        calling thread copies its transfer before the call
- *                        returns (it is done, or failed, by then). With more
- *                        (since 0.4.5), a smaller transfer is queued while
- *                        a pool thread is awake (watching the queue, or
- *                        copying at most 1 MiB) and copied by the calling
- *                        thread otherwise (so on a transport idle for 50 us
- *                        it is still done when the call returns). The pool
- *                        threads take the queue in batches of several
- *                        transfers to one peer (into private memory, one
- *                        process_vm_writev per batch), serving the peers in
- *                        turn; a calling thread whose transfer queued while
- *                        2 MiB or more wait copies a batch as well (at most
- *                        1 MiB). A pool thread that runs out of work watches
- *                        the queue for 50 us before it sleeps: CPU time
- *                        traded for the wake-ups a stream of small transfers
- *                        would cost.
- *   shm.allow_other_users  0..1. 0 (default): the shm backend serves only
- *                        processes of the same user (SO_PEERCRED); 1: any
- *                        user that authenticates (docs/security.md).
- *   shm.private          how a peer writes into a region that is not in a
- *                        shareable mapping (one writable MAP_SHARED mapping
- *                        of a file: kvx_region_alloc()'s, a file reopened by
- *                        its path such as /dev/shm's, or a memfd or deleted
- *                        file this process holds a read-write descriptor
- *                        of, as Python's mmap does): "auto" (default: the kernel's
- *                        process_vm_writev, or, for a writer the kernel
- *                        refuses (ptrace rules: Yama ptrace_scope, a target
- *                        that is not dumpable), a staging ring: the writer
- *                        copies into a shared ring of 8 slots of 1 MiB and
- *                        this transport's thread copies from it into the
- *                        region), "staged" (always the ring) or "off" (no
- *                        shm for such a region: the peer falls back to the
- *                        next path).
- * @return 0, KVX_EINVAL (NULL argument, unknown key, malformed value: the
- *         message names the key and value), KVX_ENOMEM.
+ * Keys and values are strings, checked against the option tables of the
+ * library (the core's and each built-in backend's): here their syntax and
+ * range, and the whole set again at kvx_transport_create(). A backend's keys
+ * ("tcp.*", "shm.*", "verbs.*") exist only in builds with that backend.
+ * Every key with its values, default and meaning: kvx_options_set(3) (and
+ * the README's table), generated from those tables.
+ * @return 0, KVX_EINVAL (NULL argument, unknown key, malformed or out of
+ *         range value: the message names the key and value), KVX_ENOMEM.
  */
 KVX_API int kvx_options_set(kvx_options *opts, const char *key, const char *value);
+
+/**
+ * Set every option of a "KEY=VALUE KEY=VALUE ..." list (since 0.6), as
+ * kvx_options_set() would one after the other: items are separated by
+ * whitespace; each is split at its first '=' into a non-empty key and a
+ * value that may be empty and may hold '=' and commas ("backend=shm,tcp")
+ * but no whitespace (set such a value with kvx_options_set()). No quoting,
+ * no comments; an empty or all-whitespace text sets nothing. A key listed
+ * twice takes its last value. All or nothing: on failure opts holds what it
+ * held before. text is not retained.
+ * @return 0, KVX_EINVAL (NULL argument; an item without '=' or with an
+ *         empty key: the message quotes it; an unknown key or a bad value:
+ *         the message names the key and value, as kvx_options_set()'s),
+ *         KVX_ENOMEM.
+ * Thread safety: as kvx_options_set() (not on the same opts at once).
+ */
+KVX_API int kvx_options_parse(kvx_options *opts, const char *text);
 
 /* ---------------------------------------------------------------- lifecycle */
 
@@ -688,7 +518,7 @@ KVX_API int kvx_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t 
 /**
  * Sleep until kvx_poll() has something to report (since 0.4): the blocking
  * alternative to calling kvx_poll() in a loop, which burns a core that the
- * backends' own threads may need (on a 2-core host, half the machine).
+ * backends' own threads may need.
  * Returns at once when ids are ready already.
  * @param out_ready  receives how many ids kvx_poll(t, NULL, ...) would report
  *                   now (done and failed, every peer): > 0, or 0 when
@@ -743,12 +573,12 @@ KVX_API int kvx_completion_fd(int *out_fd, kvx_transport *t);
  * blocks counts as done, with no bytes and no latency sample.
  * Latency: from kvx_write_blocks() to the moment the library learns the
  * transfer is done (not to the kvx_poll() that reports it), of done
- * transfers, in a histogram of fixed log buckets: bucket i holds latencies
- * in [lo(i), lo(i+1)) ns, where lo(i) = i for i < 8, and for i >= 8 with
- * e = i / 8 + 2 and m = i % 8: lo(i) = (8 + m) << (e - 3). So each power of
- * two is split into 8 equal buckets (at most 12.5 % wide); the last bucket
- * holds everything from lo(303) (about 17 minutes) up. Percentiles are the
- * midpoint of the bucket holding them; latency_ns_max is exact.
+ * transfers, in a histogram of KVX_STATS_LATENCY_BUCKETS fixed log buckets:
+ * bucket i holds latencies in [kvx_stats_bucket_lower_ns(i),
+ * kvx_stats_bucket_lower_ns(i + 1)) ns (1 ns wide below 8 ns, then at most
+ * 12.5 % of its lower bound); the last bucket has no upper bound.
+ * Percentiles are the midpoint of the bucket holding them; latency_ns_max is
+ * exact.
  */
 typedef struct kvx_stats {
     uint64_t size;                /**< in: sizeof(kvx_stats) as the caller knows
@@ -801,6 +631,25 @@ typedef struct kvx_stats {
  */
 KVX_API int kvx_get_stats(kvx_stats *out, kvx_transport *t, const char *peer_id);
 
+/**
+ * Lower bound, in ns, of bucket i of kvx_stats.latency_buckets (since 0.6):
+ * the bucket holds latencies in [kvx_stats_bucket_lower_ns(i),
+ * kvx_stats_bucket_lower_ns(i + 1)). Use it instead of a formula of your
+ * own; the bounds are those the library records with.
+ * They are 0, 1, ..., 7 for i < 8; from there each power of two is split into
+ * 8 equal buckets: with e = i / 8 + 2 and m = i % 8, the bound is
+ * (8 + m) << (e - 3), so a bucket is at most 12.5 % of its lower bound wide.
+ * The last bucket, KVX_STATS_LATENCY_BUCKETS - 1, holds everything from its
+ * bound (about 17 minutes) up.
+ * @param i  a bucket index, or any larger value.
+ * @return the bound, strictly increasing in i below KVX_STATS_LATENCY_BUCKETS;
+ *         UINT64_MAX for every i >= KVX_STATS_LATENCY_BUCKETS (so that
+ *         i + 1 = KVX_STATS_LATENCY_BUCKETS gives the last bucket no upper
+ *         bound). Never fails and never changes kvx_last_error_message().
+ * Thread safety: any thread, at any time (no transport needed).
+ */
+KVX_API uint64_t kvx_stats_bucket_lower_ns(size_t i);
+
 /* ---------------------------------------------------------------- utilities */
 
 /** Flags of kvx_region_alloc() (since 0.3). */
@@ -847,6 +696,21 @@ KVX_API void kvx_region_free(void *base);
  *         or a value Python could not round-trip; the message says where).
  */
 KVX_API int kvx_config_fingerprint(char *out, const char *config_json);
+
+/**
+ * The backends built into this library, in order of preference (since 0.6):
+ * their names separated by commas, without spaces ("shm,verbs,tcp"), the
+ * form the backend option takes (kvx_options_set()). A backend is listed
+ * when this build has it, whether or not it is usable on this host (verbs
+ * needs an RDMA device): backend "auto" serves on the listed ones that are
+ * usable, and naming one that is not fails kvx_transport_create() with
+ * KVX_ENOTSUP. A backend name that is not listed is not built in.
+ * @return a NUL-terminated string in static storage, never NULL and the same
+ *         for the life of the process; never free it. Never fails and never
+ *         changes kvx_last_error_message().
+ * Thread safety: any thread, at any time (no transport needed).
+ */
+KVX_API const char *kvx_backends(void);
 
 #ifdef __cplusplus
 }

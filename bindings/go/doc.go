@@ -18,6 +18,14 @@
 //	id, _ := a.WriteBlocks("b", []uint64{0, 1}, []uint64{5, 6})
 //	// Poll until id shows up in Done (or Failed).
 //
+// Backends: by default (WithBackend("auto")) a transport serves on every
+// backend usable here at once, and each peer is given, when it is added, the
+// first path in order of preference that both sides offer and that applies:
+// shm on the same host, else verbs when both have a usable RDMA device, else
+// tcp. WithBackend("shm,tcp") serves on exactly the backends listed.
+// PeerBackend says which path a peer got; Backends lists the backends built
+// into the library.
+//
 // Memory: remote peers write into a Region at any time while its transport
 // is open, so it cannot be Go-heap memory (cgo forbids C from keeping such
 // pointers). AllocRegion maps it with mmap; NewTransport refuses anything

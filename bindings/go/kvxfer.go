@@ -22,6 +22,18 @@ const FingerprintLen = 16
 // at run time.
 func Version() string { return capi.Kvx_version_string() }
 
+// Backends returns the names of the backends built into the C library, in
+// order of preference ("shm", "verbs", "tcp"): each is a value WithBackend
+// accepts. A backend is listed whether or not it is usable on this host
+// (verbs needs an RDMA device); "auto" serves on the usable ones.
+func Backends() []string {
+	list := capi.Kvx_backends()
+	if list == "" {
+		return nil
+	}
+	return strings.Split(list, ",")
+}
+
 // Fingerprint computes the config fingerprint of a JSON object text, exactly
 // as NewTransport does: the first 16 hex characters of the sha256 of
 // Python's json.dumps(fields, sort_keys=True, separators=(",", ":")).

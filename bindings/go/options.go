@@ -36,37 +36,36 @@ func (s *settings) fail(err error) {
 // WithOption sets one option of the C library by key (kvx_options_set), for
 // example WithOption("tcp.listen", "127.0.0.1:0") or
 // WithOption("tcp.streams", "4"). Keys and values are validated by
-// NewTransport; see include/kvxfer.h for the list.
+// NewTransport. Every key, its values, default and meaning: the man page
+// kvx_options_set(3) (docs/man/kvx_options_set.3 in the kvxfer sources); the
+// With* helpers below only set one of them.
 func WithOption(key, value string) Option {
 	return func(s *settings) { s.set(key, value) }
 }
 
-// WithBackend selects the backend: "auto" (default: verbs when an RDMA device
-// is usable, else tcp), "tcp", "verbs" or "shm".
+// WithBackend sets option "backend": "auto", or the backends to serve on.
 func WithBackend(name string) Option { return WithOption("backend", name) }
 
-// WithTCPListen sets the tcp backend's listening address, "HOST:PORT"
-// (default "0.0.0.0:0").
+// WithTCPListen sets option "tcp.listen", the address to listen on.
 func WithTCPListen(addr string) Option { return WithOption("tcp.listen", addr) }
 
-// WithTCPAdvertise sets the "HOST:PORT" addresses put into the agent
-// metadata, in order of preference (PORT 0 means the listening port).
+// WithTCPAdvertise sets option "tcp.advertise" to addrs ("HOST:PORT" each),
+// joined with commas.
 func WithTCPAdvertise(addrs ...string) Option {
 	return WithOption("tcp.advertise", strings.Join(addrs, ","))
 }
 
-// WithTCPStreams sets the number of TCP connections per peer (1..16).
+// WithTCPStreams sets option "tcp.streams".
 func WithTCPStreams(n int) Option { return WithOption("tcp.streams", strconv.Itoa(n)) }
 
-// WithConnectTimeout bounds connecting and authenticating in AddRemotePeer
-// (default 5 s; rounded up to whole milliseconds, at most one hour).
+// WithConnectTimeout sets option "connect_timeout_ms" to d, which must be
+// positive, rounded up to whole milliseconds.
 func WithConnectTimeout(d time.Duration) Option {
 	return durationOption("connect_timeout_ms", "WithConnectTimeout", d)
 }
 
-// WithTransferTimeout makes a transfer that is not done after d fail and
-// marks its peer broken (default 30 s; rounded up to whole milliseconds, at
-// most one hour).
+// WithTransferTimeout sets option "transfer_timeout_ms" to d, which must be
+// positive, rounded up to whole milliseconds.
 func WithTransferTimeout(d time.Duration) Option {
 	return durationOption("transfer_timeout_ms", "WithTransferTimeout", d)
 }

@@ -166,4 +166,13 @@ func TestLatencyBucketBounds(t *testing.T) {
 	if _, hi := kvxfer.LatencyBucketBounds(kvxfer.LatencyBuckets - 1); hi != 0 {
 		t.Fatal("last bucket has an upper bound")
 	}
+	if lo, hi := kvxfer.LatencyBucketBounds(17); lo != 18 || hi != 20 {
+		t.Fatalf("bucket 17: [%d, %d), want [18, 20)", lo, hi)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("LatencyBucketBounds(LatencyBuckets) did not panic")
+		}
+	}()
+	kvxfer.LatencyBucketBounds(kvxfer.LatencyBuckets)
 }

@@ -1,6 +1,8 @@
 package kvxfer
 
 import (
+	"fmt"
+
 	"kvxfer.dev/kvxfer/internal/capi"
 )
 
@@ -59,17 +61,15 @@ func (t *Transport) Stats(peer string) (Stats, error) {
 }
 
 // LatencyBucketBounds returns the latencies in ns that bucket i of
-// Stats.LatencyBuckets holds: [lo, hi); hi is 0 for the last bucket, which
-// has no upper bound.
+// Stats.LatencyBuckets holds, as the C library records them
+// (kvx_stats_bucket_lower_ns): [lo, hi); hi is 0 for the last bucket, which
+// has no upper bound. It panics if i is not in [0, LatencyBuckets).
 func LatencyBucketBounds(i int) (lo, hi uint64) {
-	bound := func(k int) uint64 {
-		if k < 8 {
-			return uint64(k)
-		}
-		return uint64(8+k%8) << uint(k/8-1)
+	if i < 0 || i >= LatencyBuckets {
+		panic(fmt.Sprintf("kvxfer: latency bucket %d is not in [0, %d)", i, LatencyBuckets))
 	}
 	if i+1 < LatencyBuckets {
-		hi = bound(i + 1)
+		hi = capi.Kvx_stats_bucket_lower_ns(int64(i + 1))
 	}
-	return bound(i), hi
+	return capi.Kvx_stats_bucket_lower_ns(int64(i)), hi
 }

@@ -4,7 +4,7 @@
 #   bindings/rust/test.sh [BUILD_DIR]        (default: <repo>/build)
 #
 # 1. installs missing Debian packages (bindgen libclang1-14
-#    libclang-common-14-dev rustc cargo pkg-config; apt-get needs root),
+#    libclang-common-14-dev rustfmt rustc cargo pkg-config; apt-get needs root),
 # 2. stages the C library: cmake --install BUILD_DIR --prefix BUILD_DIR/stage,
 # 3. checks that kvxfer-sys/src/bindings.rs is fresh (regen.sh --check),
 # 4. runs `cargo test --offline --locked` with rustup's toolchain (when there
@@ -26,7 +26,7 @@ say() { echo "=== rust: $*"; }
 
 # ---------------------------------------------------------------- packages
 need=()
-for p in bindgen libclang1-14 libclang-common-14-dev rustc cargo pkg-config; do
+for p in bindgen libclang1-14 libclang-common-14-dev rustfmt rustc cargo pkg-config; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,12 +1,15 @@
 // The C ABI: argument checks, handle to object, C++ exception to error code
 // and thread-local message. No C++ type or exception crosses this file's
 // exported functions.
+#include <array>
 #include <cstring>
 #include <new>
 #include <string>
 
+#include "registry/registry.h"
 #include "core/fingerprint.h"
 #include "core/options.h"
+#include "core/telemetry.h"
 #include "core/transport.h"
 #include "kvxfer.h"
 #include "util/error.h"
@@ -106,6 +109,20 @@ KVX_API int kvx_options_set(kvx_options *opts, const char *key, const char *valu
         KVX_REQUIRE(value != nullptr, "value of option '%s' is NULL", key);
         kvx::validate_option(key, value);
         opts->bag.kv[key] = value;
+    });
+}
+
+// All pairs or none: the bag changes only once every pair is valid.
+KVX_API int kvx_options_parse(kvx_options *opts, const char *text) {
+    return guard([&] {
+        KVX_REQUIRE(opts != nullptr, "options is NULL");
+        KVX_REQUIRE(text != nullptr, "options text is NULL");
+        kvx::OptionBag next = opts->bag;
+        for (const auto &[key, value] : kvx::split_option_list(text)) {
+            kvx::validate_option(key, value);
+            next.kv[key] = value;
+        }
+        opts->bag = std::move(next);
     });
 }
 
@@ -296,6 +313,27 @@ KVX_API int kvx_config_fingerprint(char *out, const char *config_json) {
         std::string fp = kvx::config_fingerprint(config_json);
         memcpy(out, fp.c_str(), fp.size() + 1);
     });
+}
+
+KVX_API uint64_t kvx_stats_bucket_lower_ns(size_t i) {
+    return i < kvx::LatencyHistogram::kBuckets ? kvx::LatencyHistogram::lower_bound(i) : UINT64_MAX;
+}
+
+KVX_API const char *kvx_backends(void) {
+    // Built once from the registry, without allocating (this call never fails).
+    static const auto list = [] {
+        std::array<char, 256> s{};
+        size_t n = 0;
+        for (const kvx::BackendDesc *b : kvx::backend_registry()) {
+            const size_t len = strlen(b->name);
+            if (n + len + 2 > s.size()) break;  // names are a few letters: never
+            if (n) s[n++] = ',';
+            memcpy(&s[n], b->name, len);
+            n += len;
+        }
+        return s;
+    }();
+    return list.data();
 }
 
 }  // extern "C"

@@ -9,21 +9,49 @@ namespace {
 
 constexpr OptionSpec kCoreOptions[] = {
     {"backend", OptType::string, 0, 64, "auto",
-     "\"auto\" (every backend usable here) or a comma-separated list of backend names (shm, verbs, tcp) to serve on"},
+     "`auto`: serve on every backend usable here, in order of preference `shm`, `verbs` (when an RDMA device is "
+     "usable), `tcp`; or a comma-separated list of names to serve on exactly those (`shm,tcp`), each of which must be "
+     "usable: one this build or host cannot provide makes `kvx_transport_create()` fail with KVX_ENOTSUP "
+     "(`kvx_backends()` lists those built in). The metadata carries a section per backend served, and each peer gets "
+     "the first path both sides offer that applies: `shm` when the peer is on this host (same boot id, its socket "
+     "reachable), else `verbs`, else `tcp`. `kvx_peer_backend()` says which one a peer got; `KVX_LOG=info` logs why."},
     {"peer_backend_fallback", OptType::uint, 0, 1, "1",
-     "1: a peer whose preferred path fails to connect gets the next one both sides offer (logged); 0: that fails the add"},
-    {"connect_timeout_ms", OptType::uint, 1, 3600000, "5000", "connect + authenticate budget of add_remote_peer"},
+     "1: a peer whose preferred path applies but fails to connect gets the next path both sides offer (logged as a "
+     "warning); 0: that failure fails `kvx_add_remote_peer()` instead."},
+    {"connect_timeout_ms", OptType::uint, 1, 3600000, "5000",
+     "Budget of `kvx_add_remote_peer()` for connecting and authenticating, in milliseconds."},
     {"transfer_timeout_ms", OptType::uint, 1, 3600000, "30000",
-     "a peer with transfers outstanding that makes no progress for this long has them failed and is marked broken "
-     "(while the kernel resends into a silent network, after 2x this + its retransmission timeout + 250 ms, at least "
-     "max(1/4 of this, 500 ms), at most this: an outage shorter than this fails nothing)"},
+     "A peer with transfers outstanding that makes no progress for this long (T, in milliseconds) has them failed and "
+     "is marked broken. While the kernel resends into a silent network (tcp: a retransmission timeout or unanswered "
+     "probes on one of its connections), after 2T + its retransmission timeout + 250 ms instead (at least 2T + "
+     "max(T/4, 500 ms), at most 3T): resends double their interval, and an outage shorter than T fails nothing (for "
+     "T of 2000 and more). The tcp sockets of both sides get keepalive (from T/2) and `TCP_USER_TIMEOUT` (3T + 1 s) "
+     "from it, so the connection of a peer host that vanishes without a FIN is released after about 3T + 2 s. A "
+     "verbs target probes each inbound connection every T/2 and closes one whose initiator stopped answering within "
+     "about T (at least 0.5 s); a verbs queue pair whose target acknowledges nothing for 7 ACK timeouts (rdma_cm's: "
+     "about 4 s on RoCE) breaks its peer, also sooner. Every timer: docs/semantics.md, Timers."},
     {"region_prewarm", OptType::uint, 0, 1, "0",
-     "1: kvx_transport_create() has the kernel read every page of the region once (read-only), so that the first "
-     "transfers do not pay a first kernel access per page (slow on some hypervisors); costs one pass over the region"},
+     "1 (since 0.4.3): `kvx_transport_create()` has the kernel read every page of the region once (through its user "
+     "address, read-only: bytes written meanwhile are kept) before it returns, so that the first transfers do not pay "
+     "a first kernel access per page, which costs about ten times a later one on some hypervisors (touching the pages "
+     "from user space does not help there). Costs one pass over the region at create. For host memory the "
+     "application has populated: a page never written is the shared zero page until its first write, which still "
+     "faults. A page that cannot be read (device memory, a hole) fails the create with KVX_EINVAL naming its byte "
+     "offset and block."},
     {"region_hugepages", OptType::uint, 0, 1, "0",
-     "1: kvx_transport_create() moves the region's private anonymous memory onto transparent huge pages "
-     "(MADV_HUGEPAGE + MADV_COLLAPSE): a same-host writer's process_vm_writev walks its page table once per 2 MiB; "
-     "costs about one copy of the region"},
+     "1 (since 0.4.6): `kvx_transport_create()` moves the region onto transparent huge pages before it returns: the "
+     "whole, aligned huge pages inside it (2 MiB on x86-64) are advised `MADV_HUGEPAGE` (which replaces an "
+     "`MADV_NOHUGEPAGE`) and collapsed with `MADV_COLLAPSE` (Linux 6.1 and later; on older kernels, or with THP "
+     "disabled for the process, they are only advised, and khugepaged collapses them in the background unless THP is "
+     "set to never). Every byte stays; pages never touched are populated when collapsed; the advice stays after the "
+     "transport is destroyed. For private anonymous memory (malloc, a bytearray, a numpy array): a same-host peer "
+     "writes into it with `process_vm_writev`, which then walks the region's page table once per 2 MiB instead of "
+     "once per 4 KiB (docs/performance.md). A region in a shareable mapping (a /dev/shm file, `kvx_region_alloc()` "
+     "memory: the writer maps it), or one that holds no whole huge page, is left as it is, without an error; so is a "
+     "collapse the kernel refuses in part (no free huge page, a pinned page). `KVX_LOG=info` logs the outcome. Costs "
+     "about one copy of the region at create. KVX_ENOTSUP when the region is private anonymous memory and the kernel "
+     "has no transparent huge pages (or /sys does not show them); KVX_EBACKEND when `madvise` fails otherwise (e.g. "
+     "vm.max_map_count reached)."},
 };
 
 void check_backend_list(const std::string &v) {

@@ -68,6 +68,21 @@ void check_option_value(const OptionSpec &s, const std::string &value) {
     }
 }
 
+std::vector<std::pair<std::string, std::string>> split_option_list(const std::string &text) {
+    std::vector<std::pair<std::string, std::string>> out;
+    const char *const space = " \t\n\v\f\r";
+    for (size_t at = text.find_first_not_of(space); at != std::string::npos; at = text.find_first_not_of(space, at)) {
+        size_t end = text.find_first_of(space, at);
+        std::string item = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+        size_t eq = item.find('=');
+        if (eq == std::string::npos || eq == 0)
+            fail(KVX_EINVAL, "option list: '%.200s' is not KEY=VALUE", item.c_str());
+        out.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+        at = end;
+    }
+    return out;
+}
+
 Options::Options(const OptionBag *bag, std::vector<OptionTable> tables) : tables_(std::move(tables)) {
     if (bag) kv_ = bag->kv;
 }

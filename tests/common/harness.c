@@ -102,22 +102,13 @@ kvx_options *options_va(const char *backend, const char *extra, va_list ap) {
     kvx_options *o = NULL;
     CHECK_OK(kvx_options_create(&o));
     CHECK_OK(kvx_options_set(o, "backend", backend));
-    /* KVX_TEST_LISTEN: another tcp listen address (tests across network namespaces) */
-    const char *listen = getenv("KVX_TEST_LISTEN");
-    if (strcmp(backend, "tcp") == 0) CHECK_OK(kvx_options_set(o, "tcp.listen", listen ? listen : "127.0.0.1:0"));
-    /* KVX_TEST_AEAD_IMPL: the AES-GCM code of protected tcp (tcp.aead_impl) */
-    const char *impl = getenv("KVX_TEST_AEAD_IMPL");
-    if (impl && *impl && strcmp(backend, "tcp") == 0) CHECK_OK(kvx_options_set(o, "tcp.aead_impl", impl));
-    /* KVX_TEST_SHM_PRIVATE=staged: private regions are written through the staging ring */
-    const char *priv = getenv("KVX_TEST_SHM_PRIVATE");
-    if (priv && *priv && strcmp(backend, "shm") == 0) CHECK_OK(kvx_options_set(o, "shm.private", priv));
-    for (const char *kv = extra; kv; kv = va_arg(ap, const char *)) {
-        char key[128];
-        const char *eq = strchr(kv, '=');
-        assert_non_null(eq);
-        snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
-        CHECK_OK(kvx_options_set(o, key, eq + 1));
-    }
+    if (strcmp(backend, "tcp") == 0) CHECK_OK(kvx_options_set(o, "tcp.listen", "127.0.0.1:0"));
+    /* KVX_TEST_OPTIONS="KEY=VALUE ...": options of every transport a test
+     * creates (tcp.aead_impl=openssl, shm.private=staged, tcp.listen of tests
+     * across network namespaces); a test's own options win. */
+    const char *env = getenv("KVX_TEST_OPTIONS");
+    if (env) CHECK_OK(kvx_options_parse(o, env));
+    for (const char *kv = extra; kv; kv = va_arg(ap, const char *)) CHECK_OK(kvx_options_parse(o, kv));
     return o;
 }
 
@@ -212,13 +203,8 @@ static void write_all(int fd, const void *p, size_t n) {
 static void child_main(int in, int out, uint64_t nb, uint64_t bl, const char *config, const char *const *opts) {
     region r = region_new(nb, bl, INIT_FILL);
     kvx_options *o = test_options(NULL);
-    for (; opts && *opts; opts++) {
-        char key[128];
-        const char *eq = strchr(*opts, '=');
-        if (!eq) _exit(93);
-        snprintf(key, sizeof key, "%.*s", (int)(eq - *opts), *opts);
-        if (kvx_options_set(o, key, eq + 1) != 0) _exit(93);
-    }
+    for (; opts && *opts; opts++)
+        if (kvx_options_parse(o, *opts) != 0) _exit(93);
     kvx_transport *t = NULL;
     if (kvx_transport_create(&t, r.base, nb, bl, config, o) != 0) {
         fprintf(stderr, "child: create failed: %s\n", kvx_last_error_message());

@@ -1,6 +1,9 @@
 /* Shared helpers of the conformance tests: backend selection from the
- * environment (KVX_TEST_BACKEND=tcp|verbs|shm, default tcp), regions with
- * guard canaries, waiting for transfer ids, and a forked target process. */
+ * environment (KVX_TEST_BACKEND=tcp|verbs|shm, default tcp), options of every
+ * transport from the environment (KVX_TEST_OPTIONS="KEY=VALUE ...", parsed by
+ * kvx_options_parse), regions with guard canaries (KVX_TEST_REGION=shared:
+ * from kvx_region_alloc), waiting for transfer ids, and a forked target
+ * process. */
 #ifndef KVX_TEST_HARNESS_H
 #define KVX_TEST_HARNESS_H
 
@@ -52,7 +55,9 @@ int block_matches(const uint8_t *p, uint64_t bl, uint64_t idx, uint32_t seed);
 int block_is(const uint8_t *p, uint64_t bl, uint8_t v);
 
 const char *test_backend(void);
-/* Options for the test backend, plus extra "key=value" pairs (NULL-terminated). */
+/* Options for the test backend, then KVX_TEST_OPTIONS, then the extra
+ * arguments (NULL-terminated), each a "KEY=VALUE ..." list for
+ * kvx_options_parse. */
 kvx_options *test_options(const char *extra, ...);
 /* The same for a given backend, extra pairs from a va_list. */
 kvx_options *options_va(const char *backend, const char *extra, va_list ap);
@@ -84,7 +89,7 @@ typedef struct child_target {
     metablob meta;
 } child_target;
 void child_start(child_target *c, uint64_t nb, uint64_t bl, const char *config);
-/* The same with extra "key=value" options (NULL-terminated array, or NULL)
+/* The same with extra "KEY=VALUE ..." options (NULL-terminated array, or NULL)
  * and, when nofile > 0, RLIMIT_NOFILE lowered to nofile in the child. */
 void child_start_opts(child_target *c, uint64_t nb, uint64_t bl, const char *config, const char *const *opts,
                       long nofile);

@@ -52,7 +52,10 @@ int netns_pair_make(netns_pair *n, const char *tag, int net) {
     snprintf(n->dev_b, sizeof n->dev_b, "kvb%d", p);
     g_pair = n;
     atexit(cleanup);
-    setenv("KVX_TEST_LISTEN", "0.0.0.0:0", 1);
+    const char *env = getenv("KVX_TEST_OPTIONS");
+    char opts[2048];
+    snprintf(opts, sizeof opts, "%s tcp.listen=0.0.0.0:0", env ? env : "");
+    setenv("KVX_TEST_OPTIONS", opts, 1);
     if (netns_sh(n, "ip netns add %s && ip netns add %s", n->a, n->b) ||
         netns_sh(n, "ip link add %s netns %s type veth peer name %s netns %s", n->dev_a, n->a, n->dev_b, n->b))
         return -1;

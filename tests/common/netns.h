@@ -16,9 +16,9 @@ typedef struct netns_pair {
  * check needs (or NULL) passes; otherwise says why on stderr, returns 0. */
 int netns_usable(const char *tag, const char *needs);
 /* Makes the pair (tag: short name, also in the namespace names; net: the
- * second octet of the 10.x.y.0/24 used), removed at exit. Sets
- * KVX_TEST_LISTEN so a target child advertises its veth address. 0 on
- * success. */
+ * second octet of the 10.x.y.0/24 used), removed at exit. Adds
+ * tcp.listen=0.0.0.0:0 to KVX_TEST_OPTIONS so a target child advertises its
+ * veth address. 0 on success. */
 int netns_pair_make(netns_pair *n, const char *tag, int net);
 /* Moves the calling thread into namespace ns (asserts). */
 void netns_enter(const char *ns);

@@ -1,4 +1,4 @@
-/* Public C API: options objects, error codes, scopes, messages, version.
+/* Public C API: options objects (set, parse), error codes, scopes, messages, version.
  * Links the shared library only (no internal headers). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -143,6 +143,50 @@ static void test_set_good_values(void **state) {
     }
 }
 
+/* kvx_options_parse: the same checks as kvx_options_set, all or nothing. */
+static void test_parse(void **state) {
+    kvx_options *o = *state;
+    assert_int_equal(kvx_options_parse(NULL, "tcp.streams=2"), KVX_EINVAL);
+    assert_mentions("NULL");
+    assert_int_equal(kvx_options_parse(o, NULL), KVX_EINVAL);
+    assert_mentions("NULL");
+    assert_int_equal(kvx_options_parse(o, ""), 0);
+    assert_int_equal(kvx_options_parse(o, " \t\n"), 0);
+    assert_int_equal(kvx_options_parse(o, "backend=shm,tcp tcp.advertise=10.0.0.1:0,127.0.0.1:7\ttcp.streams=2\n"
+                                          "tcp.streams=3"), 0);
+
+    struct {
+        const char *text, *mention1, *mention2;
+    } bad[] = {
+        {"tcp.streams", "'tcp.streams'", "KEY=VALUE"},
+        {"tcp.streams=2 =4", "'=4'", "KEY=VALUE"},
+        {"tcp.streams=2 nope=1", "'nope'", "unknown option"},
+        {"tcp.streams=2 tcp.streams=17", "tcp.streams", "17"},
+        {"connect_timeout_ms=12abc", "connect_timeout_ms", "12abc"},
+        {"backend=rdma", "backend", "rdma"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = kvx_options_parse(o, bad[i].text);
+        if (rc != KVX_EINVAL) fail_msg("'%s': expected KVX_EINVAL, got %d", bad[i].text, rc);
+        assert_mentions(bad[i].mention1);
+        assert_mentions(bad[i].mention2);
+    }
+}
+
+/* A failed parse leaves the object as it was: a transport created from it
+ * after a failure gets what the successful calls set. */
+static void test_parse_all_or_nothing(void **state) {
+    kvx_options *o = *state;
+    assert_int_equal(kvx_options_parse(o, "backend=tcp tcp.listen=127.0.0.1:0"), 0);
+    assert_int_equal(kvx_options_parse(o, "backend=shm tcp.streams=99"), KVX_EINVAL);
+    static uint8_t region[4096];
+    kvx_transport *t = NULL;
+    int rc = kvx_transport_create(&t, region, 1, sizeof region, NULL, o);
+    if (rc != 0) fail_msg("create: %d %s", rc, kvx_last_error_message());
+    assert_string_equal(kvx_transport_backend(t), "tcp");
+    kvx_transport_destroy(t);
+}
+
 static void test_message_survives_success(void **state) {
     kvx_options *o = *state;
     assert_int_equal(kvx_options_set(o, "tcp.streams", "999"), KVX_EINVAL);
@@ -259,6 +303,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_backend_keys, setup_opts, teardown_opts),
         cmocka_unit_test_setup_teardown(test_set_bad_values, setup_opts, teardown_opts),
         cmocka_unit_test_setup_teardown(test_set_good_values, setup_opts, teardown_opts),
+        cmocka_unit_test_setup_teardown(test_parse, setup_opts, teardown_opts),
+        cmocka_unit_test_setup_teardown(test_parse_all_or_nothing, setup_opts, teardown_opts),
         cmocka_unit_test_setup_teardown(test_message_survives_success, setup_opts, teardown_opts),
         cmocka_unit_test_setup_teardown(test_message_thread_local, setup_opts, teardown_opts),
         cmocka_unit_test(test_strerror),

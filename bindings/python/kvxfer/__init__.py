@@ -23,17 +23,17 @@ from . import _native
 from ._errors import (ArgumentError, ClosedError, Error, ErrorCode, ErrorInfo, PeerError, RequestError, Scope,
                       TransportError, error_scope, strerror)
 from . import _transport
-from ._transport import CANCEL_MODES, PollResult, Transport, config_fingerprint, latency_bucket_bounds
+from ._transport import CANCEL_MODES, PollResult, Transport, backends, config_fingerprint, latency_bucket_bounds
 from ._region import alloc_region
 
 __all__ = [
-    "Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds", "alloc_region",
+    "Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds", "backends", "alloc_region",
     "Error", "RequestError", "ArgumentError", "PeerError", "TransportError", "ClosedError",
     "ErrorCode", "ErrorInfo", "Scope", "strerror", "error_scope",
     "library_version", "library_version_number", "HEADER_VERSION_NUMBER", "DataTransport",
 ]
 
-#: Version of libkvxfer loaded at run time ("0.5.0") and as a number.
+#: Version of libkvxfer loaded at run time ("0.6.0") and as a number.
 library_version = _native.kvx_version_string()
 library_version_number = _native.kvx_version_number()
 #: KVX_VERSION_NUMBER of the kvxfer.h this binding was built against.

@@ -16,7 +16,7 @@ from typing import Iterable, NamedTuple, Optional, Sequence
 from . import _native
 from ._errors import ArgumentError, ClosedError, Error, ErrorInfo, last_error, make_error
 
-__all__ = ["Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds"]
+__all__ = ["Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds", "backends"]
 
 _U64_MAX = (1 << 64) - 1
 _POLL_CAP = 256
@@ -26,8 +26,10 @@ _WAITERS_MAX = 4  # threads at most: each blocks in C on one registration; the r
 _WAITER_IDLE_S = 0.5  # a waiter with nothing to wait for this long exits (but the last idle one)
 _WAITER_SLICE_MS = 20  # how long the pool's last free waiter blocks on one registration between looks at the rest
 CANCEL_MODES = {"immediate": _native.KVX_CANCEL_IMMEDIATE, "wait": _native.KVX_CANCEL_WAIT}
-# Keyword options whose first '_' stands for '.': tcp_listen -> "tcp.listen".
-_OPTION_PREFIXES = ("tcp", "verbs", "shm")
+# The backends built into the library (kvx_backends(3)). Their names are the
+# option prefixes: a keyword option's first '_' after one stands for '.'
+# (tcp_listen -> "tcp.listen").
+_BACKENDS = tuple(n for n in _native.kvx_backends().split(",") if n)
 
 
 class PollResult(NamedTuple):
@@ -231,7 +233,7 @@ def _option_items(backend, options):
         ckey = key
         if "." not in key:
             head, sep, rest = key.partition("_")
-            if sep and rest and head in _OPTION_PREFIXES:
+            if sep and rest and head in _BACKENDS:
                 ckey = head + "." + rest
         if isinstance(value, bool):
             raise TypeError("option %s: expected str or int, not bool" % key)
@@ -250,13 +252,20 @@ def _option_items(backend, options):
 
 
 def latency_bucket_bounds(i: int) -> tuple:
-    """(lo_ns, hi_ns) of bucket i of the latency histogram (kvx_get_stats(3));
-    hi_ns is None for the last bucket, which has no upper bound."""
-    def lo(k):
-        return k if k < 8 else (8 + k % 8) << (k // 8 - 1)
+    """(lo_ns, hi_ns) of bucket i of the latency histogram (kvx_get_stats(3)),
+    from the library (kvx_stats_bucket_lower_ns(3)); hi_ns is None for the
+    last bucket, which has no upper bound."""
     if not 0 <= i < _native.KVX_STATS_LATENCY_BUCKETS:
         raise IndexError("latency bucket %d is not in 0..%d" % (i, _native.KVX_STATS_LATENCY_BUCKETS - 1))
-    return lo(i), (lo(i + 1) if i + 1 < _native.KVX_STATS_LATENCY_BUCKETS else None)
+    lo = _native.kvx_stats_bucket_lower_ns(i)
+    return lo, (_native.kvx_stats_bucket_lower_ns(i + 1) if i + 1 < _native.KVX_STATS_LATENCY_BUCKETS else None)
+
+
+def backends() -> tuple:
+    """Names of the backends built into the loaded library, in order of
+    preference (kvx_backends(3)), e.g. ("shm", "verbs", "tcp"). Listed when
+    built in, usable on this host or not; "auto" serves on the usable ones."""
+    return _BACKENDS
 
 
 class _RegistrationWaiter:
@@ -413,8 +422,9 @@ class Transport:
         meanwhile (BufferError).
     config_fields: dict of model config values; its fingerprint must match
         the peers'. None or {} -> "" (compatible with any peer).
-    backend: "auto" (verbs if an RDMA device is usable, else tcp), "tcp",
-        "verbs", "shm".
+    backend: "auto" (every backend usable here; each peer gets, when added,
+        the first path both sides offer: shm on the same host, else verbs,
+        else tcp), or a comma-separated list of backends ("shm,tcp", "tcp").
     options: C library options as keywords; the first "_" after a backend
         prefix becomes ".": tcp_listen="127.0.0.1:0" -> "tcp.listen",
         tcp_advertise=[...], tcp_streams=4, verbs_device="rxe0",

@@ -54,7 +54,7 @@ from typing import Optional, Sequence, Union
 
 from ._errors import ArgumentError
 from . import _native
-from ._transport import Transport
+from ._transport import Transport, backends
 
 __all__ = ["KvxferTransport", "install", "installed", "register", "backend_for", "DEFAULT_TARGET"]
 
@@ -67,10 +67,13 @@ DEFAULT_TARGET = "vllm.v1.kv_offload.tiering.p2p.data.nixl:NixlTransport"
 # (every kvxfer backend usable here; each peer gets shm on the same host, else
 # verbs when both have a usable RDMA device, else tcp); its storage
 # backends (GDS, POSIX, OBJ, ...) have no kvxfer counterpart and are skipped.
+# The name of a backend built into the library (kvxfer.backends()) is its own.
 _BACKENDS = {
-    "UCX": "auto", "UCX_MO": "auto", "LIBFABRIC": "auto", "UCCL": "auto", "MOONCAKE": "auto",
-    "AUTO": "auto", "TCP": "tcp", "VERBS": "verbs", "RDMA": "verbs", "SHM": "shm",
+    "UCX": "auto", "UCX_MO": "auto", "LIBFABRIC": "auto", "UCCL": "auto", "MOONCAKE": "auto", "AUTO": "auto",
 }
+_BACKENDS.update({name.upper(): name for name in backends()})
+if "verbs" in backends():
+    _BACKENDS["RDMA"] = "verbs"
 _STORAGE = {"GDS", "GDS_MT", "POSIX", "OBJ", "HF3FS", "GPUNETIO", "AZURE_BLOB", "GUSLI"}
 
 
@@ -119,9 +122,10 @@ class KvxferTransport(Transport):
     name: the agent's name (kept as .name, for logs; kvxfer's identity is in
         its metadata). view, config_fields: as vLLM's DataTransport.
     backends: NIXL backend names, mapped by backend_for() ("UCX" -> "auto":
-        verbs when an RDMA device is usable, else tcp).
+        every kvxfer backend usable here, each peer on the best path both
+        sides offer).
     num_threads: accepted for compatibility and kept as .num_threads; kvxfer
-        sizes its own threads (one event loop, a receive thread per stream).
+        sizes its own threads (one event loop serves every connection).
     options: kvxfer options, over those of KVXFER_OPTIONS; "backend" wins over
         backends."""
 

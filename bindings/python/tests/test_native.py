@@ -26,6 +26,25 @@ def test_error_helpers():
     assert isinstance(_native.kvx_last_error_message(), str)
 
 
+def test_library_facts():
+    # kvx_backends: comma-separated, in order of preference; each name is a backend option value
+    names = _native.kvx_backends().split(",")
+    assert kvxfer.backends() == tuple(names) and "tcp" in names and len(set(names)) == len(names)
+    rc, opts = _native.kvx_options_create()
+    try:
+        assert _native.kvx_options_set(opts, "backend", _native.kvx_backends()) == 0
+    finally:
+        _native.kvx_options_destroy(opts)
+    # kvx_stats_bucket_lower_ns: strictly increasing, UINT64_MAX past the last bucket
+    n = _native.KVX_STATS_LATENCY_BUCKETS
+    lo = [_native.kvx_stats_bucket_lower_ns(i) for i in range(n + 2)]
+    assert lo[:9] == list(range(9)) and lo[16] == 16 and lo[17] == 18
+    assert all(a < b for a, b in zip(lo, lo[1:n])) and lo[n] == lo[n + 1] == 2**64 - 1
+    assert all(lo[i + 1] - lo[i] <= lo[i] // 8 for i in range(8, n - 1))
+    with pytest.raises(OverflowError):
+        _native.kvx_stats_bucket_lower_ns(-1)
+
+
 def test_out_params_are_tuples():
     rc, fp = _native.kvx_config_fingerprint('{"a":1}')
     assert (rc, len(fp)) == (0, 16)

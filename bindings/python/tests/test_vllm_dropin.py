@@ -1,7 +1,9 @@
-"""kvxfer as vLLM's own code relies on it (issue 11): points 1-6, the timing
-bar of add_remote_peer_async, telemetry, and the kvxfer.vllm adapter built
-by a stand-in of vLLM's P2P manager (tests/vllm_standin; vLLM itself is not
-installable here)."""
+"""kvxfer as vLLM's own code relies on it, in six points (1. removing an
+unknown id is a no-op, 2. every rejection is a ValueError, 3. write_blocks
+returns None instead of raising, 4. a re-add replaces, 5. add_remote_peer_async,
+6. smaller points), the timing bar of add_remote_peer_async, telemetry, and
+the kvxfer.vllm adapter built by a stand-in of vLLM's P2P manager
+(tests/vllm_standin; vLLM itself is not installable here)."""
 import concurrent.futures
 import inspect
 import json

@@ -10,12 +10,29 @@ namespace shm {
 namespace {
 
 constexpr OptionSpec kOptions[] = {
-    {"shm.threads", OptType::uint, 1, 16, "2", "threads copying transfers: the submitting threads and shm.threads - 1 pool threads, which take queued small transfers in batches (split from 1 MiB; private memory from 512 KiB)"},
+    {"shm.threads", OptType::uint, 1, 16, "2",
+     "Threads that copy shm transfers: the threads calling `kvx_write_blocks()` and `shm.threads` - 1 threads of the "
+     "transport. Transfers of 1 MiB or more (2 MiB before 0.4.6; 512 KiB or more into private memory, where the "
+     "kernel's copy costs about twice a memcpy) are split among the threads, and the calling thread copies the first "
+     "part. With 1, the calling thread copies its transfer before the call returns (it is done, or failed, by then). "
+     "With more (since 0.4.5), a smaller transfer is queued while a pool thread is awake (watching the queue, or "
+     "copying at most 1 MiB) and copied by the calling thread otherwise (so on a transport idle for 50 us it is still "
+     "done when the call returns). The pool threads take the queue in batches of several transfers to one peer (into "
+     "private memory, one `process_vm_writev` per batch), serving the peers in turn; a calling thread whose transfer "
+     "queued while 2 MiB or more wait copies a batch as well (at most 1 MiB). A pool thread that runs out of work "
+     "watches the queue for 50 us before it sleeps: CPU time traded for the wake-ups a stream of small transfers "
+     "would cost."},
     {"shm.allow_other_users", OptType::uint, 0, 1, "0",
-     "0 = serve only writers of our own user (SO_PEERCRED); 1 = any user that authenticates"},
+     "0: the shm backend serves only writers of the same user (checked with `SO_PEERCRED`); 1: any user that "
+     "authenticates (docs/security.md)."},
     {"shm.private", OptType::choice, 0, 0, "auto",
-     "a region outside a shareable mapping: auto = writers use process_vm_writev, or a staging ring the target "
-     "copies from when the kernel refuses it; staged = always the ring; off = no shm path for it",
+     "How a same-host peer writes into a region that is not in a shareable mapping (one writable `MAP_SHARED` mapping "
+     "of a file: a region of `kvx_region_alloc()`, a file reopened by its path such as /dev/shm's, or a memfd or "
+     "deleted file this process holds a read-write descriptor of, as Python's mmap does). `auto`: the kernel's "
+     "`process_vm_writev`, or, for a writer the kernel refuses (ptrace rules: Yama ptrace_scope, a target that is not "
+     "dumpable), a staging ring: the writer copies into a shared ring of 8 slots of 1 MiB and this transport's thread "
+     "copies from it into the region; `staged`: always the ring; `off`: no shm path for such a region (the peer falls "
+     "back to the next path).",
      "auto,staged,off"},
 };
 

@@ -13,24 +13,41 @@ namespace {
 
 constexpr OptionSpec kOptions[] = {
     {"tcp.listen", OptType::hostport, 0, 0, "0.0.0.0:0",
-     "HOST:PORT to listen on (IPv4, or [IPv6]:PORT); 0.0.0.0:0 = all IPv4 interfaces, any port"},
+     "`HOST:PORT` to listen on (IPv4, or `[IPv6]:PORT`); PORT 0 picks a free port. The default listens on every IPv4 "
+     "interface; `127.0.0.1:0` keeps a transport on the loopback interface."},
     {"tcp.advertise", OptType::hostports, wire::kMaxEndpoints, 0, "",
-     "comma-separated HOST:PORT list put in the metadata, in order of preference; PORT 0 = the listening port"},
-    {"tcp.streams", OptType::uint, 1, 16, "1", "TCP connections per peer; a transfer of 2 MiB or more is split over them"},
+     "Comma-separated `HOST:PORT` list put into the agent metadata, in order of preference; PORT 0 means the "
+     "listening port. Unset: when `tcp.listen` names an address, that address; when it is a wildcard, every "
+     "non-loopback IPv4 address of the host that is up, then 127.0.0.1, in that order: peers on other hosts use the "
+     "first reachable one and a peer on the same host falls back to loopback. With several networks (say a management "
+     "and a data network) set it to the data network's address. `KVX_LOG=info` logs what was chosen."},
+    {"tcp.streams", OptType::uint, 1, 16, "1", "TCP connections per peer; a transfer of 2 MiB or more is split over them."},
     {"tcp.handshake_timeout_ms", OptType::uint, 10, 60000, "1000",
-     "an accepted connection that has not authenticated within this long is closed"},
+     "An accepted connection that has not authenticated within this long (milliseconds) is closed."},
     {"tcp.max_handshakes", OptType::uint, 1, 65536, "1024",
-     "unauthenticated connections at once; past it the oldest is closed to admit the newest"},
+     "Unauthenticated connections a target holds at once. Past it the oldest is closed to admit the newest, so idle "
+     "connections cannot lock peers out; a peer whose connection is refused, reset or closed during the handshake "
+     "retries with a short backoff until `connect_timeout_ms`."},
     {"tcp.max_handshakes_per_source", OptType::uint, 1, 65536, "128",
-     "unauthenticated connections at once from one source address; more are closed at once"},
+     "Unauthenticated connections a target holds at once from one source address; more are closed as soon as they "
+     "are accepted."},
     {"tcp.max_connections", OptType::uint, 1, 1048576, "4096",
-     "authenticated connections the target keeps at once; more are closed before their ACCEPT"},
+     "Authenticated connections a target keeps at once; more are closed before their handshake completes."},
     {"tcp.protection", OptType::choice, 0, 0, "aead",
-     "aead = every frame and ack after the handshake is AES-128-GCM sealed (docs/security.md); none = cleartext, "
-     "for trusted networks only; both sides must agree", "aead,none"},
+     "`aead`: every frame and acknowledgement after the handshake is sealed with AES-128-GCM under keys derived from "
+     "that connection's handshake, so bytes forged, replayed, reordered or redirected on the network never land or "
+     "complete anything; `none`: cleartext, for trusted networks only. Both sides must agree: `kvx_add_remote_peer()` "
+     "to a peer with the other setting fails with KVX_ENOTSUP (docs/security.md).",
+     "aead,none"},
     {"tcp.aead_impl", OptType::choice, 0, 0, "auto",
-     "AES-GCM code of tcp.protection=aead (the same cipher, byte for byte): auto = ipsec-mb where the library was "
-     "built with it and it runs its VAES code on this CPU, else OpenSSL; openssl; ipsec-mb", "auto,openssl,ipsec-mb"},
+     "The code that seals and opens the records of `tcp.protection=aead`; the cipher and the bytes on the wire are "
+     "the same with each, so the two sides need not agree. `auto`: Intel's ipsec-mb where the library was built with "
+     "it and it runs its VAES code here (a CPU with AVX-512, VAES, VPCLMULQDQ, GFNI, AVX512-IFMA and SHA-NI, and a "
+     "kernel that enables AVX-512; several times OpenSSL's rate per core, docs/performance.md), else OpenSSL; "
+     "`openssl`; `ipsec-mb`: its best code for this CPU, which needs at least SSE4.2, AES-NI and PCLMULQDQ (with "
+     "`tcp.protection=aead`, `kvx_transport_create()` fails with KVX_ENOTSUP where it cannot run or the library was "
+     "built without it). `KVX_LOG=info` names the code in use.",
+     "auto,openssl,ipsec-mb"},
 };
 
 class TcpBackend final : public Backend {

@@ -8,16 +8,25 @@ namespace kvx::verbs {
 namespace {
 
 constexpr OptionSpec kOptions[] = {
-    {"verbs.device", OptType::string, 0, 64, "", "RDMA device name (e.g. mlx5_0); default: the first with an ACTIVE port"},
-    {"verbs.port", OptType::uint, 1, 255, "", "port number on that device; default: the first ACTIVE port"},
+    {"verbs.device", OptType::string, 0, 64, "",
+     "RDMA device name (`mlx5_0`, `rxe0`, ...). Unset: the first device with an ACTIVE port. With backend `verbs`, a "
+     "device that cannot be used (none, no ACTIVE port, RLIMIT_MEMLOCK too low for the region, a verbs.* option "
+     "naming something absent) fails `kvx_transport_create()` with KVX_ENOTSUP and the reason; with `auto` the "
+     "transport serves without verbs (logged)."},
+    {"verbs.port", OptType::uint, 1, 255, "", "Port number on that device. Unset: the first ACTIVE port."},
     {"verbs.gid_index", OptType::uint, 0, 65535, "",
-     "take the listen address from this GID (RoCE); default: rdma_cm's choice, logged"},
+     "Take the listen address from this GID (RoCE: the IPv4-mapped GID, usually index 1 or 3 for RoCE v2). Unset: "
+     "rdma_cm's choice, logged."},
     {"verbs.listen", OptType::hostport, 0, 0, "",
-     "IP:PORT for rdma_cm to listen on (an address of the RDMA device; PORT 0 = any); default: the chosen port's IPv4 address"},
-    {"verbs.qps_per_peer", OptType::uint, 1, 16, "1", "RC queue pairs per peer; transfers of 512 KiB or more are split over them"},
+     "`IP:PORT` for rdma_cm to listen on: an address of the RDMA device; PORT 0 picks a free port. Unset: the IPv4 "
+     "address of the chosen port, a free port."},
+    {"verbs.qps_per_peer", OptType::uint, 1, 16, "1",
+     "RC queue pairs per peer; transfers of 512 KiB or more are split over them."},
     {"verbs.post_batch_bytes", OptType::uint, 0, 1ull << 30, "0",
-     "when not 0: while this many bytes stay in flight on a QP behind its next completion, new transfers wait for it and "
-     "are posted together, one doorbell and one signalled WR for all (0: post each at once)"},
+     "When not 0 (since 0.4): while at least this many bytes stay in flight on a queue pair behind its next "
+     "completion, a new transfer waits for that completion and is posted with the others that waited, one doorbell "
+     "and one signalled work request for all (for hardware NICs, e.g. 1048576; docs/performance.md); 0 posts each "
+     "transfer at once."},
 };
 
 

@@ -42,57 +42,61 @@ typedef _gostring_ swig_type_10;
 typedef _goslice_ swig_type_11;
 typedef _gostring_ swig_type_12;
 typedef _gostring_ swig_type_13;
-typedef _goslice_ swig_type_14;
-typedef long long swig_type_15;
+typedef _gostring_ swig_type_14;
+typedef _goslice_ swig_type_15;
 typedef long long swig_type_16;
-typedef _gostring_ swig_type_17;
-typedef _goslice_ swig_type_18;
+typedef long long swig_type_17;
+typedef _gostring_ swig_type_18;
 typedef _goslice_ swig_type_19;
 typedef _goslice_ swig_type_20;
 typedef _goslice_ swig_type_21;
-typedef _gostring_ swig_type_22;
-typedef _goslice_ swig_type_23;
+typedef _goslice_ swig_type_22;
+typedef _gostring_ swig_type_23;
 typedef _goslice_ swig_type_24;
-typedef long long swig_type_25;
-typedef _gostring_ swig_type_26;
-typedef _goslice_ swig_type_27;
-typedef long long swig_type_28;
+typedef _goslice_ swig_type_25;
+typedef long long swig_type_26;
+typedef _gostring_ swig_type_27;
+typedef _goslice_ swig_type_28;
 typedef long long swig_type_29;
 typedef long long swig_type_30;
 typedef long long swig_type_31;
-typedef _gostring_ swig_type_32;
-typedef _goslice_ swig_type_33;
-typedef _gostring_ swig_type_34;
-typedef _goslice_ swig_type_35;
-typedef long long swig_type_36;
+typedef long long swig_type_32;
+typedef _gostring_ swig_type_33;
+typedef _goslice_ swig_type_34;
+typedef _gostring_ swig_type_35;
+typedef _goslice_ swig_type_36;
 typedef long long swig_type_37;
 typedef long long swig_type_38;
 typedef long long swig_type_39;
-typedef _goslice_ swig_type_40;
+typedef long long swig_type_40;
 typedef _goslice_ swig_type_41;
-typedef long long swig_type_42;
-typedef _goslice_ swig_type_43;
-typedef _gostring_ swig_type_44;
-typedef _goslice_ swig_type_45;
+typedef _goslice_ swig_type_42;
+typedef long long swig_type_43;
+typedef _goslice_ swig_type_44;
+typedef _gostring_ swig_type_45;
 typedef _goslice_ swig_type_46;
-typedef long long swig_type_47;
-typedef _goslice_ swig_type_48;
+typedef _goslice_ swig_type_47;
+typedef long long swig_type_48;
 typedef _goslice_ swig_type_49;
-typedef _gostring_ swig_type_50;
-typedef _goslice_ swig_type_51;
-typedef long long swig_type_52;
-typedef _goslice_ swig_type_53;
-typedef long long swig_type_54;
-typedef _goslice_ swig_type_55;
+typedef _goslice_ swig_type_50;
+typedef _gostring_ swig_type_51;
+typedef _goslice_ swig_type_52;
+typedef long long swig_type_53;
+typedef _goslice_ swig_type_54;
+typedef long long swig_type_55;
 typedef _goslice_ swig_type_56;
-typedef long long swig_type_57;
-typedef _goslice_ swig_type_58;
+typedef _goslice_ swig_type_57;
+typedef long long swig_type_58;
 typedef _goslice_ swig_type_59;
 typedef _goslice_ swig_type_60;
 typedef _goslice_ swig_type_61;
-typedef _gostring_ swig_type_62;
-typedef _goslice_ swig_type_63;
-typedef _gostring_ swig_type_64;
+typedef _goslice_ swig_type_62;
+typedef _gostring_ swig_type_63;
+typedef long long swig_type_64;
+typedef long long swig_type_65;
+typedef _goslice_ swig_type_66;
+typedef _gostring_ swig_type_67;
+typedef _gostring_ swig_type_68;
 extern void _wrap_Swig_free_capi_9b0a9b48af155b2f(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_capi_9b0a9b48af155b2f(swig_intgo arg1);
 extern swig_type_1 _wrap_KVX_GO_STATS_SIZE_capi_9b0a9b48af155b2f(void);
@@ -139,33 +143,36 @@ extern swig_type_10 _wrap_kvx_last_error_message_capi_9b0a9b48af155b2f(void);
 extern swig_intgo _wrap_kvx_options_create_capi_9b0a9b48af155b2f(swig_type_11 arg1);
 extern void _wrap_kvx_options_destroy_capi_9b0a9b48af155b2f(uintptr_t arg1);
 extern swig_intgo _wrap_kvx_options_set_capi_9b0a9b48af155b2f(uintptr_t arg1, swig_type_12 arg2, swig_type_13 arg3);
-extern swig_intgo _wrap_kvx_transport_create_capi_9b0a9b48af155b2f(swig_type_14 arg1, uintptr_t arg2, swig_type_15 arg3, swig_type_16 arg4, swig_type_17 arg5, uintptr_t arg6);
+extern swig_intgo _wrap_kvx_options_parse_capi_9b0a9b48af155b2f(uintptr_t arg1, swig_type_14 arg2);
+extern swig_intgo _wrap_kvx_transport_create_capi_9b0a9b48af155b2f(swig_type_15 arg1, uintptr_t arg2, swig_type_16 arg3, swig_type_17 arg4, swig_type_18 arg5, uintptr_t arg6);
 extern swig_intgo _wrap_kvx_transport_close_capi_9b0a9b48af155b2f(uintptr_t arg1);
 extern void _wrap_kvx_transport_destroy_capi_9b0a9b48af155b2f(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_transport_base_addr_capi_9b0a9b48af155b2f(swig_type_18 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_num_blocks_capi_9b0a9b48af155b2f(swig_type_19 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_block_len_capi_9b0a9b48af155b2f(swig_type_20 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_config_fingerprint_capi_9b0a9b48af155b2f(swig_type_21 arg1, uintptr_t arg2);
-extern swig_type_22 _wrap_kvx_transport_backend_capi_9b0a9b48af155b2f(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_get_agent_metadata_capi_9b0a9b48af155b2f(swig_type_23 arg1, uintptr_t arg2, swig_type_24 arg3, swig_type_25 arg4);
-extern swig_intgo _wrap_kvx_add_remote_peer_capi_9b0a9b48af155b2f(uintptr_t arg1, swig_type_26 arg2, swig_type_27 arg3, swig_type_28 arg4, swig_type_29 arg5, swig_type_30 arg6, swig_type_31 arg7);
-extern swig_intgo _wrap_kvx_remove_remote_peer_capi_9b0a9b48af155b2f(uintptr_t arg1, swig_type_32 arg2);
+extern swig_intgo _wrap_kvx_transport_base_addr_capi_9b0a9b48af155b2f(swig_type_19 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_num_blocks_capi_9b0a9b48af155b2f(swig_type_20 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_block_len_capi_9b0a9b48af155b2f(swig_type_21 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_config_fingerprint_capi_9b0a9b48af155b2f(swig_type_22 arg1, uintptr_t arg2);
+extern swig_type_23 _wrap_kvx_transport_backend_capi_9b0a9b48af155b2f(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_get_agent_metadata_capi_9b0a9b48af155b2f(swig_type_24 arg1, uintptr_t arg2, swig_type_25 arg3, swig_type_26 arg4);
+extern swig_intgo _wrap_kvx_add_remote_peer_capi_9b0a9b48af155b2f(uintptr_t arg1, swig_type_27 arg2, swig_type_28 arg3, swig_type_29 arg4, swig_type_30 arg5, swig_type_31 arg6, swig_type_32 arg7);
+extern swig_intgo _wrap_kvx_remove_remote_peer_capi_9b0a9b48af155b2f(uintptr_t arg1, swig_type_33 arg2);
 extern swig_intgo _wrap_KVX_PEER_REPLACE_capi_9b0a9b48af155b2f(void);
 extern swig_intgo _wrap_KVX_REGISTRATION_PENDING_capi_9b0a9b48af155b2f(void);
 extern swig_intgo _wrap_KVX_REGISTRATION_DONE_capi_9b0a9b48af155b2f(void);
 extern swig_intgo _wrap_KVX_REGISTRATION_FAILED_capi_9b0a9b48af155b2f(void);
-extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_9b0a9b48af155b2f(swig_type_33 arg1, uintptr_t arg2, swig_type_34 arg3, swig_type_35 arg4, swig_type_36 arg5, swig_type_37 arg6, swig_type_38 arg7, swig_type_39 arg8, swig_intgo arg9);
-extern swig_intgo _wrap_kvx_registration_status_capi_9b0a9b48af155b2f(swig_type_40 arg1, swig_type_41 arg2, uintptr_t arg3, swig_type_42 arg4, swig_intgo arg5);
-extern swig_intgo _wrap_kvx_write_blocks_capi_9b0a9b48af155b2f(swig_type_43 arg1, uintptr_t arg2, swig_type_44 arg3, swig_type_45 arg4, swig_type_46 arg5, swig_type_47 arg6);
-extern swig_intgo _wrap_kvx_poll_capi_9b0a9b48af155b2f(swig_type_48 arg1, swig_type_49 arg2, uintptr_t arg3, swig_type_50 arg4, swig_type_51 arg5, swig_type_52 arg6, swig_type_53 arg7, swig_type_54 arg8);
+extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_9b0a9b48af155b2f(swig_type_34 arg1, uintptr_t arg2, swig_type_35 arg3, swig_type_36 arg4, swig_type_37 arg5, swig_type_38 arg6, swig_type_39 arg7, swig_type_40 arg8, swig_intgo arg9);
+extern swig_intgo _wrap_kvx_registration_status_capi_9b0a9b48af155b2f(swig_type_41 arg1, swig_type_42 arg2, uintptr_t arg3, swig_type_43 arg4, swig_intgo arg5);
+extern swig_intgo _wrap_kvx_write_blocks_capi_9b0a9b48af155b2f(swig_type_44 arg1, uintptr_t arg2, swig_type_45 arg3, swig_type_46 arg4, swig_type_47 arg5, swig_type_48 arg6);
+extern swig_intgo _wrap_kvx_poll_capi_9b0a9b48af155b2f(swig_type_49 arg1, swig_type_50 arg2, uintptr_t arg3, swig_type_51 arg4, swig_type_52 arg5, swig_type_53 arg6, swig_type_54 arg7, swig_type_55 arg8);
 extern swig_intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_9b0a9b48af155b2f(void);
 extern swig_intgo _wrap_KVX_CANCEL_WAIT_capi_9b0a9b48af155b2f(void);
-extern swig_intgo _wrap_kvx_cancel_capi_9b0a9b48af155b2f(swig_type_55 arg1, uintptr_t arg2, swig_type_56 arg3, swig_type_57 arg4, swig_intgo arg5, swig_type_58 arg6);
-extern swig_intgo _wrap_kvx_wait_capi_9b0a9b48af155b2f(swig_type_59 arg1, uintptr_t arg2, swig_intgo arg3);
-extern swig_intgo _wrap_kvx_completion_fd_capi_9b0a9b48af155b2f(swig_type_60 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_get_stats_capi_9b0a9b48af155b2f(swig_type_61 arg1, uintptr_t arg2, swig_type_62 arg3);
+extern swig_intgo _wrap_kvx_cancel_capi_9b0a9b48af155b2f(swig_type_56 arg1, uintptr_t arg2, swig_type_57 arg3, swig_type_58 arg4, swig_intgo arg5, swig_type_59 arg6);
+extern swig_intgo _wrap_kvx_wait_capi_9b0a9b48af155b2f(swig_type_60 arg1, uintptr_t arg2, swig_intgo arg3);
+extern swig_intgo _wrap_kvx_completion_fd_capi_9b0a9b48af155b2f(swig_type_61 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_get_stats_capi_9b0a9b48af155b2f(swig_type_62 arg1, uintptr_t arg2, swig_type_63 arg3);
+extern swig_type_64 _wrap_kvx_stats_bucket_lower_ns_capi_9b0a9b48af155b2f(swig_type_65 arg1);
 extern swig_intgo _wrap_KVX_REGION_HUGE_PAGES_capi_9b0a9b48af155b2f(void);
-extern swig_intgo _wrap_kvx_config_fingerprint_capi_9b0a9b48af155b2f(swig_type_63 arg1, swig_type_64 arg2);
+extern swig_intgo _wrap_kvx_config_fingerprint_capi_9b0a9b48af155b2f(swig_type_66 arg1, swig_type_67 arg2);
+extern swig_type_68 _wrap_kvx_backends_capi_9b0a9b48af155b2f(void);
 #undef intgo
 */
 import "C"
@@ -273,7 +280,7 @@ func Kvx_go_region_free(arg1 uint64) {
 }
 
 const KVX_VERSION_MAJOR int = 0
-const KVX_VERSION_MINOR int = 5
+const KVX_VERSION_MINOR int = 6
 const KVX_VERSION_PATCH int = 0
 
 func _swig_getKVX_VERSION_NUMBER() (_swig_ret int) {
@@ -610,6 +617,17 @@ func Kvx_options_set(arg1 uintptr, arg2 string, arg3 string) (_swig_ret int) {
 	return swig_r
 }
 
+func Kvx_options_parse(arg1 uintptr, arg2 string) (_swig_ret int) {
+	var swig_r int
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	swig_r = (int)(C._wrap_kvx_options_parse_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0), *(*C.swig_type_14)(unsafe.Pointer(&_swig_i_1))))
+	if Swig_escape_always_false {
+		Swig_escape_val = arg2
+	}
+	return swig_r
+}
+
 func Kvx_transport_create(arg1 []uintptr, arg2 uintptr, arg3 uint64, arg4 uint64, arg5 string, arg6 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
@@ -618,7 +636,7 @@ func Kvx_transport_create(arg1 []uintptr, arg2 uintptr, arg3 uint64, arg4 uint64
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_transport_create_capi_9b0a9b48af155b2f(*(*C.swig_type_14)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_type_15(_swig_i_2), C.swig_type_16(_swig_i_3), *(*C.swig_type_17)(unsafe.Pointer(&_swig_i_4)), C.uintptr_t(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_transport_create_capi_9b0a9b48af155b2f(*(*C.swig_type_15)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_type_16(_swig_i_2), C.swig_type_17(_swig_i_3), *(*C.swig_type_18)(unsafe.Pointer(&_swig_i_4)), C.uintptr_t(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -644,7 +662,7 @@ func Kvx_transport_base_addr(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_base_addr_capi_9b0a9b48af155b2f(*(*C.swig_type_18)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_base_addr_capi_9b0a9b48af155b2f(*(*C.swig_type_19)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -655,7 +673,7 @@ func Kvx_transport_num_blocks(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_num_blocks_capi_9b0a9b48af155b2f(*(*C.swig_type_19)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_num_blocks_capi_9b0a9b48af155b2f(*(*C.swig_type_20)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -666,7 +684,7 @@ func Kvx_transport_block_len(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_block_len_capi_9b0a9b48af155b2f(*(*C.swig_type_20)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_block_len_capi_9b0a9b48af155b2f(*(*C.swig_type_21)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -677,7 +695,7 @@ func Kvx_transport_config_fingerprint(arg1 []byte, arg2 uintptr) (_swig_ret int)
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_config_fingerprint_capi_9b0a9b48af155b2f(*(*C.swig_type_21)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_config_fingerprint_capi_9b0a9b48af155b2f(*(*C.swig_type_22)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -700,7 +718,7 @@ func Kvx_get_agent_metadata(arg1 []uint64, arg2 uintptr, arg3 []byte, arg4 int64
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_9b0a9b48af155b2f(*(*C.swig_type_23)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_24)(unsafe.Pointer(&_swig_i_2)), C.swig_type_25(_swig_i_3)))
+	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_9b0a9b48af155b2f(*(*C.swig_type_24)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_25)(unsafe.Pointer(&_swig_i_2)), C.swig_type_26(_swig_i_3)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -719,7 +737,7 @@ func Kvx_add_remote_peer(arg1 uintptr, arg2 string, arg3 []byte, arg4 int64, arg
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0), *(*C.swig_type_26)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_27)(unsafe.Pointer(&_swig_i_2)), C.swig_type_28(_swig_i_3), C.swig_type_29(_swig_i_4), C.swig_type_30(_swig_i_5), C.swig_type_31(_swig_i_6)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0), *(*C.swig_type_27)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_28)(unsafe.Pointer(&_swig_i_2)), C.swig_type_29(_swig_i_3), C.swig_type_30(_swig_i_4), C.swig_type_31(_swig_i_5), C.swig_type_32(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -733,7 +751,7 @@ func Kvx_remove_remote_peer(arg1 uintptr, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0), *(*C.swig_type_32)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_9b0a9b48af155b2f(C.uintptr_t(_swig_i_0), *(*C.swig_type_33)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -787,7 +805,7 @@ func Kvx_add_remote_peer_async(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := arg9
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_9b0a9b48af155b2f(*(*C.swig_type_33)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_34)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_35)(unsafe.Pointer(&_swig_i_3)), C.swig_type_36(_swig_i_4), C.swig_type_37(_swig_i_5), C.swig_type_38(_swig_i_6), C.swig_type_39(_swig_i_7), C.swig_intgo(_swig_i_8)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_9b0a9b48af155b2f(*(*C.swig_type_34)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_35)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_36)(unsafe.Pointer(&_swig_i_3)), C.swig_type_37(_swig_i_4), C.swig_type_38(_swig_i_5), C.swig_type_39(_swig_i_6), C.swig_type_40(_swig_i_7), C.swig_intgo(_swig_i_8)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -807,7 +825,7 @@ func Kvx_registration_status(arg1 []int32, arg2 []int32, arg3 uintptr, arg4 uint
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int)(C._wrap_kvx_registration_status_capi_9b0a9b48af155b2f(*(*C.swig_type_40)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_41)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_42(_swig_i_3), C.swig_intgo(_swig_i_4)))
+	swig_r = (int)(C._wrap_kvx_registration_status_capi_9b0a9b48af155b2f(*(*C.swig_type_41)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_42)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_43(_swig_i_3), C.swig_intgo(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -825,7 +843,7 @@ func Kvx_write_blocks(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []uint64, a
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_write_blocks_capi_9b0a9b48af155b2f(*(*C.swig_type_43)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_44)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_45)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_46)(unsafe.Pointer(&_swig_i_4)), C.swig_type_47(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_write_blocks_capi_9b0a9b48af155b2f(*(*C.swig_type_44)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_45)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_46)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_47)(unsafe.Pointer(&_swig_i_4)), C.swig_type_48(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -851,7 +869,7 @@ func Kvx_poll(arg1 []uint64, arg2 []uint64, arg3 uintptr, arg4 string, arg5 []ui
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
-	swig_r = (int)(C._wrap_kvx_poll_capi_9b0a9b48af155b2f(*(*C.swig_type_48)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_49)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_50)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_51)(unsafe.Pointer(&_swig_i_4)), C.swig_type_52(_swig_i_5), *(*C.swig_type_53)(unsafe.Pointer(&_swig_i_6)), C.swig_type_54(_swig_i_7)))
+	swig_r = (int)(C._wrap_kvx_poll_capi_9b0a9b48af155b2f(*(*C.swig_type_49)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_50)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_51)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_52)(unsafe.Pointer(&_swig_i_4)), C.swig_type_53(_swig_i_5), *(*C.swig_type_54)(unsafe.Pointer(&_swig_i_6)), C.swig_type_55(_swig_i_7)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -896,7 +914,7 @@ func Kvx_cancel(arg1 []uint64, arg2 uintptr, arg3 []uint64, arg4 int64, arg5 int
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_cancel_capi_9b0a9b48af155b2f(*(*C.swig_type_55)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_56)(unsafe.Pointer(&_swig_i_2)), C.swig_type_57(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_58)(unsafe.Pointer(&_swig_i_5))))
+	swig_r = (int)(C._wrap_kvx_cancel_capi_9b0a9b48af155b2f(*(*C.swig_type_56)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_57)(unsafe.Pointer(&_swig_i_2)), C.swig_type_58(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_59)(unsafe.Pointer(&_swig_i_5))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -914,7 +932,7 @@ func Kvx_wait(arg1 []uint64, arg2 uintptr, arg3 int) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_wait_capi_9b0a9b48af155b2f(*(*C.swig_type_59)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
+	swig_r = (int)(C._wrap_kvx_wait_capi_9b0a9b48af155b2f(*(*C.swig_type_60)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -925,7 +943,7 @@ func Kvx_completion_fd(arg1 []int32, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_completion_fd_capi_9b0a9b48af155b2f(*(*C.swig_type_60)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_completion_fd_capi_9b0a9b48af155b2f(*(*C.swig_type_61)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -939,13 +957,20 @@ func Kvx_get_stats(arg1 []uint64, arg2 uintptr, arg3 string) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_get_stats_capi_9b0a9b48af155b2f(*(*C.swig_type_61)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_62)(unsafe.Pointer(&_swig_i_2))))
+	swig_r = (int)(C._wrap_kvx_get_stats_capi_9b0a9b48af155b2f(*(*C.swig_type_62)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_63)(unsafe.Pointer(&_swig_i_2))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
 	}
+	return swig_r
+}
+
+func Kvx_stats_bucket_lower_ns(arg1 int64) (_swig_ret uint64) {
+	var swig_r uint64
+	_swig_i_0 := arg1
+	swig_r = (uint64)(C._wrap_kvx_stats_bucket_lower_ns_capi_9b0a9b48af155b2f(C.swig_type_65(_swig_i_0)))
 	return swig_r
 }
 
@@ -963,7 +988,7 @@ func Kvx_config_fingerprint(arg1 []byte, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_9b0a9b48af155b2f(*(*C.swig_type_63)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_64)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_9b0a9b48af155b2f(*(*C.swig_type_66)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_67)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -971,4 +996,13 @@ func Kvx_config_fingerprint(arg1 []byte, arg2 string) (_swig_ret int) {
 		Swig_escape_val = arg2
 	}
 	return swig_r
+}
+
+func Kvx_backends() (_swig_ret string) {
+	var swig_r string
+	swig_r_p := C._wrap_kvx_backends_capi_9b0a9b48af155b2f()
+	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
+	var swig_r_1 string
+	swig_r_1 = swigCopyString(swig_r)
+	return swig_r_1
 }

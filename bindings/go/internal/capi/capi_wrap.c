@@ -324,7 +324,7 @@ intgo _wrap_KVX_VERSION_NUMBER_capi_9b0a9b48af155b2f() {
   intgo _swig_go_result;
   
   
-  result = (int)((0*10000+5*100+0));
+  result = (int)((0*10000+6*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
@@ -809,6 +809,26 @@ intgo _wrap_kvx_options_set_capi_9b0a9b48af155b2f(kvx_options *_swig_go_0, _gost
   _swig_go_result = result; 
   free(arg2); 
   free(arg3); 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_options_parse_capi_9b0a9b48af155b2f(kvx_options *_swig_go_0, _gostring_ _swig_go_1) {
+  kvx_options *arg1 = (kvx_options *) 0 ;
+  char *arg2 = (char *) 0 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (kvx_options *)_swig_go_0; 
+  
+  arg2 = (char *)malloc(_swig_go_1.n + 1);
+  memcpy(arg2, _swig_go_1.p, _swig_go_1.n);
+  arg2[_swig_go_1.n] = '\0';
+  
+  
+  result = (int)kvx_options_parse(arg1,(char const *)arg2);
+  _swig_go_result = result; 
+  free(arg2); 
   return _swig_go_result;
 }
 
@@ -1362,6 +1382,19 @@ intgo _wrap_kvx_get_stats_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transp
 }
 
 
+long long _wrap_kvx_stats_bucket_lower_ns_capi_9b0a9b48af155b2f(long long _swig_go_0) {
+  size_t arg1 ;
+  uint64_t result;
+  long long _swig_go_result;
+  
+  arg1 = (size_t)_swig_go_0; 
+  
+  result = (uint64_t)kvx_stats_bucket_lower_ns(arg1);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
 intgo _wrap_KVX_REGION_HUGE_PAGES_capi_9b0a9b48af155b2f() {
   enum kvx_region_flag result;
   intgo _swig_go_result;
@@ -1398,6 +1431,17 @@ intgo _wrap_kvx_config_fingerprint_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _
   
   
   free(arg2); 
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_kvx_backends_capi_9b0a9b48af155b2f() {
+  char *result = 0 ;
+  _gostring_ _swig_go_result;
+  
+  
+  result = (char *)kvx_backends();
+  _swig_go_result = Swig_AllocateString((char*)result, result ? strlen((char*)result) : 0); 
   return _swig_go_result;
 }
 

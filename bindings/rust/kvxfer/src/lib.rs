@@ -76,6 +76,16 @@ pub fn version_number() -> u32 {
     unsafe { sys::kvx_version_number() }
 }
 
+/// Names of the backends built into the library loaded at run time, in order
+/// of preference (`["shm", "verbs", "tcp"]`): each a value of the `backend`
+/// option. A backend is listed whether or not it is usable on this host
+/// (verbs needs an RDMA device); `"auto"` serves on the usable ones.
+pub fn backends() -> Vec<&'static str> {
+    // SAFETY: static storage, never NULL.
+    let list = unsafe { transport::static_str(sys::kvx_backends()) };
+    list.split(',').filter(|n| !n.is_empty()).collect()
+}
+
 /// The fingerprint of a model config JSON object text, exactly as a
 /// transport computes it: the first 16 hex characters of the sha256 of
 /// Python's `json.dumps(fields, sort_keys=True, separators=(",", ":"))`, or

@@ -8,10 +8,11 @@ use std::ptr::NonNull;
 /// `kvx_options` object only inside [`Transport::new`](crate::Transport::new)
 /// (so `Options` is `Clone`, `Send` and `Sync`, unlike the C object).
 ///
-/// Keys and values are those of `kvx_options_set()` in `kvxfer.h`
-/// (`backend`, `connect_timeout_ms`, `transfer_timeout_ms`, `tcp.listen`,
-/// `tcp.advertise`, `tcp.streams`, `verbs.*`). They are checked by the library
-/// when the transport is created, or earlier with [`Options::validate`].
+/// Keys and values are those of `kvx_options_set()`: every key, its values,
+/// default and meaning are in the man page kvx_options_set(3)
+/// (`docs/man/kvx_options_set.3` in the kvxfer sources). They are checked by
+/// the library when the transport is created, or earlier with
+/// [`Options::validate`].
 ///
 /// ```no_run
 /// let opts = kvxfer::Options::new()

@@ -41,8 +41,9 @@ pub struct Stats {
     pub latency_buckets: Vec<u64>,
 }
 
-/// `(lo, hi)` in ns of latency bucket `i`: it holds latencies in `[lo, hi)`;
-/// `hi` is `None` for the last bucket. Panics if `i >= LATENCY_BUCKETS`.
+/// `(lo, hi)` in ns of latency bucket `i`, as the library records them
+/// (`kvx_stats_bucket_lower_ns`): it holds latencies in `[lo, hi)`; `hi` is
+/// `None` for the last bucket. Panics if `i >= LATENCY_BUCKETS`.
 pub fn latency_bucket_bounds(i: usize) -> (u64, Option<u64>) {
     assert!(
         i < LATENCY_BUCKETS,
@@ -50,13 +51,8 @@ pub fn latency_bucket_bounds(i: usize) -> (u64, Option<u64>) {
         i,
         LATENCY_BUCKETS
     );
-    let lo = |k: usize| -> u64 {
-        if k < 8 {
-            k as u64
-        } else {
-            ((8 + k % 8) as u64) << (k / 8 - 1)
-        }
-    };
+    // SAFETY: a pure function of its argument, defined for every value.
+    let lo = |k: usize| -> u64 { unsafe { sys::kvx_stats_bucket_lower_ns(k) } };
     (
         lo(i),
         if i + 1 < LATENCY_BUCKETS {

@@ -103,4 +103,10 @@ fn bucket_bounds_tile_the_range() {
         assert!(hi.unwrap() > lo);
     }
     assert_eq!(latency_bucket_bounds(LATENCY_BUCKETS - 1).1, None);
+    assert_eq!(latency_bucket_bounds(17), (18, Some(20)));
+    // SAFETY: defined for every index.
+    assert_eq!(
+        unsafe { kvxfer::sys::kvx_stats_bucket_lower_ns(LATENCY_BUCKETS) },
+        u64::MAX
+    );
 }

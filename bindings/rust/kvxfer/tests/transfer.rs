@@ -314,6 +314,20 @@ fn version() {
     );
 }
 
+#[test]
+fn backends_come_from_the_library() {
+    let names = kvxfer::backends();
+    assert!(
+        names.contains(&"tcp") && names.contains(&"shm"),
+        "{:?}",
+        names
+    );
+    let mut unique = names.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), names.len(), "{:?}", names);
+}
+
 /// A SharedRegion target: a same-host writer maps it and copies directly
 /// ("mapped"); the blocks land, the others keep their bytes.
 #[test]
