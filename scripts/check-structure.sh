@@ -8,7 +8,10 @@
 #   5. every backend has one shape: NAME_entry.cpp (the only file defining its
 #      registry entry), NAME_wire.cpp, NAME_listener.cpp, NAME_peer.cpp;
 #   6. backends drive the handshake engine (handshake/engine.h), never the
-#      message codec or the proofs themselves.
+#      message codec or the proofs themselves;
+#   7. a test program is named after its folder and first source
+#      (tests/FOLDER/test_[FOLDER_]STEM.c -> FOLDER_STEM), and each ctest run
+#      of it is that name or the name plus a suffix.
 # Usage: scripts/check-structure.sh BUILD_DIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +72,28 @@ done
 git grep -n -E 'handshake::(verify|answer|expect_answer|expect_accept|derive_keys|encode|decode|ChallengeCookies)\b' \
     -- "src/backends/*.cpp" "src/backends/*.h" "src/core/*" "src/capi/*" &&
     complain "a backend or the core bypasses the handshake engine"
+
+# 7. test names
+names=$(/usr/bin/python3 - <<'PY'
+import glob, os, re
+progs = {}
+for cm in sorted(glob.glob("tests/*/CMakeLists.txt")):
+    folder = os.path.basename(os.path.dirname(cm))
+    text = open(cm).read()
+    for name, first in re.findall(r"kvx_cmocka_test\(\s*(\w+)\s+SOURCES\s+([^\s)]+)", text):
+        stem = re.sub(r"\.(c|cpp)$", "", os.path.basename(first))
+        stem = stem[len("test_"):] if stem.startswith("test_") else stem
+        stem = stem[len(folder) + 1:] if stem.startswith(folder + "_") else stem
+        if name != folder + "_" + stem:
+            print(f"{cm}: program {name} from {first} should be named {folder}_{stem}")
+        progs[name] = cm
+for cm in sorted(glob.glob("tests/*/CMakeLists.txt")):
+    for run, cmd in re.findall(r"add_test\(NAME\s+(\S+)\s+COMMAND\s+(\S+)", open(cm).read()):
+        if cmd in progs and not run.startswith(cmd):
+            print(f"{cm}: run {run} of program {cmd} should start with {cmd}")
+PY
+) || complain "the test-name check could not run (/usr/bin/python3)"
+[ -z "$names" ] || complain "test names:"$'\n'"$names"
 
 [ $bad -eq 0 ] && echo "check-structure: ok ($n functions, layers and names as drawn)"
 exit $bad

@@ -25,8 +25,8 @@ unit() {
     echo "--- the library without the verbs backend and without ipsec-mb (-DKVX_VERBS=OFF -DKVX_IPSEC_MB=OFF:"
     echo "    hosts without rdma-core, non-x86 hosts): options, AES-GCM by OpenSSL alone"
     cmake -S . -B build-noverbs -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_WERROR=ON -DKVX_VERBS=OFF -DKVX_IPSEC_MB=OFF >/dev/null
-    cmake --build build-noverbs -j "$JOBS" --target test_options test_options_api tcp_aead >/dev/null
-    (cd build-noverbs && ctest --output-on-failure -R '^(test_options(_api)?|tcp_aead)$')
+    cmake --build build-noverbs -j "$JOBS" --target unit_options unit_options_api tcp_aead >/dev/null
+    (cd build-noverbs && ctest --output-on-failure -R '^(unit_options(_api)?|tcp_aead)$')
     # gcc at -O3 warns where -O2 does not (false positives included, which
     # the tree works around): the whole tree, warnings as errors. The other
     # build types and clang: scripts/build-types.sh (not run here: 8 builds).

@@ -1,4 +1,4 @@
-/* Helpers of the shm conformance tests (test_shm.c, test_shm_threads.c). */
+/* Helpers of the shm conformance tests (test_shm_paths.c, test_shm_threads.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -10,12 +10,7 @@ kvx_options *opts(const char *backend, const char *extra) {
     CHECK_OK(kvx_options_create(&o));
     CHECK_OK(kvx_options_set(o, "backend", backend));
     CHECK_OK(kvx_options_set(o, "tcp.listen", "127.0.0.1:0"));
-    if (extra) {
-        char key[64];
-        const char *eq = strchr(extra, '=');
-        snprintf(key, sizeof key, "%.*s", (int)(eq - extra), extra);
-        CHECK_OK(kvx_options_set(o, key, eq + 1));
-    }
+    if (extra) CHECK_OK(kvx_options_parse(o, extra));
     return o;
 }
 

@@ -1,11 +1,12 @@
-/* Helpers of the shm conformance tests (test_shm.c, test_shm_threads.c). */
+/* Helpers of the shm conformance tests (test_shm_paths.c, test_shm_threads.c). */
 #pragma once
 
 #include <stdint.h>
 
 #include "kvxfer.h"
 
-/* Options for backend (tcp on 127.0.0.1:0) plus one "key=value", or NULL. */
+/* Options for backend (tcp on 127.0.0.1:0) plus extra, a "KEY=VALUE ..." list
+ * (kvx_options_parse), or NULL. */
 kvx_options *opts(const char *backend, const char *extra);
 /* A transport over nb x bl at base; destroys o. */
 kvx_transport *make(uint8_t *base, uint64_t nb, uint64_t bl, kvx_options *o);

@@ -262,5 +262,5 @@ void test_rest_of_frame_after_turn_limit(void **) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_rest_of_frame_after_turn_limit)};
-    return cmocka_run_group_tests_name("adversarial_tcp_stall", tests, NULL, NULL);
+    return cmocka_run_group_tests_name("tcp_stall", tests, NULL, NULL);
 }
