@@ -79,6 +79,8 @@ interop() {
     KVX_INTEROP_RS="$(cat "$b/rust/KVX_INTEROP_RS")" \
     KVX_INTEROP_PAIRS="py:go go:py rs:c c:rs go:rs rs:py py:c c:go" \
         tests/interop/run.sh "$b"
+    # the last release of the previous minor (0.4.6) against this build
+    tests/interop/cross-version.sh "$b" 6d4ae99 0.4.6
 }
 
 packaging() {
