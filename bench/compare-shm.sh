@@ -16,8 +16,8 @@
 #                take the same path), shm.threads=1
 #   memcpy x2, pvw x2  the same references with two threads at once, each
 #                into its own half of the destination: the references of
-#                the shm.threads=2 lines (the bars stay against one
-#                thread's memcpy; these ratios are printed beside them)
+#                the shm.threads=2 lines (the shm lines are still judged
+#                against one thread's memcpy; these ratios are printed beside them)
 #   shm mapped 2 the same with shm.threads=2, the default (the submitting
 #                thread and one pool thread; 4M and 1M: split from 1 MiB;
 #                64K and 4K: batched)

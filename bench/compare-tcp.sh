@@ -150,7 +150,7 @@ protections=${PROTECTION:-none aead aead-openssl}
 vs=()  # what each kvxfer kind is measured against
 for prot in $protections; do
     if [[ $prot == aead* ]]; then
-        # the cipher's ceiling joins each TCP one; issue 9's bar names a
+        # the cipher's ceiling joins each TCP one; protected tcp is held to a
         # single stream, min(iperf3 -P 1, openssl); and a TLS stream
         vs+=(--vs "kvxfer $prot=iperf3,openssl" --vs "kvxfer $prot=tcp-ref,openssl"
              --vs "kvxfer $prot=iperf3:iperf3 -P 1,openssl" --vs "kvxfer $prot=tls-ref")

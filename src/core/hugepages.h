@@ -3,7 +3,8 @@
 // MADV_COLLAPSE), so that a same-host writer's process_vm_writev walks the
 // target's page table once per huge page instead of once per 4 KiB page: that
 // walk, and the lock of the page table that two copy threads share, are most
-// of the kernel path's cost beside the copy itself (README, "Release 0.4.6").
+// of the kernel path's cost beside the copy itself (docs/performance.md,
+// "Release 0.4.6").
 #pragma once
 
 #include <cstdint>

@@ -560,8 +560,8 @@ static uint64_t legit_add(kvx_transport *a, const metablob *m) {
 }
 
 #define FLOODERS 2
-/* Attempts a second, per flooder: 200 in all, the issue's rate and the tcp
- * test's (KVX_VERBS_FLOOD_RATE sets the per-flooder rate, 0 = as fast as
+/* Attempts a second, per flooder: 200 in all, the rate the tcp flood test
+ * uses too (KVX_VERBS_FLOOD_RATE sets the per-flooder rate, 0 = as fast as
  * answered). In the VM the hostile side's own kernel work (address and route
  * resolution, CM messages) runs on the same two emulated vCPUs as the target
  * and the honest initiator, and the VM shares a 2-core host. Measured at 200
