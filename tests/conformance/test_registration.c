@@ -206,8 +206,12 @@ static void test_async_cancel_and_close(void **state) {
 }
 
 /* A synchronous kvx_add_remote_peer() in another thread, hanging on a silent
- * peer: close calls it off and returns only after the add returned (with
- * KVX_ECLOSED), not while the attempt still runs on the closed transport. */
+ * peer: close calls it off and returns only once the add is done with the
+ * transport (it returns KVX_ECLOSED), not while the attempt still runs on
+ * the closed transport. The transport is destroyed right after close, before
+ * the add's thread is joined: an add still using it is a use after free,
+ * which the sanitizer stages catch. (Whether the add's thread has got back
+ * to its caller by then is up to the scheduler: not asserted.) */
 typedef struct {
     kvx_transport *t;
     const metablob *m;
@@ -244,11 +248,10 @@ static void test_close_waits_for_sync_add(void **state) {
     CHECK_OK(kvx_transport_close(a));
     const int returned = atomic_load(&s.returned);
     print_message("close with a synchronous add hanging: %llu ms, the add %s\n",
-                  (unsigned long long)(now_ms() - t0), returned ? "had returned" : "still ran");
+                  (unsigned long long)(now_ms() - t0), returned ? "had returned" : "was returning");
+    kvx_transport_destroy(a); /* before the join: the add must be done with it */
     pthread_join(th, NULL);
-    assert_int_equal(returned, 1);
     assert_int_equal(s.rc, KVX_ECLOSED);
-    kvx_transport_destroy(a);
     kvx_transport_destroy(b);
     close(hole);
     region_free(&ra);
