@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# run-vm.sh - run a shell command inside a throw-away QEMU (TCG) VM that has a
-# real kernel Soft-RoCE device (rdma_rxe, "rxe0"), so kvxfer's verbs/rdma_cm
-# code can be tested on a host without RDMA hardware, RDMA modules or KVM.
+# run-vm.sh - run a shell command inside a throw-away QEMU (TCG) VM that has
+# two real kernel Soft-RoCE devices (rdma_rxe, "rxe0" and "rxe1", one per
+# rail), so kvxfer's verbs/rdma_cm code can be tested on a host without RDMA
+# hardware, RDMA modules or KVM.
 #
 #   run-vm.sh [-t SECS] [-w DIR]... [--] 'shell command'
 #   run-vm.sh --setup            install host packages + build the kernel/initramfs cache
@@ -12,9 +13,11 @@
 # read-write at the same path. The command runs as root under /bin/bash in the
 # host's current directory, with `ulimit -l unlimited`, stdin /dev/null and
 #   KVX_VM_DEV=rxe0   KVX_VM_NETDEV=kvxnet0   KVX_VM_ADDR=<IPv4 of kvxnet0>
+#   KVX_VM_DEV2=rxe1  KVX_VM_NETDEV2=kvxnet1  KVX_VM_ADDR2=<IPv4 of kvxnet1>
 # plus the host's PATH, HOME, LANG and every exported KVX_* variable.
-# rxe0 sits on a dummy netdev: the VM has no NIC, nothing leaves it. Use
-# $KVX_VM_ADDR (not 127.0.0.1) for rdma_cm; the RoCEv2 IPv4 GID is index 1.
+# Each rxe sits on its own dummy netdev and subnet: the VM has no NIC, nothing
+# leaves it. Use $KVX_VM_ADDR / $KVX_VM_ADDR2 (not 127.0.0.1) for rdma_cm; the
+# RoCEv2 IPv4 GID is index 1.
 #
 # Output is streamed live. Exit status: the command's, or 124 (timeout) or
 # 125 (host setup / VM boot / guest setup failure; the console tail is printed).
@@ -25,7 +28,8 @@
 #   --setup    only install packages and build the cache
 #   KVX_VM_CACHE    cache dir                  ($HOME/.cache/kvxfer-rxe-vm)
 #   KVX_VM_MEM / KVX_VM_SMP      guest MiB / vCPUs          (2048 / nproc)
-#   KVX_VM_IP / KVX_VM_NETMTU    rxe address / netdev MTU   (198.18.0.1/24 / 9000)
+#   KVX_VM_IP / KVX_VM_NETMTU    rxe0 address / netdev MTU  (198.18.0.1/24 / 9000)
+#   KVX_VM_IP2                   rxe1 address, own subnet   (198.18.1.1/24)
 #   KVX_VM_KPKG     kernel package (default: what linux-image-amd64 depends on;
 #                   remembered in the cache, KVX_VM_REFRESH=1 re-resolves it)
 #   KVX_VM_KEEP=1   keep the job dir (guest console log) and print its path
@@ -40,6 +44,7 @@ timeout_s=${KVX_VM_TIMEOUT:-1800}
 mem=${KVX_VM_MEM:-2048}
 smp=${KVX_VM_SMP:-$(nproc)}
 ip_cidr=${KVX_VM_IP:-198.18.0.1/24}
+ip2_cidr=${KVX_VM_IP2:-198.18.1.1/24}
 net_mtu=${KVX_VM_NETMTU:-9000}
 cache=${KVX_VM_CACHE:-${HOME:-/root}/.cache/kvxfer-rxe-vm}
 read -r -a shares <<< "${KVX_VM_RW:-}"
@@ -84,8 +89,8 @@ done
 
 # ------------------------------------------------------------------ guest /init
 # PID 1 of the guest. It stays in the busybox initramfs for the whole run:
-# it loads the modules, builds the overlay root, creates rxe0, then chroots
-# into the overlay to run the job and finally powers the VM off.
+# it loads the modules, builds the overlay root, creates rxe0 and rxe1, then
+# chroots into the overlay to run the job and finally powers the VM off.
 # Any change to this text (or to $modules / the kernel) rebuilds the initramfs.
 read -r -d '' guest_init <<'GUEST_INIT' || true
 #!/bin/busybox sh
@@ -132,21 +137,28 @@ for f in $R/etc/libibverbs.d/*.driver; do
     [ "${f##*/}" = rxe.driver ] || rm -f "$f"
 done
 
-# net: lo + dummy netdev with the RoCE address, then rxe0 on top of it
+# net: lo + two rails, each a dummy netdev with its own RoCE address/subnet
+# and an rxe device on top of it: kvxnet0/rxe0 and kvxnet1/rxe1
 hostname kvx-vm
 ip link set lo up || die "lo"
-ip link add name kvxnet0 type dummy && ip link set kvxnet0 mtu "$NET_MTU" \
-    && ip addr add "$NET_ADDR" dev kvxnet0 && ip link set kvxnet0 up || die "cannot set up kvxnet0"
-# iproute2's rdma tool is not in busybox: use the host's from the new root
-PATH=/usr/sbin:/usr/bin:/sbin:/bin chroot $R rdma link add rxe0 type rxe netdev kvxnet0 \
-    > /dev/ttyS0 2>&1 || die "rdma link add rxe0 type rxe netdev kvxnet0 failed"
-n=0
-until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null \
-      && grep -q '^0000:0000:0000:0000:0000:ffff:' /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null; do
-    n=$((n+1)); [ $n -le 100 ] || die "rxe0 port not ACTIVE / no IPv4 GID at index 1"
-    sleep 0.1
+rail() {  # rail N ADDR/PREFIX: kvxnetN + rxeN
+    ip link add name kvxnet$1 type dummy && ip link set kvxnet$1 mtu "$NET_MTU" \
+        && ip addr add "$2" dev kvxnet$1 && ip link set kvxnet$1 up || die "cannot set up kvxnet$1"
+    # iproute2's rdma tool is not in busybox: use the host's from the new root
+    PATH=/usr/sbin:/usr/bin:/sbin:/bin chroot $R rdma link add rxe$1 type rxe netdev kvxnet$1 \
+        > /dev/ttyS0 2>&1 || die "rdma link add rxe$1 type rxe netdev kvxnet$1 failed"
+}
+rail 0 "$NET_ADDR"
+rail 1 "$NET_ADDR2"
+for d in rxe0 rxe1; do
+    n=0
+    until grep -q ACTIVE /sys/class/infiniband/$d/ports/1/state 2>/dev/null \
+          && grep -q '^0000:0000:0000:0000:0000:ffff:' /sys/class/infiniband/$d/ports/1/gids/1 2>/dev/null; do
+        n=$((n+1)); [ $n -le 100 ] || die "$d port not ACTIVE / no IPv4 GID at index 1"
+        sleep 0.1
+    done
 done
-log "rxe0 ready"
+log "rxe0 and rxe1 ready"
 
 stty -F /dev/ttyS1 raw -echo
 ulimit -l unlimited
@@ -271,12 +283,13 @@ for d in "${shares[@]}"; do
     virtfs+=(-virtfs "local,path=$d,mount_tag=kvxrw$n,security_model=none,multidevs=remap")
     n=$((n + 1))
 done
-printf 'NET_ADDR=%s\nNET_MTU=%s\n' "$ip_cidr" "$net_mtu" > "$job/net.conf"
+printf 'NET_ADDR=%s\nNET_ADDR2=%s\nNET_MTU=%s\n' "$ip_cidr" "$ip2_cidr" "$net_mtu" > "$job/net.conf"
 {
     echo "# written by $ME"
     for v in $(compgen -e | grep '^KVX_' || true); do printf 'export %s=%q\n' "$v" "${!v}"; done
     printf 'export PATH=%q HOME=%q LANG=%q TERM=dumb\n' "$PATH" "${HOME:-/root}" "${LANG:-C.UTF-8}"
     printf 'export KVX_VM_DEV=rxe0 KVX_VM_NETDEV=kvxnet0 KVX_VM_ADDR=%q\n' "${ip_cidr%/*}"
+    printf 'export KVX_VM_DEV2=rxe1 KVX_VM_NETDEV2=kvxnet1 KVX_VM_ADDR2=%q\n' "${ip2_cidr%/*}"
     echo 'ulimit -l unlimited'
     printf 'cd %q || { echo "%s: cannot cd to %q in the guest" >&2; exit 125; }\n' "$PWD" "$ME" "$PWD"
     printf '%s\n' "$cmd"
