@@ -102,12 +102,18 @@ vm() {
     local b
     b=$(cd "$BUILD" && pwd)
     tests/rdma-vm/run-vm.sh -t 1500 -w "$b" -- \
-        "cd '$b' && KVX_TEST_BACKEND=verbs ctest --output-on-failure -L 'conformance|verbs' &&
+        "cd '$b' && echo '--- the conformance suite over two rails (rxe0, rxe1)' &&
+         KVX_TEST_BACKEND=verbs ctest --output-on-failure -L conformance -E '^conformance_procs\$' &&
+         echo '--- one rail: the verbs tests, and the processes whose timing assumes one (metadata surgery on rail 0, a kill mid-transfer)' &&
+         KVX_TEST_BACKEND=verbs KVX_TEST_OPTIONS=verbs.devices=\$KVX_VM_DEV ctest --output-on-failure \
+             -R '^(conformance_procs|verbs_.*)\$' -E '^verbs_rails\$' &&
          echo '--- kvxfer-bench choosing among verbs and tcp (the per-peer pick must be verbs; shm, the best same-host path, left out), verified' &&
          ./kvxfer-bench --no-progress --duration 0.5 --json --backend verbs,tcp > bench.json && cat bench.json &&
          [ \$(grep -c '\"backend\":\"verbs\".*\"verified\":\"yes\"' bench.json) = 3 ] &&
          echo '--- kvx_add_remote_peer on verbs (rdma_cm over rxe; a figure, not a test)' &&
-         tests/perf/perf_connect 20 1 verbs"
+         tests/perf/perf_connect 20 1 verbs &&
+         echo '--- rails: netdevs taken down (last: Soft-RoCE does not recover from that)' &&
+         ctest --output-on-failure -R '^verbs_rails\$'"
 }
 
 case "${1:-all}" in

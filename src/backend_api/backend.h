@@ -226,6 +226,17 @@ constexpr uint64_t stall_grace_ms(uint64_t t, uint64_t rto_ms) {
 }
 constexpr uint64_t kernel_give_up_ms(uint64_t t) { return 3 * t + 1000; }
 
+// One rail of a peer (a local port or interface paired with one of the
+// peer's), as telemetry shows it.
+struct RailStats {
+    std::string name;         // "rxe0:1 -> 198.18.0.1:20049"
+    bool up = true;           // carries parts now
+    uint64_t bytes = 0;       // of the parts it completed
+    uint64_t parts = 0;       // parts it completed
+    uint64_t failures = 0;    // times it was taken out
+    int64_t changed_ns = 0;   // CLOCK_REALTIME of its last change of state (up or connected)
+};
+
 class BackendPeer {
 public:
     virtual ~BackendPeer() = default;
@@ -252,6 +263,9 @@ public:
     // backoff) of those connections, in microseconds, at least 1. Called by
     // the watchdog thread, at most once per stall.
     virtual uint64_t network_silent_rto_us() { return 0; }
+    // This peer's rails, for telemetry; none when the backend has no rails.
+    // Any thread.
+    virtual void rails(std::vector<RailStats> *) const {}
 };
 
 class Backend {

@@ -46,6 +46,64 @@ std::vector<Part> split_op(Op &&op, uint64_t max_parts, uint64_t min_part, uint6
     return parts;
 }
 
+std::vector<Part> split_shares(Op &&op, const std::vector<double> &shares, uint64_t block_len,
+                               std::vector<size_t> *which) {
+    OpRef st = std::move(op.state);
+    const uint64_t blocks = block_len ? op.bytes / block_len : 0;
+    double sum = 0;
+    for (double w : shares) sum += w;
+    std::vector<Part> parts;
+    which->clear();
+    if (!(sum > 0) || shares.empty()) {
+        parts.push_back(Part{st, std::move(op.runs)});
+        which->push_back(0);
+        st->parts_left.store(1);
+        return parts;
+    }
+    // Blocks per share, by largest remainder, so that they add up exactly.
+    std::vector<uint64_t> n(shares.size(), 0);
+    uint64_t given = 0;
+    std::vector<std::pair<double, size_t>> rest;
+    for (size_t i = 0; i < shares.size(); i++) {
+        const double exact = static_cast<double>(blocks) * shares[i] / sum;
+        n[i] = static_cast<uint64_t>(exact);
+        given += n[i];
+        rest.emplace_back(exact - static_cast<double>(n[i]), i);
+    }
+    std::sort(rest.begin(), rest.end(), [](const auto &a, const auto &b) { return a.first > b.first; });
+    for (size_t k = 0; given < blocks && k < rest.size(); k++, given++) n[rest[k].second]++;
+    if (given < blocks && !n.empty()) n.back() += blocks - given;
+    auto runs = op.runs.begin();
+    Run cur = runs != op.runs.end() ? *runs : Run{0, 0, 0};
+    for (size_t i = 0; i < n.size() && parts.size() < OpState::kMaxParts; i++) {
+        uint64_t want = n[i] * block_len;
+        if (want == 0) continue;
+        Part p{st, {}};
+        while (want > 0 && runs != op.runs.end()) {
+            const uint64_t take = std::min(want, cur.len);
+            p.runs.push_back(Run{cur.local_off, cur.remote_off, take});
+            cur.local_off += take;
+            cur.remote_off += take;
+            cur.len -= take;
+            want -= take;
+            if (cur.len == 0 && ++runs != op.runs.end()) cur = *runs;
+        }
+        parts.push_back(std::move(p));
+        which->push_back(i);
+    }
+    // Whatever is left (a partial block, or parts beyond kMaxParts) joins the last part.
+    while (runs != op.runs.end() && !parts.empty()) {
+        if (cur.len) parts.back().runs.push_back(cur);
+        if (++runs != op.runs.end()) cur = *runs;
+    }
+    if (parts.empty()) {
+        parts.push_back(Part{st, std::move(op.runs)});
+        which->push_back(0);
+    }
+    st->parts_left.store(static_cast<uint16_t>(parts.size()));
+    return parts;
+}
+
 void CompletionBatch::deliver(CompletionSink &sink) {
     for (const auto &[id, status] : out_) sink.complete(id, status);
     out_.clear();

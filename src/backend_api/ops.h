@@ -27,6 +27,11 @@ struct Part {
 // Splits op into at most max_parts parts of whole blocks and about the same
 // bytes, so that no part is below min_part bytes (one part when op is small).
 std::vector<Part> split_op(Op &&op, uint64_t max_parts, uint64_t min_part, uint64_t block_len);
+// Splits op into parts of about shares[i] / sum(shares) of its bytes each,
+// in whole blocks (the last takes the rest); a share that rounds to no block
+// gets no part. *which[k] is the share index of part k.
+std::vector<Part> split_shares(Op &&op, const std::vector<double> &shares, uint64_t block_len,
+                               std::vector<size_t> *which);
 
 // Completions collected under a backend's lock and delivered after it is
 // released (the sink must never be called with a backend lock held).

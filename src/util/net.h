@@ -69,6 +69,8 @@ public:
     bool cancelled() const { return cancel_ != nullptr && cancel_->load(std::memory_order_relaxed); }
     // The time has come, or the wait was called off.
     bool passed() const { return cancelled() || Clock::now() >= at_; }
+    // The same deadline, called off alike, but no later than t.
+    Deadline sooner(Clock::time_point t) const { return Deadline(std::min(at_, t), cancel_); }
     // Milliseconds a single wait may last: what is left, cut to slices when
     // the deadline can be called off; 0 once passed.
     int slice_ms() const;

@@ -222,7 +222,7 @@ std::unique_ptr<RawCarrier> carrier(const Target &tg) {
 #ifdef KVX_TEST_VERBS
     const kvx::wire::Section *s = tg.meta.find(kvx::verbs::kSectionId);
     assert_non_null(s);
-    return std::make_unique<CmCarrier>(kvx::verbs::decode_section(*s, tg.meta).cm);
+    return std::make_unique<CmCarrier>(kvx::verbs::decode_section(*s, tg.meta).rails.front().cm);
 #else
     fail_msg("backend %s is not built into this test", g_backend);
     return nullptr;

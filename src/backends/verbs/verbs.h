@@ -1,8 +1,10 @@
 // verbs backend internals (see README.md in this directory for the design):
-//   Device     - the RDMA device, PD and the one MR over the whole region.
+//   Device     - one rail: an RDMA port, its PD and the one MR over the
+//                whole region registered on its device.
 //   CmId, CmEvent and friends - rdma_cm plumbing both sides share.
-//   VerbsPeer  - the initiator side towards one peer: RC QPs, one CQ, the
-//                software queue behind the send queues.
+//   VerbsPeer  - the initiator side towards one peer: per rail pair a CQ and
+//                RC QPs, the software queue behind the send queues, the
+//                striping of transfers over rails and their failover.
 // The target side (listener, passive QPs) is verbs_listener.h. The
 // transport's EventLoop (util/event_loop.h) serves the listener's rdma_cm
 // events and every peer's CQ and cm events; the handshake is the engine's
@@ -44,19 +46,31 @@ struct Placement {
     int gid_index = -1;
     std::string netdev;
     sockaddr_storage addr{};  // port 0
+    uint8_t prefix = 0;       // length of addr's subnet prefix (0: unknown)
     std::string how;          // for the log
 };
 
+// Which ports to serve: verbs.devices, or verbs.device/verbs.port (one rail).
 struct Selection {
-    std::string device;  // verbs.device, "" = any
-    int port = 0;        // verbs.port, 0 = any
+    // (device, port 0 = every ACTIVE port of it); empty: every device
+    std::vector<std::pair<std::string, int>> devices;
+    int port = 0;        // with devices empty: this port of any device (verbs.port alone)
+    bool one = false;    // verbs.device or verbs.port set: the first match only
     int gid_index = -1;  // verbs.gid_index, -1 = any
 };
 
-// Finds the first ACTIVE port (honouring sel) that has an IP address: from
-// its GID table (RoCE: IPv4-mapped GIDs, RoCE v2 first) or from its netdev
-// (IB with IPoIB, iWARP). false with *why when there is none.
-bool find_placement(const Selection &sel, Placement *out, std::string *why);
+// Every ACTIVE port (honouring sel) that has an IP address: from its GID
+// table (RoCE: IPv4-mapped GIDs, RoCE v2 first) or from its netdev (IB with
+// IPoIB, iWARP). Empty with *why when there is none.
+std::vector<Placement> find_placements(const Selection &sel, std::string *why);
+// The subnet prefix length of one of our addresses, from its interface
+// (0: not found).
+uint8_t prefix_of(const sockaddr_storage &addr);
+// Parses verbs.devices ("all" or "mlx5_0,mlx5_2:1"); throws KVX_EINVAL.
+std::vector<std::pair<std::string, int>> parse_devices(const std::string &text);
+
+// Most rails a transport serves and advertises.
+constexpr size_t kMaxRails = 16;
 
 // The device and the registration, shared by the backend and its peers: the
 // PD lives until the last QP on it is gone, the MR only until backend shutdown.
@@ -72,6 +86,9 @@ struct Device {
     uint64_t max_msg = 0;   // largest message one WR may carry
     Region region;
     sockaddr_storage addr{};  // our RDMA address (port 0): source of outgoing connections
+    uint8_t prefix = 0;       // addr's subnet prefix length, for pairing rails (0: unknown)
+    size_t index = 0;         // which of the backend's rails
+    std::string label;        // "rxe0:1" for logs and telemetry
 
     Device() = default;
     Device(const Device &) = delete;
@@ -79,6 +96,9 @@ struct Device {
     ~Device();
     // Queries port p of ctx; false with *why unless it is ACTIVE.
     bool open(ibv_context *c, uint8_t p, std::string *why);
+    // Whether the device says the port is not ACTIVE now (false when it
+    // cannot say).
+    bool port_down() const;
     // One MR over exactly r, writable by peers, in a PD of its own; false with *why.
     bool register_region(const Region &r, std::string *why);
     void deregister();  // after this nothing can write into the region
@@ -94,7 +114,8 @@ struct PeerConfig {
     uint64_t post_batch_bytes = 0;
 };
 
-PeerConfig peer_config(const Device &dev, const Options &o);
+// What every rail's device allows (the smallest queue of them).
+PeerConfig peer_config(const std::vector<std::shared_ptr<Device>> &rails, const Options &o);
 
 // The device, port and GID the verbs.* options ask for.
 Selection selection(const Options &o);
@@ -145,27 +166,59 @@ ibv_qp_init_attr rc_qp_attr(ibv_cq *cq, uint32_t send_wr, uint32_t recv_wr);
 constexpr uint32_t kProbeRecvs = 2;
 
 // Work request ids and event tags the initiator's files share.
-constexpr uint64_t kDrainWrId = UINT64_MAX;     // shutdown's marker WR
+constexpr uint64_t kDrainWrId = UINT64_MAX;     // a rail's or shutdown's drain marker WR
 constexpr uint64_t kRecvWrId = UINT64_MAX - 1;  // a receive kept for the target's liveness probes
-enum { kTagCq = 1, kTagCm = 2 };                 // VerbsPeer's loop sources
+enum { kTagCm = 0, kTagCq0 = 1 };                // VerbsPeer's loop sources: rail r's CQ is kTagCq0 + r
 constexpr int kCqPollBatch = 32;                 // completions per ibv_poll_cq
 
+// One rail as a peer's metadata advertises it.
+struct RemoteRail {
+    net::Endpoint cm;  // its rdma_cm listener
+    uint32_t rkey = 0;  // of the region's MR on that rail's device
+};
+
+// Which local rail carries which of the peer's rails: every remote rail
+// goes with the least used local rail whose subnet holds its address; a
+// remote rail no local one shares a subnet with is left out (*notes says
+// which). When no rail pairs so, local rail 0 goes with remote rail 0 and
+// rdma_cm's routing decides (a routed fabric): a pair it would reach
+// through another device is refused at connect. (local, remote) indexes.
+std::vector<std::pair<size_t, size_t>> pair_rails(const std::vector<std::shared_ptr<Device>> &local,
+                                                  const std::vector<RemoteRail> &remote, std::string *notes);
+
+class VerbsPeer;
+// The backend's peers, so that a port event reaches those using the port.
+// Loop thread only: peers join in start() and leave in shutdown(), both
+// through EventLoop::call.
+struct PeerSet {
+    std::vector<VerbsPeer *> peers;
+};
+
 // Initiator side towards one peer. Created connected (dial), then start()ed.
+// Its transfers are striped over every rail pair that connected; a rail that
+// fails is taken out, drained, and what it owed is posted again on the
+// others (README.md, "Rails").
 class VerbsPeer final : public BackendPeer, private EventLoop::Source {
 public:
-    // Connects and authenticates every QP before pc.deadline; throws Error.
-    static std::unique_ptr<VerbsPeer> dial(const BackendContext &ctx, std::shared_ptr<Device> dev,
-                                           EventLoop *loop, const PeerConfig &cfg,
-                                           const PeerContext &pc);
+    // Connects and authenticates every rail pair's QPs before pc.deadline;
+    // throws Error when none connects (or on an authentication failure).
+    static std::unique_ptr<VerbsPeer> dial(const BackendContext &ctx, const std::vector<std::shared_ptr<Device>> &rails,
+                                           EventLoop *loop, const PeerConfig &cfg, const PeerContext &pc,
+                                           std::shared_ptr<PeerSet> set);
     ~VerbsPeer() override;
 
-    // Hands CQ and cm events to the event loop; false if it is stopped.
+    // Hands CQ and cm events to the event loop, joins the backend's peer
+    // set; false if the loop is stopped.
     bool start();
 
     void submit(Op op) override;
     bool broken() const override { return broken_flag_.load(std::memory_order_acquire); }
     void abort(int status) override;
     void shutdown() override;
+    void rails(std::vector<RailStats> *out) const override;
+    // The port of a local rail went down (IBV_EVENT_PORT_ERR): the rail
+    // pairs on it are taken out. Loop thread.
+    void port_down(const Device *dev, const char *why);
 
 private:
     // One QP's connect: what the handshake needs, and until when.
@@ -173,7 +226,8 @@ private:
         const wire::AgentMetadata &meta;
         const handshake::Fingerprint &ours;
         net::Deadline deadline;
-        size_t index;  // which of the peer's QPs, for messages
+        size_t rail;   // which rail pair
+        size_t index;  // which of its QPs, for messages
     };
     // A part on its way to one QP's send queue: how far it is posted.
     struct QueuedPart {
@@ -203,11 +257,16 @@ private:
     struct Qp {
         CmId id;
         ibv_qp *qp = nullptr;
+        size_t rail = 0;
         uint32_t used = 0;          // posted WRs whose slot is not yet known free
         uint32_t since_signal = 0;  // WRs after the last signalled one
         uint32_t since_mark = 0;    // WRs after the last mark
         uint64_t next_seq = 1;
         std::deque<Mark> marks;
+        // Parts wholly posted and not yet complete, in posting order (parts
+        // of a QP complete in that order: the one behind the next mark with
+        // an op). A rail that fails posts them again elsewhere.
+        std::deque<Part> posted;
         // Bytes posted per signalled WR in flight (from the one before), and
         // after the last one: what stays in flight once the oldest completes.
         std::deque<uint64_t> seg_bytes;
@@ -215,13 +274,42 @@ private:
         uint64_t inflight_bytes = 0;
         std::deque<QueuedPart> waiting;
         uint64_t waiting_wrs = 0;
+        uint64_t waiting_bytes = 0;  // not posted yet: with inflight_bytes, its load
+        size_t turn = 0;             // ties in load go to the lower turn: QP 0 of every rail first
         bool dead = false;
     };
+    // A local rail paired with one of the peer's: its own CQ (a CQ belongs
+    // to one device) and its share of the QPs.
+    struct Rail {
+        std::shared_ptr<Device> dev;
+        RemoteRail remote;
+        std::string name;  // "rxe0:1 -> 198.18.0.1:20049"
+        ibv_comp_channel *comp_ch = nullptr;
+        ibv_cq *cq = nullptr;
+        unsigned cq_unacked = 0;
+        uint64_t tok = 0;
+        // up: carries parts; draining: taken out, its QPs in ERR, waiting
+        // for their drain markers to flush; down: nothing of it can land.
+        enum class State : uint8_t { up, draining, down } state = State::up;
+        int drains_left = 0;
+        uint64_t drain_timer = 0;
+        std::vector<Part> orphans;  // what it owed, posted again once drained
+        // Its measured rate (bytes per ns while it had bytes in flight),
+        // which weighs its share of a striped transfer; 0 before a sample.
+        double rate = 0;
+        uint64_t win_bytes = 0;
+        int64_t win_busy_ns = 0, last_ns = 0;  // last_ns 0: idle
+        // telemetry
+        uint64_t bytes = 0, parts = 0, failures = 0;
+        int64_t changed_ns = 0;  // CLOCK_REALTIME
+    };
 
-    VerbsPeer(std::shared_ptr<Device> dev, EventLoop *loop, const PeerConfig &cfg,
-              const PeerContext &pc);
+    VerbsPeer(EventLoop *loop, const PeerConfig &cfg, const PeerContext &pc, std::shared_ptr<PeerSet> set);
     // connect
-    void setup_channels();
+    void setup_cm_channel();
+    void setup_rail(Rail &r);
+    void connect_rail(const BackendContext &ctx, const PeerContext &pc, size_t r);
+    void fail_rail_at_dial(size_t r, const char *why);
     void connect_qp(const Dial &d);
     CmEvent wait_cm(rdma_cm_id *id, const Dial &d, const char *what);
     CmId resolve(const Dial &d);
@@ -229,53 +317,65 @@ private:
     bool authenticate(const Dial &d, handshake::Initiator &in);
     bool answer(const CmEvent &e, handshake::Initiator &in, const char *what);
     [[noreturn]] void connect_failed(const CmEvent &e, const char *what) const;
-    void adopt(CmId id, size_t index);
+    void adopt(CmId id, const Dial &d);
     void move_qp(rdma_cm_id *id, ibv_qp *qp, ibv_qp_state st) const;
     // data path (mu_ held)
-    std::vector<size_t> least_loaded() const;
+    bool usable(const Qp &q) const;
+    double rate_of(size_t r) const;
+    double finish_ns(const Qp &q, uint64_t bytes) const;
+    std::vector<size_t> fastest(size_t k, uint64_t bytes) const;
+    void place(std::vector<Part> &&parts, const std::vector<size_t> &qps, CompletionBatch &out);
     uint64_t wrs_for(const Runs &runs) const;
     bool should_wait(const Qp &q) const;
     void post_ready(Qp &q, CompletionBatch &out);
     Chain build_chain(Qp &q, uint32_t room);
     void complete_marks(Qp &q, uint64_t seq, CompletionBatch &out);
+    void measure(Rail &r, uint64_t bytes);
+    void start_clock(Rail &r);
     static int post_probe_recv(ibv_qp *qp);
-    void handle_wc(const ibv_wc &wc, CompletionBatch &out);
+    void handle_wc(Rail &r, const ibv_wc &wc, CompletionBatch &out);
     void fail_waiting(Qp &q, int status, CompletionBatch &out);
     void fail_all_waiting(int status, CompletionBatch &out);
     void fail_inflight(Qp &q, int status, CompletionBatch &out);
     void kill_qp(Qp &q, int status, CompletionBatch &out);
     void break_peer(int status, CompletionBatch &out);
-    void drain_and_break(int status, CompletionBatch &out);
     void set_broken(int status);
     void to_error(Qp &q);
     void deliver(std::unique_lock<std::mutex> &lk, CompletionBatch &out);
+    // rails (mu_ held)
+    size_t rails_up() const;
+    void fail_rail(size_t r, const std::string &why, bool gone, CompletionBatch &out);
+    void fail_orphans(int status, CompletionBatch &out);
+    bool post_marker(Qp &q);
+    void take_parts(Qp &q, std::vector<Part> *into);
+    void rail_drained(size_t r, CompletionBatch &out);
+    void set_state(Rail &r, Rail::State s);
     // events
     void on_event(int tag, uint32_t events) override;
-    void on_cq_event();
-    bool poll_cq(CompletionBatch &out);
+    void on_timer(int tag) override;
+    void on_cq_event(size_t r);
+    bool poll_cq(size_t r, CompletionBatch &out, bool post = true);
     void on_cm_event();
     // shutdown
     void drain();
     void teardown();
 
-    std::shared_ptr<Device> dev_;
     EventLoop *loop_;
     PeerConfig cfg_;
     std::string peer_id_;
     std::string where_;  // "peer 'x' at 1.2.3.4:5" for messages
     CompletionSink *sink_;
-    net::Endpoint cm_;
+    std::shared_ptr<PeerSet> set_;
     uint64_t remote_addr_ = 0;
-    uint32_t rkey_ = 0;
+    uint64_t block_len_ = 0;
+    uint64_t max_msg_ = 0;  // of every rail's port, the smallest
 
     rdma_event_channel *cm_ch_ = nullptr;
-    ibv_comp_channel *comp_ch_ = nullptr;
-    ibv_cq *cq_ = nullptr;
-    unsigned cq_unacked_ = 0;
-    uint64_t tok_cq_ = 0, tok_cm_ = 0;
+    uint64_t tok_cm_ = 0;
+    std::vector<Rail> rails_;
     std::vector<Qp> qps_;
 
-    std::mutex mu_;  // guards everything below and the Qp queues
+    mutable std::mutex mu_;  // guards everything below, the Qp queues and the rails' state
     std::condition_variable cv_;
     int delivering_ = 0;  // threads calling the sink right now
     bool broken_ = false;
@@ -288,16 +388,20 @@ private:
     std::once_flag shutdown_once_;
 };
 
-// The verbs section of the metadata: the rdma_cm address and the MR peers write into.
+// The verbs section of the metadata: the region's address and length (the
+// same on every rail) and each rail's rdma_cm address and rkey.
 struct SectionInfo {
-    net::Endpoint cm;
     uint64_t mr_addr = 0;
     uint64_t mr_len = 0;
-    uint32_t rkey = 0;
+    std::vector<RemoteRail> rails;  // at least one, at most kMaxRails
 };
 // The verbs section (its registry id, the section's type): verbs_wire.cpp.
+// Version 1 (0.7) appends the rails after the first to version 0's layout,
+// which a reader of version 0 takes whole and alone: a transport before 0.7
+// uses the first rail of a newer one, and a newer one the only rail of an
+// older one (docs/wire-format.md).
 constexpr uint16_t kSectionId = 3;
-constexpr uint8_t kSectionVersion = 0;
+constexpr uint8_t kSectionVersion = 1;
 wire::Section encode_section(const SectionInfo &v);
 // Throws Error(KVX_EBADMETA) naming the defect; m: the rest of the peer's metadata.
 SectionInfo decode_section(const wire::Section &s, const wire::AgentMetadata &m);

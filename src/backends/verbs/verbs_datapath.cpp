@@ -27,18 +27,8 @@ constexpr uint64_t kSplitMin = 256 << 10;  // with several QPs, ops of 2x this a
 
 uint64_t VerbsPeer::wrs_for(const Runs &runs) const {
     uint64_t n = 0;
-    for (const Run &r : runs) n += (r.len + dev_->max_msg - 1) / dev_->max_msg;
+    for (const Run &r : runs) n += (r.len + max_msg_ - 1) / max_msg_;
     return n;
-}
-
-// QP indexes, least loaded (posted plus waiting WRs) first.
-std::vector<size_t> VerbsPeer::least_loaded() const {
-    std::vector<size_t> order(qps_.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        return qps_[a].used + qps_[a].waiting_wrs < qps_[b].used + qps_[b].waiting_wrs;
-    });
-    return order;
 }
 
 void VerbsPeer::submit(Op op) {
@@ -49,18 +39,30 @@ void VerbsPeer::submit(Op op) {
         deliver(lk, out);
         return;
     }
-    const std::vector<size_t> order = least_loaded();
-    std::vector<Part> parts = split_op(std::move(op), qps_.size(), kSplitMin, dev_->region.block_len);
-    for (size_t i = 0; i < parts.size(); i++) {
-        Qp &q = qps_[order[i % order.size()]];
-        QueuedPart queued;
-        queued.wrs_left = wrs_for(parts[i].runs);
-        queued.part = std::move(parts[i]);
-        q.waiting_wrs += queued.wrs_left;
-        q.waiting.push_back(std::move(queued));
+    // Large transfers are split over the QPs that would finish them first,
+    // in shares weighed by their rails' rates; small ones go whole.
+    size_t usable_qps = 0;
+    for (const Qp &q : qps_) usable_qps += usable(q);
+    const uint64_t k = op.bytes >= 2 * kSplitMin ? std::min<uint64_t>(usable_qps, op.bytes / kSplitMin) : 1;
+    const std::vector<size_t> chosen = fastest(k, op.bytes / std::max<uint64_t>(k, 1));
+    std::vector<Part> parts;
+    std::vector<size_t> to;
+    if (chosen.size() <= 1) {
+        parts = split_op(std::move(op), 1, kSplitMin, block_len_);
+        to = chosen;
+    } else {
+        std::vector<double> shares;
+        for (size_t i : chosen) shares.push_back(rate_of(qps_[i].rail));
+        std::vector<size_t> which;
+        parts = split_shares(std::move(op), shares, block_len_, &which);
+        for (size_t w : which) to.push_back(chosen[w]);
     }
-    for (size_t i = 0; i < parts.size() && i < order.size(); i++)
-        if (!should_wait(qps_[order[i]])) post_ready(qps_[order[i]], out);
+    place(std::move(parts), to, out);
+    // What completed meanwhile, reported now: the event loop may wait for mu_
+    // behind a stream of submits (rxe even moves the bytes inside the post),
+    // and the stall timeout must not take that wait for a stalled peer.
+    for (size_t r = 0; r < rails_.size() && !broken_; r++)
+        if (rails_[r].state == Rail::State::up) poll_cq(r, out);
     deliver(lk, out);
 }
 
@@ -93,23 +95,24 @@ VerbsPeer::Chain VerbsPeer::build_chain(Qp &q, uint32_t room) {
     for (; i < q.waiting.size() && n < room; i++) {
         const QueuedPart &p = q.waiting[i];
         if (i > 0 && !p.part.op->try_start()) continue;  // cancelled: post_ready drops it
+        const Rail &rail = rails_[q.rail];
         size_t run = p.run;
         uint64_t off = p.off;
         const uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(room - n, p.wrs_left));
         for (uint32_t k = 0; k < take; k++, n++) {
             const Run &r = p.part.runs[run];
-            const uint64_t len = std::min(r.len - off, dev_->max_msg);
+            const uint64_t len = std::min(r.len - off, max_msg_);
             ibv_sge &sg = sge_buf_[n];
-            sg.addr = reinterpret_cast<uintptr_t>(dev_->region.base) + r.local_off + off;
+            sg.addr = reinterpret_cast<uintptr_t>(rail.dev->region.base) + r.local_off + off;
             sg.length = static_cast<uint32_t>(len);
-            sg.lkey = dev_->lkey;
+            sg.lkey = rail.dev->lkey;
             ibv_send_wr &w = wr_buf_[n];
             w = ibv_send_wr{};
             w.sg_list = &sg;
             w.num_sge = 1;
             w.opcode = IBV_WR_RDMA_WRITE;
             w.wr.rdma.remote_addr = remote_addr_ + r.remote_off + off;
-            w.wr.rdma.rkey = rkey_;
+            w.wr.rdma.rkey = rail.remote.rkey;
             w.next = nullptr;
             if (n > 0) wr_buf_[n - 1].next = &w;
             off += len;
@@ -121,6 +124,7 @@ VerbsPeer::Chain VerbsPeer::build_chain(Qp &q, uint32_t room) {
             q.since_mark++;
             q.tail_bytes += len;
             q.inflight_bytes += len;
+            q.waiting_bytes -= len;
             const bool part_end = k + 1 == p.wrs_left;
             const bool signal = q.since_signal >= cfg_.signal_every;
             if (part_end || signal) {
@@ -164,6 +168,7 @@ void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
         QueuedPart &front = q.waiting.front();
         if (!front.part.op->try_start()) {  // cancelled while waiting: never posted, never reported
             q.waiting_wrs -= front.wrs_left;
+            q.waiting_bytes -= front.part.bytes();
             q.waiting.pop_front();
             continue;
         }
@@ -172,14 +177,15 @@ void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
         const uint32_t n = c.n;
         ibv_send_wr *bad = nullptr;
         if (int rc = ibv_post_send(q.qp, wr_buf_.data(), &bad)) {
-            // Whatever was posted before bad flushes with the QP; track none of it.
+            // Whatever was posted before bad flushes with the QP (its rail
+            // drains) and is posted again with the rest of its parts.
             q.marks.erase(q.marks.begin() + static_cast<std::ptrdiff_t>(marks_before), q.marks.end());
-            KVX_LOG(warn, "verbs: %s: ibv_post_send of %u WRs: %s", where_.c_str(), n, strerror(rc));
-            break_peer(KVX_ECONNRESET, out);
+            fail_rail(q.rail, strfmt("ibv_post_send of %u WRs: %s", n, strerror(rc)), false, out);
             return;
         }
         q.used += n;
         q.waiting_wrs -= n;
+        if (rails_.size() > 1 && rails_[q.rail].last_ns == 0) start_clock(rails_[q.rail]);
         // Advance the queue over what the chain took: whole parts, the
         // cancelled ones it skipped (try_start() says false for those alone),
         // and where it ended inside a part.
@@ -187,9 +193,11 @@ void VerbsPeer::post_ready(Qp &q, CompletionBatch &out) {
             QueuedPart &p = q.waiting.front();
             if (!p.part.op->try_start()) {
                 q.waiting_wrs -= p.wrs_left;
+                q.waiting_bytes -= p.part.bytes();
                 q.waiting.pop_front();
             } else if (left >= p.wrs_left) {
                 left -= static_cast<uint32_t>(p.wrs_left);
+                q.posted.push_back(std::move(p.part));
                 q.waiting.pop_front();
             } else {
                 p.run = c.run;
@@ -205,6 +213,7 @@ void VerbsPeer::fail_waiting(Qp &q, int status, CompletionBatch &out) {
     for (QueuedPart &p : q.waiting) out.fail(*p.part.op, status);
     q.waiting.clear();
     q.waiting_wrs = 0;
+    q.waiting_bytes = 0;
 }
 
 void VerbsPeer::fail_all_waiting(int status, CompletionBatch &out) {
@@ -216,6 +225,7 @@ void VerbsPeer::fail_inflight(Qp &q, int status, CompletionBatch &out) {
     for (Mark &mk : q.marks)
         if (mk.op) out.fail(*mk.op, status);
     q.marks.clear();
+    q.posted.clear();
     q.used = 0;  // the WRs are flushing; a dead QP is never posted to again
     q.since_signal = q.since_mark = 0;
     q.seg_bytes.clear();
@@ -269,9 +279,18 @@ void VerbsPeer::complete_marks(Qp &q, uint64_t seq, CompletionBatch &out) {
         q.used -= mk.wrs;
         if (mk.signalled && !q.seg_bytes.empty()) {
             q.inflight_bytes -= q.seg_bytes.front();
+            if (rails_.size() > 1) measure(rails_[q.rail], q.seg_bytes.front());
             q.seg_bytes.pop_front();
         }
-        if (mk.op) out.part_done(*mk.op, 0);
+        if (mk.op) {
+            Rail &r = rails_[q.rail];
+            if (!q.posted.empty()) {
+                r.bytes += q.posted.front().bytes();
+                q.posted.pop_front();
+            }
+            r.parts++;
+            out.part_done(*mk.op, 0);
+        }
         q.marks.pop_front();
         progressed_ = true;
     }
@@ -287,11 +306,16 @@ int VerbsPeer::post_probe_recv(ibv_qp *qp) {
     return ibv_post_recv(qp, &w, &bad);
 }
 
-void VerbsPeer::handle_wc(const ibv_wc &wc, CompletionBatch &out) {
+void VerbsPeer::handle_wc(Rail &rail, const ibv_wc &wc, CompletionBatch &out) {
+    const size_t r = static_cast<size_t>(&rail - rails_.data());
+    if (wc.wr_id == kDrainWrId) {  // a failed rail's marker: flushed behind everything it had
+        if (rail.state == Rail::State::draining && --rail.drains_left == 0) rail_drained(r, out);
+        return;
+    }
     Qp *q = nullptr;
     for (Qp &c : qps_)
-        if (c.qp && c.qp->qp_num == wc.qp_num) q = &c;
-    if (!q || wc.wr_id == kDrainWrId) return;
+        if (c.rail == r && c.qp && c.qp->qp_num == wc.qp_num) q = &c;
+    if (!q) return;
     if (wc.wr_id == kRecvWrId) {
         // A probe arrived: the receive goes back. A flushed one means the QP
         // went to ERR, which the send side reports.
@@ -300,33 +324,20 @@ void VerbsPeer::handle_wc(const ibv_wc &wc, CompletionBatch &out) {
             if (q->dead || broken_) return;
             int rc = post_probe_recv(q->qp);
             if (rc == 0) return;
-            KVX_LOG(warn, "verbs: %s: ibv_post_recv on QP %u: %s; the peer is broken until re-added", where_.c_str(),
-                    wc.qp_num, strerror(rc));
-            break_peer(KVX_EBACKEND, out);
+            fail_rail(r, strfmt("ibv_post_recv on QP %u: %s", wc.qp_num, strerror(rc)), false, out);
             return;
         }
     } else if (wc.status == IBV_WC_SUCCESS) {
         complete_marks(*q, wc.wr_id, out);
         return;
     }
-    // The first error breaks the peer: every QP to ERR, then everything in
-    // flight or queued fails (a transfer split over QPs must not keep
-    // landing from another QP after it was reported failed).
-    if (!q->dead && !broken_)
-        KVX_LOG(warn, "verbs: %s: %s (vendor error 0x%x) on QP %u; the peer is broken until re-added",
-                where_.c_str(), ibv_wc_status_str(wc.status), wc.vendor_err, wc.qp_num);
-    break_peer(KVX_ECONNRESET, out);
-}
-
-// The connection is gone (a disconnect, a failed completion channel): what
-// finished before is in the CQ and is reported done first (broken, so
-// nothing more is posted). Then every QP to ERR and the rest fails now
-// rather than through flushed completions: a part whose last WR was
-// unsignalled and already executed flushes nothing that would end it. mu_ held.
-void VerbsPeer::drain_and_break(int status, CompletionBatch &out) {
-    set_broken(status);
-    for (bool more = true; more;) more = poll_cq(out);
-    break_peer(status, out);
+    // An error takes the rail out: every QP of it to ERR, and once they are
+    // drained what they owed goes to the other rails; without another rail
+    // the peer breaks (a transfer split over QPs must not keep landing from
+    // another QP after it was reported failed).
+    if (q->dead) return;  // flushes of a rail already taken out
+    fail_rail(r, strfmt("%s (vendor error 0x%x) on QP %u", ibv_wc_status_str(wc.status), wc.vendor_err, wc.qp_num),
+              false, out);
 }
 
 // Every QP to ERR (the NIC starts nothing more of ours), then every transfer
@@ -335,60 +346,68 @@ void VerbsPeer::break_peer(int status, CompletionBatch &out) {
     set_broken(status);
     for (Qp &q : qps_) kill_qp(q, break_status_, out);
     fail_all_waiting(break_status_, out);
+    fail_orphans(break_status_, out);
 }
 
 // ------------------------------------------------------------------ events
 
 void VerbsPeer::on_event(int tag, uint32_t events) {
-    if (tag != kTagCq) return on_cm_event();
+    if (tag == kTagCm) return on_cm_event();
+    const size_t r = static_cast<size_t>(tag - kTagCq0);
+    if (r >= rails_.size()) return;
     if (events & (EPOLLERR | EPOLLHUP)) {
         // The device went away (disassociated): the channel stays in error
-        // and would wake the loop for ever. Nothing completes any more.
-        loop_->detach(tok_cq_);
-        tok_cq_ = 0;
+        // and would wake the loop for ever. Nothing completes or lands from it.
+        loop_->detach(rails_[r].tok);
+        rails_[r].tok = 0;
         CompletionBatch out;
         std::unique_lock<std::mutex> lk(mu_);
-        if (!broken_) KVX_LOG(warn, "verbs: %s: the completion channel failed (device removed?)", where_.c_str());
-        drain_and_break(KVX_ECONNRESET, out);
+        if (rails_[r].state == Rail::State::draining) rail_drained(r, out);  // its markers never come now
+        else fail_rail(r, "the completion channel failed (device removed?)", true, out);
         deliver(lk, out);
         return;
     }
-    on_cq_event();
+    on_cq_event(r);
 }
 
-void VerbsPeer::on_cq_event() {
+void VerbsPeer::on_cq_event(size_t r) {
+    Rail &rail = rails_[r];
     ibv_cq *cq = nullptr;
     void *cq_ctx = nullptr;
-    while (ibv_get_cq_event(comp_ch_, &cq, &cq_ctx) == 0) cq_unacked_++;
-    if (cq_unacked_) {
-        ibv_ack_cq_events(cq_, cq_unacked_);
-        cq_unacked_ = 0;
+    while (ibv_get_cq_event(rail.comp_ch, &cq, &cq_ctx) == 0) rail.cq_unacked++;
+    if (rail.cq_unacked) {
+        ibv_ack_cq_events(rail.cq, rail.cq_unacked);
+        rail.cq_unacked = 0;
     }
     // Re-arm first, then drain: a completion after the last poll raises a new event.
-    if (ibv_req_notify_cq(cq_, 0) != 0) KVX_LOG(error, "verbs: %s: ibv_req_notify_cq failed", where_.c_str());
+    if (ibv_req_notify_cq(rail.cq, 0) != 0)
+        KVX_LOG(error, "verbs: %s: ibv_req_notify_cq on rail %s failed", where_.c_str(), rail.name.c_str());
     CompletionBatch out;
     std::unique_lock<std::mutex> lk(mu_);
     for (bool more = true; more;) {
-        more = poll_cq(out);
+        more = poll_cq(r, out);
         deliver(lk, out);
     }
 }
 
-// One batch of completions, then queued work into the slots that came back.
-// true when the CQ may hold more. mu_ held.
-bool VerbsPeer::poll_cq(CompletionBatch &out) {
+// One batch of rail r's completions, then queued work into the slots that
+// came back. true when the CQ may hold more. mu_ held.
+bool VerbsPeer::poll_cq(size_t r, CompletionBatch &out, bool post) {
+    Rail &rail = rails_[r];
     ibv_wc wc[kCqPollBatch];
-    int n = ibv_poll_cq(cq_, kCqPollBatch, wc);
+    int n = ibv_poll_cq(rail.cq, kCqPollBatch, wc);
     if (n < 0) {
-        KVX_LOG(error, "verbs: %s: ibv_poll_cq failed", where_.c_str());
-        break_peer(KVX_EBACKEND, out);
+        fail_rail(r, "ibv_poll_cq failed", false, out);
         return false;
     }
-    for (int i = 0; i < n; i++) handle_wc(wc[i], out);
-    for (Qp &q : qps_) post_ready(q, out);  // slots came back: software queue -> send queue
+    for (int i = 0; i < n; i++) handle_wc(rail, wc[i], out);
+    if (post)
+        for (Qp &q : qps_) post_ready(q, out);  // slots came back: software queue -> send queue
     return n == kCqPollBatch;
 }
 
+// A connection of ours ended (the target closed it, or it died): its rail
+// goes, after what already completed there is reported.
 void VerbsPeer::on_cm_event() {
     CmEvent ev;
     while (next_cm_event(cm_ch_, &ev)) {
@@ -396,8 +415,13 @@ void VerbsPeer::on_cm_event() {
         CompletionBatch out;
         std::unique_lock<std::mutex> lk(mu_);
         if (stopping_) continue;
-        if (!broken_) KVX_LOG(warn, "verbs: %s: connection lost (%s)", where_.c_str(), rdma_event_str(ev.type));
-        drain_and_break(KVX_ECONNRESET, out);
+        size_t r = rails_.size();
+        for (const Qp &q : qps_)
+            if (q.id.get() == ev.id) r = q.rail;
+        if (r == rails_.size() || rails_[r].state != Rail::State::up) continue;
+        // what completed there first, posting nothing more to it
+        for (bool more = true; more && rails_[r].state == Rail::State::up;) more = poll_cq(r, out, false);
+        fail_rail(r, strfmt("connection lost (%s)", rdma_event_str(ev.type)), false, out);
         deliver(lk, out);
     }
 }
@@ -409,6 +433,7 @@ void VerbsPeer::abort(int status) {
     set_broken(status);
     for (Qp &q : qps_) kill_qp(q, status, out);
     fail_all_waiting(status, out);
+    fail_orphans(status, out);
     deliver(lk, out);
 }
 

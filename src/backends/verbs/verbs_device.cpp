@@ -41,6 +41,11 @@ bool Device::open(ibv_context *c, uint8_t p, std::string *why) {
     return true;
 }
 
+bool Device::port_down() const {
+    ibv_port_attr pa{};
+    return ibv_query_port(ctx, port, &pa) == 0 && pa.state != IBV_PORT_ACTIVE;
+}
+
 bool Device::register_region(const Region &r, std::string *why) {
     region = r;
     pd = ibv_alloc_pd(ctx);
@@ -73,18 +78,20 @@ void Device::deregister() {
     mr = nullptr;
 }
 
-PeerConfig peer_config(const Device &dev, const Options &o) {
+PeerConfig peer_config(const std::vector<std::shared_ptr<Device>> &rails, const Options &o) {
     PeerConfig c;
     c.qps = static_cast<uint32_t>(o.uint("verbs.qps_per_peer"));
     // 1024 WRs per QP: deep enough to keep a link busy with 4 KiB blocks,
     // small enough that big transfers exercise the software queue.
     uint32_t depth = 1024;
-    depth = std::min<uint32_t>(depth, static_cast<uint32_t>(std::max(dev.attr.max_qp_wr, 2)) - 1);  // +1: drain marker
-    // One CQ per peer holds a completion for every WR (flushes complete
-    // unsignalled WRs too), and for the receives kept for liveness probes.
-    uint32_t cqe = static_cast<uint32_t>(std::max(dev.attr.max_cqe, 2));
-    depth = std::min<uint32_t>(depth, cqe / c.qps > kProbeRecvs + 1 ? cqe / c.qps - 1 - kProbeRecvs : 0);
-    if (depth < 2) fail(KVX_EBACKEND, "verbs: device %s allows only %u WRs per queue", dev.name.c_str(), depth);
+    for (const auto &dev : rails) {
+        depth = std::min<uint32_t>(depth, static_cast<uint32_t>(std::max(dev->attr.max_qp_wr, 2)) - 1);  // +1: drain marker
+        // One CQ per peer and rail holds a completion for every WR (flushes
+        // complete unsignalled WRs too), and for the receives kept for probes.
+        uint32_t cqe = static_cast<uint32_t>(std::max(dev->attr.max_cqe, 2));
+        depth = std::min<uint32_t>(depth, cqe / c.qps > kProbeRecvs + 1 ? cqe / c.qps - 1 - kProbeRecvs : 0);
+        if (depth < 2) fail(KVX_EBACKEND, "verbs: device %s allows only %u WRs per queue", dev->name.c_str(), depth);
+    }
     c.sq_depth = depth;
     // As UCX's tx moderation: one CQE per 64 WRs. <= depth/2 guarantees a
     // signalled WR is in flight whenever the queue is full.
@@ -146,6 +153,34 @@ std::vector<std::string> netdevs_of(const std::string &dev, int port, const std:
     }
     return out;
 }
+
+}  // namespace
+
+uint8_t prefix_of(const sockaddr_storage &addr) {
+    ifaddrs *ifa = nullptr;
+    if (getifaddrs(&ifa) != 0) return 0;
+    uint8_t prefix = 0;
+    for (ifaddrs *i = ifa; i && !prefix; i = i->ifa_next) {
+        if (!i->ifa_addr || !i->ifa_netmask || i->ifa_addr->sa_family != addr.ss_family) continue;
+        const size_t len = addr.ss_family == AF_INET ? 4 : 16;
+        const uint8_t *a, *m, *want;
+        if (addr.ss_family == AF_INET) {
+            a = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in *>(i->ifa_addr)->sin_addr);
+            m = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in *>(i->ifa_netmask)->sin_addr);
+            want = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in &>(addr).sin_addr);
+        } else {
+            a = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in6 *>(i->ifa_addr)->sin6_addr);
+            m = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in6 *>(i->ifa_netmask)->sin6_addr);
+            want = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in6 &>(addr).sin6_addr);
+        }
+        if (memcmp(a, want, len) != 0) continue;
+        for (size_t k = 0; k < len; k++) prefix = static_cast<uint8_t>(prefix + __builtin_popcount(m[k]));
+    }
+    freeifaddrs(ifa);
+    return prefix;
+}
+
+namespace {
 
 bool ipv4_mapped(const ibv_gid &g) {
     static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
@@ -215,71 +250,125 @@ bool place_port(const std::string &name, int port, const ibv_port_attr &pa,
         char nd[IF_NAMESIZE] = {};
         if (if_indextoname(best->ndev_ifindex, nd)) out->netdev = nd;
     }
-    out->how = strfmt("%s port %d (%s, %s), %s%s%s%s", name.c_str(), port,
+    out->prefix = prefix_of(out->addr);
+    out->how = strfmt("%s port %d (%s, %s), %s/%u%s%s", name.c_str(), port,
                       pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand",
                       best ? strfmt("GID %d %s", out->gid_index, gid_type_name(best->gid_type)).c_str() : "netdev address",
-                      addr_str(out->addr).c_str(), out->netdev.empty() ? "" : " on ", out->netdev.c_str(), "");
+                      addr_str(out->addr).c_str(), out->prefix, out->netdev.empty() ? "" : " on ", out->netdev.c_str());
     return true;
 }
 
 }  // namespace
 
-bool find_placement(const Selection &sel, Placement *out, std::string *why) {
+std::vector<std::pair<std::string, int>> parse_devices(const std::string &text) {
+    std::vector<std::pair<std::string, int>> out;
+    if (text == "all") return out;
+    size_t from = 0;
+    while (from <= text.size()) {
+        const size_t comma = std::min(text.find(',', from), text.size());
+        const std::string item = text.substr(from, comma - from);
+        const size_t colon = item.find(':');
+        const std::string name = item.substr(0, colon);
+        int port = 0;
+        if (colon != std::string::npos) {
+            const std::string p = item.substr(colon + 1);
+            char *end = nullptr;
+            const long v = p.empty() ? 0 : strtol(p.c_str(), &end, 10);
+            if (p.empty() || *end || v < 1 || v > 255)
+                fail(KVX_EINVAL, "option verbs.devices: '%s' has a bad port '%s' (1-255)", item.c_str(), p.c_str());
+            port = static_cast<int>(v);
+        }
+        if (name.empty() || name.size() > 64)
+            fail(KVX_EINVAL, "option verbs.devices: '%s' in '%s' names no device (expected all or DEV[:PORT],...)",
+                 item.c_str(), text.c_str());
+        if (out.size() == kMaxRails)
+            fail(KVX_EINVAL, "option verbs.devices: more than %zu entries in '%s'", kMaxRails, text.c_str());
+        out.emplace_back(name, port);
+        from = comma + 1;
+    }
+    return out;
+}
+
+namespace {
+
+// The ACTIVE ports of one device that sel asks for, placed, into *out
+// (notes on the others into *notes).
+void place_device(ibv_device *d, const Selection &sel, std::vector<Placement> *out, std::string *notes) {
+    const std::string name = ibv_get_device_name(d);
+    std::vector<int> ports;  // 0: every port
+    if (sel.devices.empty()) ports.push_back(sel.port);
+    for (const auto &[dev, p] : sel.devices)
+        if (dev == name) ports.push_back(p);
+    if (ports.empty()) return;
+    ibv_context *c = ibv_open_device(d);
+    if (!c) {
+        *notes += strfmt("; %s: cannot open: %s", name.c_str(), strerror(errno));
+        return;
+    }
+    ibv_device_attr da{};
+    if (ibv_query_device(c, &da) != 0) {
+        *notes += strfmt("; %s: ibv_query_device failed", name.c_str());
+        ibv_close_device(c);
+        return;
+    }
+    size_t total = 0;
+    std::vector<ibv_port_attr> pas(da.phys_port_cnt + 1);
+    for (int p = 1; p <= da.phys_port_cnt; p++)
+        if (ibv_query_port(c, static_cast<uint8_t>(p), &pas[p]) == 0) total += pas[p].gid_tbl_len;
+    std::vector<ibv_gid_entry> gids(total);
+    ssize_t ng = total ? ibv_query_gid_table(c, gids.data(), gids.size(), 0) : 0;
+    gids.resize(ng > 0 ? static_cast<size_t>(ng) : 0);
+    for (int want : ports)
+        if (want > da.phys_port_cnt)
+            *notes += strfmt("; %s has %u port(s), not port %d", name.c_str(), da.phys_port_cnt, want);
+    for (int p = 1; p <= da.phys_port_cnt && !(sel.one && !out->empty()); p++) {
+        if (std::find(ports.begin(), ports.end(), 0) == ports.end() &&
+            std::find(ports.begin(), ports.end(), p) == ports.end())
+            continue;
+        if (pas[p].state != IBV_PORT_ACTIVE) {
+            *notes += strfmt("; %s port %d is %s", name.c_str(), p, ibv_port_state_str(pas[p].state));
+            continue;
+        }
+        Placement pl;
+        if (place_port(name, p, pas[p], gids, sel, &pl)) out->push_back(pl);
+        else
+            *notes += strfmt("; %s port %d has no IP address%s", name.c_str(), p,
+                             sel.gid_index >= 0 ? strfmt(" at GID index %d", sel.gid_index).c_str() : "");
+    }
+    ibv_close_device(c);
+}
+
+}  // namespace
+
+std::vector<Placement> find_placements(const Selection &sel, std::string *why) {
+    std::vector<Placement> out;
     int n = 0;
     errno = 0;
     ibv_device **list = ibv_get_device_list(&n);
     if (!list) {
         *why = strfmt("libibverbs cannot list RDMA devices: %s", strerror(errno ? errno : ENODEV));
-        return false;
+        return out;
     }
     std::string notes;
-    bool seen_device = false;
-    for (int i = 0; i < n; i++) {
-        std::string name = ibv_get_device_name(list[i]);
-        if (!sel.device.empty() && name != sel.device) continue;
-        seen_device = true;
-        ibv_context *c = ibv_open_device(list[i]);
-        if (!c) {
-            notes += strfmt("; %s: cannot open: %s", name.c_str(), strerror(errno));
-            continue;
-        }
-        ibv_device_attr da{};
+    for (int i = 0; i < n && !(sel.one && !out.empty()); i++) place_device(list[i], sel, &out, &notes);
+    std::vector<std::string> missing;
+    for (const auto &[dev, p] : sel.devices) {
         bool found = false;
-        if (ibv_query_device(c, &da) == 0) {
-            size_t total = 0;
-            std::vector<ibv_port_attr> pas(da.phys_port_cnt + 1);
-            for (int p = 1; p <= da.phys_port_cnt; p++)
-                if (ibv_query_port(c, static_cast<uint8_t>(p), &pas[p]) == 0) total += pas[p].gid_tbl_len;
-            std::vector<ibv_gid_entry> gids(total);
-            ssize_t ng = total ? ibv_query_gid_table(c, gids.data(), gids.size(), 0) : 0;
-            gids.resize(ng > 0 ? static_cast<size_t>(ng) : 0);
-            if (sel.port > da.phys_port_cnt)
-                notes += strfmt("; %s has %u port(s), verbs.port is %d", name.c_str(), da.phys_port_cnt, sel.port);
-            for (int p = 1; p <= da.phys_port_cnt && !found; p++) {
-                if (sel.port && p != sel.port) continue;
-                if (pas[p].state != IBV_PORT_ACTIVE) {
-                    notes += strfmt("; %s port %d is %s", name.c_str(), p, ibv_port_state_str(pas[p].state));
-                    continue;
-                }
-                found = place_port(name, p, pas[p], gids, sel, out);
-                if (!found)
-                    notes += strfmt("; %s port %d has no IP address%s", name.c_str(), p,
-                                    sel.gid_index >= 0 ? strfmt(" at GID index %d", sel.gid_index).c_str() : "");
-            }
-        } else {
-            notes += strfmt("; %s: ibv_query_device failed", name.c_str());
-        }
-        ibv_close_device(c);
-        if (found) {
-            ibv_free_device_list(list);
-            return true;
-        }
+        for (int i = 0; i < n; i++) found |= dev == ibv_get_device_name(list[i]);
+        if (!found) missing.push_back(dev);
     }
     ibv_free_device_list(list);
+    for (const std::string &m : missing)
+        if (!out.empty()) KVX_LOG(warn, "verbs: verbs.devices names '%s', which does not exist here", m.c_str());
+    if (!out.empty()) {
+        if (!notes.empty()) KVX_LOG(info, "verbs: ports not served: %s", notes.c_str() + 2);
+        return out;
+    }
     if (n == 0) *why = "no RDMA device found";
-    else if (!seen_device) *why = strfmt("verbs.device '%s' not found", sel.device.c_str());
+    else if (!missing.empty() && missing.size() == sel.devices.size())
+        *why = strfmt("verbs.device%s '%s' not found", sel.one ? "" : "s entry", missing.front().c_str());
     else *why = "no ACTIVE RDMA port with an IP address" + notes;
-    return false;
+    return out;
 }
 
 }  // namespace kvx::verbs

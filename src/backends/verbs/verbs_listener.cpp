@@ -33,21 +33,25 @@ uint16_t get_port(const sockaddr_storage &ss) {
 }
 
 
-// verbs.listen when it names a host; otherwise the first ACTIVE port's
-// address (with verbs.listen's port, if any). The host without an RDMA stack
-// ends here, false with *why.
+// verbs.listen when it names a host (one rail); otherwise every ACTIVE port
+// verbs.devices (or verbs.device/verbs.port) selects, each a rail, with
+// verbs.listen's port, if any. The host without an RDMA stack ends here,
+// false with *why.
 bool plan_listen(const Options &o, const Selection &sel, ListenPlan *lp, std::string *why) {
     lp->option = o.str("verbs.listen");
     if (!lp->option.empty()) {
         lp->bind = net::parse_hostport(lp->option, "option verbs.listen", true);
         lp->explicit_host = !is_wildcard(lp->bind);
+        lp->port = get_port(lp->bind);
     }
     if (lp->explicit_host) return true;
-    if (!find_placement(sel, &lp->pl, why)) return false;
-    uint16_t port = lp->option.empty() ? 0 : get_port(lp->bind);
-    if (lp->option.empty()) lp->bind = lp->pl.addr;
-    set_port(lp->bind, port);
-    KVX_LOG(info, "verbs: using %s", lp->pl.how.c_str());
+    lp->pls = find_placements(sel, why);
+    if (lp->pls.empty()) return false;
+    if (lp->pls.size() > kMaxRails) {
+        KVX_LOG(warn, "verbs: %zu usable ports; the first %zu serve", lp->pls.size(), kMaxRails);
+        lp->pls.resize(kMaxRails);
+    }
+    for (const Placement &pl : lp->pls) KVX_LOG(info, "verbs: rail %s", pl.how.c_str());
     return true;
 }
 
@@ -64,95 +68,144 @@ ibv_context *cm_context(const std::string &device) {
 
 }  // namespace
 
+// Every rail that can serve does; one that cannot (its address taken, its
+// registration refused) is left out with a warning, unless none is left.
 bool VerbsBackend::init(std::string *why) {
     const Options &o = *ctx_.options;
-    const Selection sel = selection(o);
     ListenPlan lp;
-    if (!plan_listen(o, sel, &lp, why) || !bind_listener(lp, why) || !open_device(lp, sel, why)) return false;
-    choose_addresses(lp);
-    if (!dev_->register_region(ctx_.region, why)) return false;
-    rkey_ = dev_->mr->rkey;
-    peer_cfg_ = peer_config(*dev_, o);
-    start_listening();
-    return true;
-}
-
-bool VerbsBackend::bind_listener(const ListenPlan &lp, std::string *why) {
+    if (!plan_listen(o, selection(o), &lp, why)) return false;
     listen_ch_ = rdma_create_event_channel();
     if (!listen_ch_) {
         *why = strfmt("rdma_cm unavailable (/dev/infiniband/rdma_cm): %s", strerror(errno));
         return false;
     }
-    if (rdma_create_id(listen_ch_, &listen_id_, this, RDMA_PS_TCP) != 0) {
+    std::string first_why;
+    if (lp.explicit_host) {
+        if (!add_rail(lp, nullptr, why)) return false;
+    } else {
+        for (const Placement &pl : lp.pls) {
+            std::string w;
+            if (add_rail(lp, &pl, &w)) continue;
+            KVX_LOG(warn, "verbs: rail %s:%u not served: %s", pl.device.c_str(), pl.port, w.c_str());
+            if (first_why.empty()) first_why = w;
+        }
+        if (rails_.empty()) {
+            *why = first_why;
+            return false;
+        }
+    }
+    std::vector<std::shared_ptr<Device>> devs;
+    for (const RailListener &r : rails_) devs.push_back(r.dev);
+    peer_cfg_ = peer_config(devs, o);
+    start_listening();
+    return true;
+}
+
+// One rail: its listener bound (the first rail's port again where it is
+// free, so that every rail of a transport listens on one port), its device
+// opened and the region registered there.
+bool VerbsBackend::add_rail(const ListenPlan &lp, const Placement *pl, std::string *why) {
+    RailListener r;
+    if (rdma_create_id(listen_ch_, &r.id, this, RDMA_PS_TCP) != 0) {
         *why = strfmt("rdma_create_id: %s", strerror(errno));
         return false;
     }
-    sockaddr_storage ss = lp.bind;
-    if (rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr *>(&ss)) != 0) {
-        int e = errno;
-        std::string s = net::to_endpoint(lp.bind).str();
-        if (e == EADDRINUSE) fail(KVX_EBACKEND, "verbs: cannot listen on %s: %s", s.c_str(), strerror(e));
-        *why = strfmt("rdma_cm cannot bind %s: %s", s.c_str(), strerror(e));
-        return false;
+    CmId guard(r.id);
+    sockaddr_storage at = pl ? pl->addr : lp.bind;
+    uint16_t port = lp.port;
+    if (pl && !rails_.empty() && !port) port = rails_.front().advertised.port;
+    set_port(at, port);
+    if (!bind_listener(r.id, at, why)) {
+        if (lp.port || !pl || rails_.empty() || errno != EADDRINUSE) return false;
+        set_port(at, 0);  // the first rail's port is taken here: any port
+        if (!bind_listener(r.id, at, why)) return false;
     }
+    r.dev = open_device(lp, pl, r.id, why);
+    if (!r.dev) return false;
+    choose_addresses(pl, r.id, *r.dev, &r.advertised);
+    r.dev->index = rails_.size();
+    r.dev->label = strfmt("%s:%u", r.dev->name.c_str(), r.dev->port);
+    if (!r.dev->register_region(ctx_.region, why)) return false;
+    guard.release();
+    rails_.push_back(std::move(r));
     return true;
+}
+
+bool VerbsBackend::bind_listener(rdma_cm_id *id, const sockaddr_storage &at, std::string *why) {
+    sockaddr_storage ss = at;
+    if (rdma_bind_addr(id, reinterpret_cast<sockaddr *>(&ss)) == 0) return true;
+    int e = errno;
+    std::string s = net::to_endpoint(at).str();
+    if (e == EADDRINUSE && rails_.empty() && get_port(at) != 0)
+        fail(KVX_EBACKEND, "verbs: cannot listen on %s: %s", s.c_str(), strerror(e));
+    *why = strfmt("rdma_cm cannot bind %s: %s", s.c_str(), strerror(e));
+    errno = e;
+    return false;
 }
 
 // The device the listener is bound to; for a wildcard, the discovered one,
 // so that outgoing connections and the MR share one PD.
-bool VerbsBackend::open_device(const ListenPlan &lp, const Selection &sel, std::string *why) {
-    ibv_context *c = listen_id_->verbs;
-    uint8_t port = listen_id_->port_num;
+std::shared_ptr<Device> VerbsBackend::open_device(const ListenPlan &lp, const Placement *pl, rdma_cm_id *id,
+                                                  std::string *why) {
+    ibv_context *c = id->verbs;
+    uint8_t port = id->port_num;
     if (!c && lp.explicit_host) {
         *why = strfmt("verbs.listen %s is not an address of an RDMA device", lp.option.c_str());
-        return false;
+        return nullptr;
     }
-    if (!c) {
-        c = cm_context(lp.pl.device);
-        port = lp.pl.port;
+    if (!c || pl) {
+        c = cm_context(pl->device);
+        port = pl->port;
         if (!c) {
-            *why = strfmt("rdma_cm does not know device %s", lp.pl.device.c_str());
-            return false;
+            *why = strfmt("rdma_cm does not know device %s", pl->device.c_str());
+            return nullptr;
         }
     }
     const char *name = ibv_get_device_name(c->device);
-    if (!sel.device.empty() && sel.device != name) {
-        *why = strfmt("verbs.listen %s is on device %s, not verbs.device %s", lp.option.c_str(), name,
-                      sel.device.c_str());
-        return false;
+    const Selection sel = selection(*ctx_.options);
+    if (lp.explicit_host && sel.one) {
+        const std::string dev = sel.devices.empty() ? "" : sel.devices.front().first;
+        const int p = sel.devices.empty() ? sel.port : sel.devices.front().second;
+        if (!dev.empty() && dev != name) {
+            *why = strfmt("verbs.listen %s is on device %s, not verbs.device %s", lp.option.c_str(), name, dev.c_str());
+            return nullptr;
+        }
+        if (p && p != port) {
+            *why = strfmt("verbs.listen %s is on port %u of %s, not verbs.port %d", lp.option.c_str(), port, name, p);
+            return nullptr;
+        }
     }
-    if (sel.port && sel.port != port) {
-        *why = strfmt("verbs.listen %s is on port %u of %s, not verbs.port %d", lp.option.c_str(), port, name,
-                      sel.port);
-        return false;
-    }
-    dev_ = std::make_shared<Device>();
-    return dev_->open(c, port, why);
+    auto dev = std::make_shared<Device>();
+    if (!dev->open(c, port, why)) return nullptr;
+    return dev;
 }
 
 // Advertise the bound port at the device's address (a wildcard bind says
 // nothing peers could use); connect out from the device's address.
-void VerbsBackend::choose_addresses(const ListenPlan &lp) {
-    sockaddr *local = rdma_get_local_addr(listen_id_);
+void VerbsBackend::choose_addresses(const Placement *pl, rdma_cm_id *id, Device &dev, net::Endpoint *advertised) {
+    sockaddr *local = rdma_get_local_addr(id);
     sockaddr_storage bound{};
     memcpy(&bound, local, local->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
-    advertised_ = net::to_endpoint(bound);
-    dev_->addr = lp.explicit_host ? bound : lp.pl.addr;
-    if (!lp.explicit_host) {
-        net::Endpoint e = net::to_endpoint(lp.pl.addr);
-        e.port = advertised_.port;
-        advertised_ = e;
+    *advertised = net::to_endpoint(bound);
+    dev.addr = pl ? pl->addr : bound;
+    dev.prefix = pl ? pl->prefix : prefix_of(bound);
+    if (pl) {
+        net::Endpoint e = net::to_endpoint(pl->addr);
+        e.port = advertised->port;
+        *advertised = e;
     }
-    set_port(dev_->addr, 0);
+    set_port(dev.addr, 0);
 }
 
 void VerbsBackend::start_listening() {
-    probe_ch_ = ibv_create_comp_channel(dev_->ctx);
-    if (!probe_ch_) fail(KVX_EBACKEND, "verbs: ibv_create_comp_channel: %s", strerror(errno));
-    net::set_nonblocking(probe_ch_->fd, "probe completion channel");
     set_probe_timing();
-    if (rdma_listen(listen_id_, kListenBacklog) != 0)
-        fail(KVX_EBACKEND, "verbs: rdma_listen on %s: %s", advertised_.str().c_str(), strerror(errno));
+    for (RailListener &r : rails_) {
+        r.probe_ch = ibv_create_comp_channel(r.dev->ctx);
+        if (!r.probe_ch) fail(KVX_EBACKEND, "verbs: ibv_create_comp_channel: %s", strerror(errno));
+        net::set_nonblocking(r.probe_ch->fd, "probe completion channel");
+        if (rdma_listen(r.id, kListenBacklog) != 0)
+            fail(KVX_EBACKEND, "verbs: rdma_listen on %s: %s", r.advertised.str().c_str(), strerror(errno));
+    }
     net::set_nonblocking(listen_ch_->fd, "rdma_cm listener channel");
     // The initiator needs two CM round trips within its connect timeout; ours bounds the wait.
     connect_timeout_ = std::chrono::milliseconds(ctx_.options->uint("connect_timeout_ms"));
@@ -160,19 +213,30 @@ void VerbsBackend::start_listening() {
                                                         kMaxAuthPerEpoch);
     loop_ = ctx_.loop;
     listen_tok_ = loop_->attach(listen_ch_->fd, EPOLLIN, this, kTagListener);
-    probe_tok_ = loop_->attach(probe_ch_->fd, EPOLLIN, this, kTagProbes);
-    if (!listen_tok_ || !probe_tok_) fail(KVX_EBACKEND, "verbs: cannot watch the rdma_cm listener");
-    KVX_LOG(info, "verbs: listening on %s (device %s port %u, MR %llu bytes rkey 0x%x, %u QP(s)/peer, SQ %u, signal every %u)",
-            advertised_.str().c_str(), dev_->name.c_str(), dev_->port, (unsigned long long)ctx_.region.size(), rkey_,
-            peer_cfg_.qps, peer_cfg_.sq_depth, peer_cfg_.signal_every);
+    bool ok = listen_tok_ != 0;
+    for (size_t i = 0; i < rails_.size(); i++) {
+        rails_[i].probe_tok = loop_->attach(rails_[i].probe_ch->fd, EPOLLIN, this, kTagProbes0 + static_cast<int>(i));
+        ok &= rails_[i].probe_tok != 0;
+    }
+    if (!ok) fail(KVX_EBACKEND, "verbs: cannot watch the rdma_cm listener");
+    watch_ports();
+    for (const RailListener &r : rails_)
+        KVX_LOG(info, "verbs: listening on %s (rail %s, MR %llu bytes rkey 0x%x, %u QP(s)/peer, SQ %u, signal every %u)",
+                r.advertised.str().c_str(), r.dev->label.c_str(), (unsigned long long)ctx_.region.size(),
+                r.dev->mr->rkey, peer_cfg_.qps, peer_cfg_.sq_depth, peer_cfg_.signal_every);
 }
 
 std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
+    std::vector<std::shared_ptr<Device>> active;
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (closed_) fail(KVX_ECLOSED, "peer '%s': the verbs backend is shut down", pc.peer_id.c_str());
+        for (const RailListener &r : rails_)
+            if (!r.dev->port_down()) active.push_back(r.dev);  // new peers pair only ACTIVE ports
     }
-    std::unique_ptr<VerbsPeer> p = VerbsPeer::dial(ctx_, dev_, loop_, peer_cfg_, pc);
+    if (active.empty())
+        fail(KVX_EHOSTUNREACH, "peer '%s': every RDMA port of ours is down", pc.peer_id.c_str());
+    std::unique_ptr<VerbsPeer> p = VerbsPeer::dial(ctx_, active, loop_, peer_cfg_, pc, peers_);
     std::lock_guard<std::mutex> lk(mu_);
     if (closed_ || !p->start()) {
         p->shutdown();
@@ -185,17 +249,19 @@ std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
 // kernel's destroy waits for the reject to be sent, so destroying each one
 // at once would make every request wait for the sends of all before it.
 void VerbsBackend::on_event(int tag, uint32_t events) {
-    if (tag == kTagProbes) {
+    if (tag >= kTagAsync0) return on_async_events(static_cast<size_t>(tag - kTagAsync0));
+    if (tag >= kTagProbes0) {
+        RailListener &r = rails_[static_cast<size_t>(tag - kTagProbes0)];
         if (events & (EPOLLERR | EPOLLHUP)) {
             // The device went away (disassociated): the channel stays in
             // error and would wake the loop for ever. The probes stop.
-            KVX_LOG(warn, "verbs: the probe completion channel failed (device %s removed?): probes stop",
-                    dev_->name.c_str());
-            loop_->detach(probe_tok_);
-            probe_tok_ = 0;
+            KVX_LOG(warn, "verbs: the probe completion channel of rail %s failed (device removed?): probes stop",
+                    r.dev->label.c_str());
+            loop_->detach(r.probe_tok);
+            r.probe_tok = 0;
             return;
         }
-        return on_probe_events();
+        return on_probe_events(static_cast<size_t>(tag - kTagProbes0));
     }
     CmEvent ev;
     std::vector<rdma_cm_id *> done;
@@ -233,8 +299,9 @@ bool VerbsBackend::on_cm_event(const CmEvent &ev) {
         close_conn(ev.id);
         return false;
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
-        KVX_LOG(error, "verbs: device %s removed: peers can no longer write here", dev_->name.c_str());
-        if (ev.id != listen_id_ && conns_.count(ev.id)) close_conn(ev.id);
+        KVX_LOG(error, "verbs: device %s removed: peers can no longer write here through it",
+                ev.id->verbs ? ibv_get_device_name(ev.id->verbs->device) : "?");
+        if (conns_.count(ev.id)) close_conn(ev.id);
         return false;
     default:  // TIMEWAIT_EXIT, ADDR_CHANGE: nothing to do
         KVX_LOG(debug, "verbs: listener event %s", rdma_event_str(ev.type));
@@ -272,19 +339,23 @@ bool VerbsBackend::on_request(const CmEvent &ev) {
 
 // Authenticated: only now does a QP exist that can reach the region.
 bool VerbsBackend::accept(rdma_cm_id *id, const handshake::Step &accepted, const char *from) {
-    if (id->verbs != dev_->ctx) {  // wildcard listener, request on another device: no MR there
+    size_t r = 0;
+    // Both ports of a device share its context: the port tells them apart.
+    while (r < rails_.size() && (rails_[r].dev->ctx != id->verbs || rails_[r].dev->port != id->port_num)) r++;
+    if (r == rails_.size()) {  // a request on a device we registered nothing on
         reject(id, responder_->decline(KVX_ECONNREFUSED,
-                                       strfmt("a connection arriving on device %s (the region is registered on %s)",
-                                              id->verbs ? ibv_get_device_name(id->verbs->device) : "?",
-                                              dev_->name.c_str()),
+                                       strfmt("a connection arriving on device %s (not one of our rails)",
+                                              id->verbs ? ibv_get_device_name(id->verbs->device) : "?"),
                                        from));
         return false;
     }
+    const RailListener &rail = rails_[r];
     auto c = std::make_unique<Conn>(*this, id);
+    c->rail = r;
     // Room for the one probe in flight and a flush of the receive queue.
-    c->cq = ibv_create_cq(dev_->ctx, 2, id, probe_ch_, 0);
+    c->cq = ibv_create_cq(rail.dev->ctx, 2, id, rail.probe_ch, 0);
     ibv_qp_init_attr qa = rc_qp_attr(c->cq, 1, 1);
-    if (!c->cq || ibv_req_notify_cq(c->cq, 0) != 0 || rdma_create_qp(id, dev_->pd, &qa) != 0) {
+    if (!c->cq || ibv_req_notify_cq(c->cq, 0) != 0 || rdma_create_qp(id, rail.dev->pd, &qa) != 0) {
         const std::string why = strfmt("no CQ or QP for it: %s", strerror(errno));
         KVX_LOG(error, "verbs: an authenticated connection from %s: %s", from, why.c_str());
         if (c->cq) ibv_destroy_cq(c->cq);
@@ -308,7 +379,8 @@ bool VerbsBackend::accept(rdma_cm_id *id, const handshake::Step &accepted, const
     c->deadline = Clock::now() + 2 * connect_timeout_;
     conns_[id] = std::move(c);
     arm_sweep();
-    KVX_LOG(info, "verbs: accepted an authenticated connection (qp %u)", id->qp->qp_num);
+    KVX_LOG(info, "verbs: accepted an authenticated connection from %s on rail %s (qp %u)", from,
+            rail.dev->label.c_str(), id->qp->qp_num);
     return true;
 }
 
@@ -349,17 +421,29 @@ void VerbsBackend::shutdown() {
         // returns the loop never calls us again; the passive ids are ours alone.
         if (loop_) loop_->call([this] {
             loop_->detach(listen_tok_);
-            loop_->detach(probe_tok_);
             loop_->cancel_timer(sweep_tok_);
-            listen_tok_ = probe_tok_ = sweep_tok_ = 0;
+            listen_tok_ = sweep_tok_ = 0;
+            for (RailListener &r : rails_) {
+                loop_->detach(r.probe_tok);
+                r.probe_tok = 0;
+            }
+            for (Watch &w : watches_) {
+                loop_->detach(w.tok);
+                w.tok = 0;
+            }
             while (!conns_.empty()) close_conn(conns_.begin()->first);
         });
-        destroy_cm_id(listen_id_);
-        listen_id_ = nullptr;
-        // Any events still queued for destroyed ids were dropped with them.
-        if (dev_) dev_->deregister();  // from here on no byte can land in the region
-        if (probe_ch_) ibv_destroy_comp_channel(probe_ch_);
-        probe_ch_ = nullptr;
+        for (Watch &w : watches_)
+            if (w.ctx) ibv_close_device(w.ctx);
+        watches_.clear();
+        for (RailListener &r : rails_) {
+            destroy_cm_id(r.id);
+            r.id = nullptr;
+            // Any events still queued for destroyed ids were dropped with them.
+            if (r.dev) r.dev->deregister();  // from here on no byte can land in the region through it
+            if (r.probe_ch) ibv_destroy_comp_channel(r.probe_ch);
+            r.probe_ch = nullptr;
+        }
         if (listen_ch_) rdma_destroy_event_channel(listen_ch_);
         listen_ch_ = nullptr;
         KVX_LOG(info, "verbs: backend shut down");

@@ -3,8 +3,8 @@
 // private data, and the passive QPs through which peers write into our
 // region, each probed for liveness. All of it runs on the transport's event
 // loop; the application never calls anything for data to land.
-//   verbs_listener.cpp  listening, connect requests, accepting
-//   verbs_liveness.cpp  probes of accepted connections
+//   verbs_listener.cpp  rails, listening, connect requests, accepting
+//   verbs_liveness.cpp  probes of accepted connections, port events
 #pragma once
 
 #include <sys/socket.h>
@@ -29,16 +29,19 @@ constexpr size_t kMaxAuthPerEpoch = 1 << 16;
 // (ucma clamps it to net.rdma_ucm.max_backlog, 1024 by default).
 constexpr int kListenBacklog = 1024;
 constexpr size_t kDestroyBatch = 64;  // refused ids destroyed together (see on_event)
-enum { kTagListener = 0, kTagSweep = 1, kTagProbes = 2 };
+// Loop tags: rail r's probe channel is kTagProbes0 + r, device watch w's
+// async events kTagAsync0 + w.
+enum { kTagListener = 0, kTagSweep = 1, kTagProbes0 = 16, kTagAsync0 = 64 };
 constexpr uint64_t kProbeWrId = 1;
 constexpr int kProbeTries = 7;  // transmissions of a probe: retry_count 6 (conn_param) + 1
 
 // Where to listen and what to advertise.
 struct ListenPlan {
-    std::string option;           // verbs.listen as given, "" when unset
-    sockaddr_storage bind{};      // what rdma_bind_addr gets
-    bool explicit_host = false;   // verbs.listen names one address
-    Placement pl;                 // the discovered port, unless explicit_host
+    std::string option;            // verbs.listen as given, "" when unset
+    sockaddr_storage bind{};       // what rdma_bind_addr gets (with the explicit host)
+    uint16_t port = 0;             // the port verbs.listen asks for, 0: any
+    bool explicit_host = false;    // verbs.listen names one address: one rail
+    std::vector<Placement> pls;    // the discovered ports (rails), unless explicit_host
 };
 
 class VerbsBackend final : public Backend, private EventLoop::Source {
@@ -52,10 +55,9 @@ public:
     const char *name() const override { return "verbs"; }
     wire::Section describe() const override {
         SectionInfo v;
-        v.cm = advertised_;
-        v.mr_addr = reinterpret_cast<uintptr_t>(dev_->region.base);
-        v.mr_len = dev_->region.size();
-        v.rkey = rkey_;
+        v.mr_addr = reinterpret_cast<uintptr_t>(ctx_.region.base);
+        v.mr_len = ctx_.region.size();
+        for (const RailListener &r : rails_) v.rails.push_back(RemoteRail{r.advertised, r.dev->mr->rkey});
         return encode_section(v);
     }
     std::unique_ptr<BackendPeer> connect(const PeerContext &pc) override;
@@ -63,10 +65,13 @@ public:
 
 private:
     // init, step by step
-    bool bind_listener(const ListenPlan &lp, std::string *why);
-    bool open_device(const ListenPlan &lp, const Selection &sel, std::string *why);
-    void choose_addresses(const ListenPlan &lp);
+    bool add_rail(const ListenPlan &lp, const Placement *pl, std::string *why);
+    bool bind_listener(rdma_cm_id *id, const sockaddr_storage &at, std::string *why);
+    std::shared_ptr<Device> open_device(const ListenPlan &lp, const Placement *pl, rdma_cm_id *id, std::string *why);
+    void choose_addresses(const Placement *pl, rdma_cm_id *id, Device &dev, net::Endpoint *advertised);
     void start_listening();
+    void watch_ports();
+    void on_async_events(size_t w);
     // the listener's events (loop thread)
     void on_event(int tag, uint32_t events) override;
     // Returns true when the event's id must be destroyed.
@@ -80,22 +85,35 @@ private:
     // liveness of established connections (verbs.h, kProbeRecvs)
     struct Conn;
     void probe(Conn &c);
-    void on_probe_events();
+    void on_probe_events(size_t r);
     void set_probe_timing();
     void close_conn(rdma_cm_id *id);
 
     BackendContext ctx_;
-    std::shared_ptr<Device> dev_;
     EventLoop *loop_ = nullptr;
     PeerConfig peer_cfg_;
-    rdma_event_channel *listen_ch_ = nullptr;
-    rdma_cm_id *listen_id_ = nullptr;
-    // The completion channel of every passive QP's CQ: only probes complete
-    // there (RDMA WRITEs complete nothing at the target).
-    ibv_comp_channel *probe_ch_ = nullptr;
-    uint64_t listen_tok_ = 0, probe_tok_ = 0;
-    net::Endpoint advertised_;
-    uint32_t rkey_ = 0;
+    rdma_event_channel *listen_ch_ = nullptr;  // every rail's listener's
+    uint64_t listen_tok_ = 0;
+    // One rail: its device and MR, its listener, and the completion channel
+    // of its passive QPs' CQs: only probes complete there (RDMA WRITEs
+    // complete nothing at the target).
+    struct RailListener {
+        std::shared_ptr<Device> dev;
+        rdma_cm_id *id = nullptr;
+        ibv_comp_channel *probe_ch = nullptr;
+        uint64_t probe_tok = 0;
+        net::Endpoint advertised;
+    };
+    std::vector<RailListener> rails_;
+    // A device's async events (port up or down), on a context of our own:
+    // the kernel gives each open context every port event.
+    struct Watch {
+        ibv_context *ctx = nullptr;
+        std::string device;
+        uint64_t tok = 0;
+    };
+    std::vector<Watch> watches_;
+    std::shared_ptr<PeerSet> peers_ = std::make_shared<PeerSet>();
 
     // An accepted connection: its QP's own CQ (one probe in flight at most)
     // and its probe timer. Loop thread only (or after the listener is detached).
@@ -108,6 +126,7 @@ private:
         }
         VerbsBackend &backend;
         rdma_cm_id *id;
+        size_t rail = 0;
         ibv_cq *cq = nullptr;
         bool established = false;
         Clock::time_point deadline;  // to be established by then, or it goes

@@ -1,5 +1,7 @@
 // Liveness of the verbs target's accepted connections: a zero-length SEND
-// every half transfer_timeout_ms; one that fails closes the connection.
+// every half transfer_timeout_ms; one that fails closes the connection. And
+// the ports' own liveness: their async events take a rail out of every peer
+// using it.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
@@ -30,7 +32,11 @@ void VerbsBackend::set_probe_timing() {
 
 // A zero-length SEND on an established connection, unless one is in flight.
 void VerbsBackend::probe(Conn &c) {
-    if (c.probing || !probe_tok_) return;  // no channel: nothing would hear the answer
+    if (c.probing || !rails_[c.rail].probe_tok) return;  // no channel: nothing would hear the answer
+    if (rails_[c.rail].dev->port_down()) {  // nothing leaves a port that is down (on_async_events closes these)
+        c.timer = loop_->add_timer(Clock::now() + probe_every_, &c, 0);
+        return;
+    }
     ibv_send_wr w{};
     w.wr_id = kProbeWrId;
     w.opcode = IBV_WR_SEND;
@@ -57,11 +63,11 @@ void VerbsBackend::probe(Conn &c) {
 
 // Probe completions: a success re-arms the connection's timer; a failure
 // (retries or RNR retries exhausted, the QP in error) closes it.
-void VerbsBackend::on_probe_events() {
+void VerbsBackend::on_probe_events(size_t r) {
     ibv_cq *cq = nullptr;
     void *ctx = nullptr;
     std::vector<rdma_cm_id *> dead;
-    while (ibv_get_cq_event(probe_ch_, &cq, &ctx) == 0) {
+    while (ibv_get_cq_event(rails_[r].probe_ch, &cq, &ctx) == 0) {
         ibv_ack_cq_events(cq, 1);  // at once: closing the connection destroys its CQ
         auto it = conns_.find(static_cast<rdma_cm_id *>(ctx));
         if (it == conns_.end() || it->second->cq != cq) continue;
@@ -103,10 +109,74 @@ void VerbsBackend::close_conn(rdma_cm_id *id) {
     std::unique_ptr<Conn> c = std::move(it->second);
     conns_.erase(it);
     loop_->cancel_timer(c->timer);
-    if (c->established) rdma_disconnect(id);
+    // No DREQ through a port that is down: it cannot leave, and on rxe a
+    // MAD sent then wedges the port's CM for good.
+    if (c->established && !rails_[c->rail].dev->port_down()) rdma_disconnect(id);
     destroy_cm_id(id);  // the QP before its CQ
     if (c->cq) ibv_destroy_cq(c->cq);
 }
 
+// A context of our own per device of a rail, for its async events: port
+// state changes reach every open context of the device, so another
+// transport of this process (sharing librdmacm's contexts) misses none.
+void VerbsBackend::watch_ports() {
+    int n = 0;
+    ibv_device **list = ibv_get_device_list(&n);
+    for (const RailListener &r : rails_) {
+        bool seen = false;
+        for (const Watch &w : watches_) seen |= w.device == r.dev->name;
+        if (seen) continue;
+        Watch w;
+        w.device = r.dev->name;
+        for (int i = 0; list && i < n && !w.ctx; i++)
+            if (w.device == ibv_get_device_name(list[i])) w.ctx = ibv_open_device(list[i]);
+        if (!w.ctx) {
+            KVX_LOG(warn, "verbs: cannot open %s for its port events: %s; a port going down is noticed by its "
+                    "connections failing", w.device.c_str(), strerror(errno));
+            continue;
+        }
+        net::set_nonblocking(w.ctx->async_fd, "async event fd");
+        w.tok = loop_->attach(w.ctx->async_fd, EPOLLIN, this, kTagAsync0 + static_cast<int>(watches_.size()));
+        watches_.push_back(w);
+    }
+    if (list) ibv_free_device_list(list);
+}
+
+// Port events of device watch w: a rail's port that leaves ACTIVE is taken
+// out of every peer (their parts go to other rails); new peers pair only
+// ACTIVE ports, so one that comes back serves new peers again.
+void VerbsBackend::on_async_events(size_t w) {
+    Watch &watch = watches_[w];
+    ibv_async_event ev{};
+    while (ibv_get_async_event(watch.ctx, &ev) == 0) {
+        const ibv_event_type type = ev.event_type;
+        const uint8_t port = static_cast<uint8_t>(ev.element.port_num);
+        ibv_ack_async_event(&ev);
+        const bool down = type == IBV_EVENT_PORT_ERR || type == IBV_EVENT_DEVICE_FATAL;
+        const bool up = type == IBV_EVENT_PORT_ACTIVE;
+        if (!down && !up && type != IBV_EVENT_GID_CHANGE) continue;
+        for (RailListener &r : rails_) {
+            if (r.dev->name != watch.device || (type != IBV_EVENT_DEVICE_FATAL && r.dev->port != port)) continue;
+            if (down) KVX_LOG(warn, "verbs: rail %s: %s", r.dev->label.c_str(), ibv_event_type_str(type));
+            else KVX_LOG(info, "verbs: rail %s: %s", r.dev->label.c_str(), ibv_event_type_str(type));
+            if (!down) continue;
+            const std::string why = strfmt("port event %s", ibv_event_type_str(type));
+            for (VerbsPeer *p : peers_->peers) p->port_down(r.dev.get(), why.c_str());
+            // Inbound connections through it are over too: their initiators
+            // see their QPs fail and take the rail out (no DREQ: nothing
+            // leaves a port that is down).
+            std::vector<rdma_cm_id *> gone;
+            for (const auto &[id, c] : conns_)
+                if (c->rail == static_cast<size_t>(&r - rails_.data())) gone.push_back(id);
+            for (rdma_cm_id *id : gone) close_conn(id);
+        }
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        KVX_LOG(warn, "verbs: reading %s's async events: %s; they are no longer watched", watch.device.c_str(),
+                strerror(errno));
+        loop_->detach(watch.tok);
+        watch.tok = 0;
+    }
+}
 
 }  // namespace kvx::verbs

@@ -42,53 +42,102 @@ bool stale_reject(const CmEvent &e) {
 
 // ------------------------------------------------------------------ connect
 
-VerbsPeer::VerbsPeer(std::shared_ptr<Device> dev, EventLoop *loop, const PeerConfig &cfg,
-                     const PeerContext &pc)
-    : dev_(std::move(dev)), loop_(loop), cfg_(cfg), peer_id_(pc.peer_id), sink_(pc.sink) {
-    const SectionInfo v = decode_section(*pc.section, *pc.meta);
-    where_ = strfmt("peer '%s' at %s", peer_id_.c_str(), v.cm.str().c_str());
-    cm_ = v.cm;
-    remote_addr_ = v.mr_addr;
-    rkey_ = v.rkey;
+VerbsPeer::VerbsPeer(EventLoop *loop, const PeerConfig &cfg, const PeerContext &pc, std::shared_ptr<PeerSet> set)
+    : loop_(loop), cfg_(cfg), peer_id_(pc.peer_id), sink_(pc.sink), set_(std::move(set)) {
     wr_buf_.resize(cfg_.sq_depth);
     sge_buf_.resize(cfg_.sq_depth);
 }
 
 VerbsPeer::~VerbsPeer() { shutdown(); }
 
-std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx, std::shared_ptr<Device> dev,
-                                           EventLoop *loop, const PeerConfig &cfg,
-                                           const PeerContext &pc) {
-    std::unique_ptr<VerbsPeer> p(new VerbsPeer(std::move(dev), loop, cfg, pc));
+// Pairs our rails with the peer's and connects every pair's QPs. A pair
+// that does not connect is left out (logged), unless the peer refused us
+// (authentication, fingerprint, version: the same on every rail) or no pair
+// connects: then the first failure is the peer's.
+std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx,
+                                           const std::vector<std::shared_ptr<Device>> &rails, EventLoop *loop,
+                                           const PeerConfig &cfg, const PeerContext &pc,
+                                           std::shared_ptr<PeerSet> set) {
+    std::unique_ptr<VerbsPeer> p(new VerbsPeer(loop, cfg, pc, std::move(set)));
+    const SectionInfo v = decode_section(*pc.section, *pc.meta);
+    p->where_ = strfmt("peer '%s' at %s", pc.peer_id.c_str(), v.rails.front().cm.str().c_str());
+    p->remote_addr_ = v.mr_addr;
+    p->block_len_ = ctx.region.block_len;
+    std::string notes;
+    for (const auto &[l, r] : pair_rails(rails, v.rails, &notes)) {
+        Rail rail;
+        rail.dev = rails[l];
+        rail.remote = v.rails[r];
+        rail.name = rails[l]->label + " -> " + v.rails[r].cm.str();
+        p->max_msg_ = p->max_msg_ ? std::min(p->max_msg_, rails[l]->max_msg) : rails[l]->max_msg;
+        p->rails_.push_back(std::move(rail));
+    }
+    if (!notes.empty()) KVX_LOG(info, "verbs: %s: rails left out: %s", p->where_.c_str(), notes.c_str());
+    std::string connected;
     try {
-        p->setup_channels();
-        for (uint32_t i = 0; i < cfg.qps; i++)
-            p->connect_qp(Dial{*pc.meta, ctx.identity.fingerprint, pc.deadline, i});
+        p->setup_cm_channel();
+        std::exception_ptr first;
+        for (size_t r = 0; r < p->rails_.size(); r++) {
+            try {
+                p->connect_rail(ctx, pc, r);
+                connected += (connected.empty() ? "" : ", ") + p->rails_[r].name;
+            } catch (const Error &e) {
+                if (e.code() == KVX_EAUTH || e.code() == KVX_EFINGERPRINT || e.code() == KVX_EVERSION) throw;
+                if (!first) first = std::current_exception();
+                p->fail_rail_at_dial(r, e.what());
+            }
+        }
+        if (connected.empty()) std::rethrow_exception(first);
     } catch (...) {
         p->shutdown();  // not started: tears down what exists, calls no sink
         throw;
     }
-    KVX_LOG(info, "verbs: connected to %s with %u QP(s) on %s port %u", p->where_.c_str(), cfg.qps,
-            p->dev_->name.c_str(), p->qps_.front().id->port_num);
+    KVX_LOG(info, "verbs: connected to %s with %u QP(s) per rail on %s", p->where_.c_str(), cfg.qps, connected.c_str());
     return p;
 }
 
-void VerbsPeer::setup_channels() {
+void VerbsPeer::setup_cm_channel() {
     cm_ch_ = rdma_create_event_channel();
     if (!cm_ch_) fail(KVX_EBACKEND, "verbs: rdma_create_event_channel: %s", strerror(errno));
     net::set_nonblocking(cm_ch_->fd, "rdma_cm event channel");
-    comp_ch_ = ibv_create_comp_channel(dev_->ctx);
-    if (!comp_ch_) fail(KVX_EBACKEND, "verbs: ibv_create_comp_channel: %s", strerror(errno));
-    net::set_nonblocking(comp_ch_->fd, "completion channel");
-    // One CQ per peer: its lifetime is the peer's, so removing a peer never
-    // leaves stale completions in a shared CQ, and a broken peer's flushes
-    // cannot crowd out another peer's completions. Every WR may complete
-    // (flushes complete unsignalled WRs too), plus one drain marker and the
-    // probe receives per QP.
+}
+
+// A rail pair's completion channel and CQ. One CQ per peer and rail: its
+// lifetime is the peer's, so removing a peer never leaves stale completions
+// in a shared CQ, and a broken peer's flushes cannot crowd out another
+// peer's completions. Every WR may complete (flushes complete unsignalled
+// WRs too), plus one drain marker and the probe receives per QP.
+void VerbsPeer::setup_rail(Rail &r) {
+    r.comp_ch = ibv_create_comp_channel(r.dev->ctx);
+    if (!r.comp_ch) fail(KVX_EBACKEND, "verbs: ibv_create_comp_channel on %s: %s", r.dev->label.c_str(), strerror(errno));
+    net::set_nonblocking(r.comp_ch->fd, "completion channel");
     int cqe = static_cast<int>(cfg_.qps * (cfg_.sq_depth + 1 + kProbeRecvs));
-    cq_ = ibv_create_cq(dev_->ctx, cqe, this, comp_ch_, 0);
-    if (!cq_) fail(KVX_EBACKEND, "verbs: ibv_create_cq(%d): %s", cqe, strerror(errno));
-    if (ibv_req_notify_cq(cq_, 0) != 0) fail(KVX_EBACKEND, "verbs: ibv_req_notify_cq failed");
+    r.cq = ibv_create_cq(r.dev->ctx, cqe, this, r.comp_ch, 0);
+    if (!r.cq) fail(KVX_EBACKEND, "verbs: ibv_create_cq(%d) on %s: %s", cqe, r.dev->label.c_str(), strerror(errno));
+    if (ibv_req_notify_cq(r.cq, 0) != 0) fail(KVX_EBACKEND, "verbs: ibv_req_notify_cq failed");
+}
+
+// Each rail gets an equal share of the time left (the last one all of it),
+// so that one the network swallows does not use up the others' time.
+void VerbsPeer::connect_rail(const BackendContext &ctx, const PeerContext &pc, size_t r) {
+    setup_rail(rails_[r]);
+    const auto left = pc.deadline.at() - Clock::now();
+    const net::Deadline mine = pc.deadline.sooner(Clock::now() + left / static_cast<long>(rails_.size() - r));
+    for (uint32_t i = 0; i < cfg_.qps; i++)
+        connect_qp(Dial{*pc.meta, ctx.identity.fingerprint, mine, r, i});
+    set_state(rails_[r], Rail::State::up);
+}
+
+// A rail pair that did not connect: down from the start, its QPs gone.
+void VerbsPeer::fail_rail_at_dial(size_t r, const char *why) {
+    KVX_LOG(warn, "verbs: %s: rail %s not connected: %s", where_.c_str(), rails_[r].name.c_str(), why);
+    for (Qp &q : qps_)
+        if (q.rail == r) {
+            q.dead = true;
+            to_error(q);
+        }
+    rails_[r].failures++;
+    set_state(rails_[r], Rail::State::down);
 }
 
 // HELLO gets a challenge; AUTH with the QP answers it. The target verifies
@@ -112,9 +161,15 @@ CmEvent VerbsPeer::wait_cm(rdma_cm_id *id, const Dial &d, const char *what) {
     for (;;) {
         if (next_cm_event(cm_ch_, &ev)) {
             if (ev.id == id) return ev;
-            if (ends_connection(ev.type))
-                fail(KVX_ECONNRESET, "%s: an earlier connection closed while connecting QP %zu (%s)", where_.c_str(),
-                     d.index, rdma_event_str(ev.type));
+            if (ends_connection(ev.type)) {
+                for (const Qp &q : qps_)
+                    if (q.id.get() == ev.id && q.rail == d.rail)
+                        fail(KVX_ECONNRESET, "%s: an earlier connection closed while connecting QP %zu (%s)",
+                             where_.c_str(), d.index, rdma_event_str(ev.type));
+                for (const Qp &q : qps_)  // another rail's: it is down from the start
+                    if (q.id.get() == ev.id && rails_[q.rail].state == Rail::State::up)
+                        fail_rail_at_dial(q.rail, rdma_event_str(ev.type));
+            }
             continue;
         }
         if (errno != EAGAIN && errno != EINTR) fail(KVX_EBACKEND, "verbs: rdma_get_cm_event: %s", strerror(errno));
@@ -136,17 +191,19 @@ CmId VerbsPeer::resolve(const Dial &d) {
     if (rdma_create_id(cm_ch_, &raw, this, RDMA_PS_TCP) != 0)
         fail(KVX_EBACKEND, "verbs: rdma_create_id: %s", strerror(errno));
     CmId id(raw);
+    const Rail &rail = rails_[d.rail];
     socklen_t dlen = 0;
-    sockaddr_storage dst = net::from_endpoint(cm_, &dlen);
-    sockaddr_storage src = dev_->addr;
+    sockaddr_storage dst = net::from_endpoint(rail.remote.cm, &dlen);
+    sockaddr_storage src = rail.dev->addr;
     if (rdma_resolve_addr(id.get(), src.ss_family == dst.ss_family ? reinterpret_cast<sockaddr *>(&src) : nullptr,
                           reinterpret_cast<sockaddr *>(&dst), std::max(1, net::ms_left(d.deadline.at()))) != 0)
         fail(KVX_EHOSTUNREACH, "%s: rdma_resolve_addr: %s", where_.c_str(), strerror(errno));
     CmEvent e = wait_cm(id.get(), d, "address resolution");
     if (e.type != RDMA_CM_EVENT_ADDR_RESOLVED) connect_failed(e, "address resolution");
-    if (id->verbs != dev_->ctx)
-        fail(KVX_EHOSTUNREACH, "%s is reached through device %s, but the region is registered on %s",
-             where_.c_str(), id->verbs ? ibv_get_device_name(id->verbs->device) : "?", dev_->name.c_str());
+    if (id->verbs != rail.dev->ctx || id->port_num != rail.dev->port)
+        fail(KVX_EHOSTUNREACH, "%s: rail %s is reached through %s port %u, not %s", where_.c_str(),
+             rail.name.c_str(), id->verbs ? ibv_get_device_name(id->verbs->device) : "?", id->port_num,
+             rail.dev->label.c_str());
     if (rdma_resolve_route(id.get(), std::max(1, net::ms_left(d.deadline.at()))) != 0)
         fail(KVX_EHOSTUNREACH, "%s: rdma_resolve_route: %s", where_.c_str(), strerror(errno));
     e = wait_cm(id.get(), d, "route resolution");
@@ -203,8 +260,9 @@ void VerbsPeer::hello(const Dial &d, handshake::Initiator &in) {
 // verified (CONNECT_RESPONSE, then rdma_establish sends the RTU).
 bool VerbsPeer::authenticate(const Dial &d, handshake::Initiator &in) {
     CmId id = resolve(d);
-    ibv_qp_init_attr qa = rc_qp_attr(cq_, cfg_.sq_depth + 1, kProbeRecvs);  // +1: shutdown's drain marker
-    OwnedQp qp(ibv_create_qp(dev_->pd, &qa));
+    const Rail &rail = rails_[d.rail];
+    ibv_qp_init_attr qa = rc_qp_attr(rail.cq, cfg_.sq_depth + 1, kProbeRecvs);  // +1: a drain marker
+    OwnedQp qp(ibv_create_qp(rail.dev->pd, &qa));
     if (!qp)
         fail(KVX_EBACKEND, "%s: ibv_create_qp (send queue %u): %s", where_.c_str(), cfg_.sq_depth + 1, strerror(errno));
     move_qp(id.get(), qp.get(), IBV_QPS_INIT);
@@ -237,7 +295,7 @@ bool VerbsPeer::authenticate(const Dial &d, handshake::Initiator &in) {
     if (rdma_establish(id.get()) != 0)
         fail(KVX_EBACKEND, "%s: rdma_establish: %s", where_.c_str(), strerror(errno));
     id->qp = qp.release();  // the cm_id owns it from here (CmIdDeleter: rdma_destroy_qp)
-    adopt(std::move(id), d.index);
+    adopt(std::move(id), d);
     return true;
 }
 
@@ -256,11 +314,14 @@ void VerbsPeer::move_qp(rdma_cm_id *id, ibv_qp *qp, ibv_qp_state st) const {
              strerror(errno));
 }
 
-void VerbsPeer::adopt(CmId id, size_t index) {
+void VerbsPeer::adopt(CmId id, const Dial &d) {
     Qp q;
     q.qp = id->qp;
     q.id = std::move(id);
-    KVX_LOG(debug, "verbs: %s: QP %zu (qp %u) authenticated", where_.c_str(), index, q.qp->qp_num);
+    q.rail = d.rail;
+    q.turn = d.index * kMaxRails + d.rail;
+    KVX_LOG(debug, "verbs: %s: rail %s QP %zu (qp %u) authenticated", where_.c_str(), rails_[d.rail].name.c_str(),
+            d.index, q.qp->qp_num);
     qps_.push_back(std::move(q));
 }
 
@@ -268,13 +329,23 @@ void VerbsPeer::adopt(CmId id, size_t index) {
 bool VerbsPeer::start() {
     bool ok = false;
     loop_->call([&] {
-        tok_cq_ = loop_->attach(comp_ch_->fd, EPOLLIN, this, kTagCq);
         tok_cm_ = loop_->attach(cm_ch_->fd, EPOLLIN, this, kTagCm);
-        ok = tok_cq_ && tok_cm_;
-        if (ok) return;
-        loop_->detach(tok_cq_);
+        ok = tok_cm_ != 0;
+        for (size_t r = 0; r < rails_.size(); r++) {
+            if (!rails_[r].comp_ch) continue;
+            rails_[r].tok = loop_->attach(rails_[r].comp_ch->fd, EPOLLIN, this, kTagCq0 + static_cast<int>(r));
+            ok &= rails_[r].tok != 0;
+        }
+        if (ok) {
+            set_->peers.push_back(this);
+            return;
+        }
         loop_->detach(tok_cm_);
-        tok_cq_ = tok_cm_ = 0;
+        tok_cm_ = 0;
+        for (Rail &r : rails_) {
+            loop_->detach(r.tok);
+            r.tok = 0;
+        }
     });
     return ok;
 }
@@ -285,9 +356,15 @@ bool VerbsPeer::start() {
 void VerbsPeer::shutdown() {
     std::call_once(shutdown_once_, [this] {
         loop_->call([this] {  // from here on the event loop never calls us
-            loop_->detach(tok_cq_);
             loop_->detach(tok_cm_);
-            tok_cq_ = tok_cm_ = 0;
+            tok_cm_ = 0;
+            for (Rail &r : rails_) {
+                loop_->detach(r.tok);
+                loop_->cancel_timer(r.drain_timer);
+                r.tok = r.drain_timer = 0;
+            }
+            auto &v = set_->peers;
+            v.erase(std::remove(v.begin(), v.end(), this), v.end());
         });
         {
             CompletionBatch out;
@@ -298,6 +375,7 @@ void VerbsPeer::shutdown() {
             // retransmits nothing), so only what already left it may land.
             for (Qp &q : qps_) kill_qp(q, KVX_ECONNRESET, out);
             fail_all_waiting(KVX_ECONNRESET, out);
+            fail_orphans(KVX_ECONNRESET, out);
             deliver(lk, out);
             cv_.wait(lk, [&] { return delivering_ == 0; });  // e.g. an abort() delivering right now
         }
@@ -308,48 +386,56 @@ void VerbsPeer::shutdown() {
 // A signalled marker behind everything on each QP: once it completes
 // (flushed), the device no longer touches the region for this peer.
 void VerbsPeer::drain() {
-    int want = 0;
+    std::vector<int> want(rails_.size(), 0);
+    std::vector<bool> port_up(rails_.size());
+    for (size_t r = 0; r < rails_.size(); r++) port_up[r] = !rails_[r].dev->port_down();
     for (Qp &q : qps_) {
-        if (!q.qp) continue;
-        ibv_send_wr w{};
-        w.wr_id = kDrainWrId;
-        w.opcode = IBV_WR_RDMA_WRITE;
-        w.send_flags = IBV_SEND_SIGNALED;
-        w.wr.rdma.remote_addr = remote_addr_;
-        w.wr.rdma.rkey = rkey_;
-        ibv_send_wr *bad = nullptr;
-        if (ibv_post_send(q.qp, &w, &bad) == 0) want++;
+        // A port that is down sends nothing more (and on rxe a WR posted
+        // then wedges the port): its QPs, in ERR, need no marker.
+        if (!port_up[q.rail]) continue;
+        if (rails_[q.rail].state == Rail::State::draining) continue;  // its markers are posted (counted below)
+        if (post_marker(q)) want[q.rail]++;
     }
-    auto until = Clock::now() + std::chrono::seconds(2);
+    for (size_t r = 0; r < rails_.size(); r++)
+        if (rails_[r].state == Rail::State::draining) want[r] += rails_[r].drains_left;
+    const auto until = Clock::now() + std::chrono::seconds(2);
     ibv_wc wc[kCqPollBatch];
-    while (want > 0 && cq_ && Clock::now() < until) {
-        int n = ibv_poll_cq(cq_, kCqPollBatch, wc);
-        if (n < 0) break;
-        for (int i = 0; i < n; i++) want -= wc[i].wr_id == kDrainWrId;
-        if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    for (size_t r = 0; r < rails_.size(); r++) {
+        while (want[r] > 0 && rails_[r].cq && Clock::now() < until) {
+            int n = ibv_poll_cq(rails_[r].cq, kCqPollBatch, wc);
+            if (n < 0) break;
+            for (int i = 0; i < n; i++) want[r] -= wc[i].wr_id == kDrainWrId;
+            if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        if (want[r] > 0)
+            KVX_LOG(warn, "verbs: %s: rail %s: %d QP(s) did not drain within 2 s", where_.c_str(),
+                    rails_[r].name.c_str(), want[r]);
     }
-    if (want > 0) KVX_LOG(warn, "verbs: %s: %d QP(s) did not drain within 2 s", where_.c_str(), want);
 }
 
 // Disconnect, drain, destroy. Runs with the peer detached and idle.
 void VerbsPeer::teardown() {
     for (Qp &q : qps_) {
-        if (q.id) rdma_disconnect(q.id.get());  // DREQ; moves the QP to ERR on IB/RoCE
-        to_error(q);                            // iWARP only goes to SQD there
+        // DREQ (moves the QP to ERR on IB/RoCE), but not through a port
+        // that is down (see VerbsBackend::close_conn)
+        if (q.id && !rails_[q.rail].dev->port_down()) rdma_disconnect(q.id.get());
+        to_error(q);  // iWARP only goes to SQD at a DREQ; without one, every QP here
     }
     drain();
     for (Qp &q : qps_) {
         q.id.reset();
         q.qp = nullptr;
     }
-    if (cq_) {
-        if (cq_unacked_) ibv_ack_cq_events(cq_, cq_unacked_);
-        cq_unacked_ = 0;
-        if (int rc = ibv_destroy_cq(cq_)) KVX_LOG(error, "verbs: ibv_destroy_cq: %s", strerror(rc));
-        cq_ = nullptr;
+    for (Rail &r : rails_) {
+        if (r.cq) {
+            if (r.cq_unacked) ibv_ack_cq_events(r.cq, r.cq_unacked);
+            r.cq_unacked = 0;
+            if (int rc = ibv_destroy_cq(r.cq)) KVX_LOG(error, "verbs: ibv_destroy_cq: %s", strerror(rc));
+            r.cq = nullptr;
+        }
+        if (r.comp_ch) ibv_destroy_comp_channel(r.comp_ch);
+        r.comp_ch = nullptr;
     }
-    if (comp_ch_) ibv_destroy_comp_channel(comp_ch_);
-    comp_ch_ = nullptr;
     if (cm_ch_) rdma_destroy_event_channel(cm_ch_);
     cm_ch_ = nullptr;
 }
