@@ -49,7 +49,7 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define KVX_VERSION_MAJOR 0
-#define KVX_VERSION_MINOR 6
+#define KVX_VERSION_MINOR 7
 #define KVX_VERSION_PATCH 0
 /** MAJOR*10000 + MINOR*100 + PATCH, comparable with '<'. */
 #define KVX_VERSION_NUMBER \
@@ -346,6 +346,45 @@ KVX_API int kvx_remove_remote_peer(kvx_transport *t, const char *peer_id);
  * Thread safety: any thread.
  */
 KVX_API int kvx_peer_backend(const char **out, const char **out_path, kvx_transport *t, const char *peer_id);
+
+/** Most bytes of kvx_rail_stats.name, with its NUL. */
+#define KVX_RAIL_NAME_LEN 96
+
+/**
+ * One rail of a peer (since 0.7): a local RDMA port paired with one of the
+ * peer's (option verbs.devices). 136 bytes.
+ */
+typedef struct kvx_rail_stats {
+    /** "rxe0:1 -> 198.18.0.1:20049": local device:port -> the peer's
+     * rdma_cm address; NUL-terminated, cut at KVX_RAIL_NAME_LEN - 1. */
+    char name[KVX_RAIL_NAME_LEN];
+    /** 1: the rail carries transfers; 0: taken out (failed, or never
+     * connected). A rail taken out does not come back for this peer. */
+    uint32_t up;
+    uint32_t reserved; /**< 0 */
+    uint64_t bytes;     /**< bytes of the parts of transfers it completed */
+    uint64_t parts;     /**< parts of transfers it completed */
+    /** Times it was taken out (0 or 1 today). */
+    uint32_t failures;
+    uint32_t reserved2; /**< 0 */
+    /** When it last changed state (connected, taken out), in ns since
+     * the epoch (CLOCK_REALTIME). */
+    int64_t changed_ns;
+} kvx_rail_stats;
+
+/**
+ * The rails a registered peer's transfers are striped over (since 0.7).
+ * Only verbs has rails: a peer on tcp or shm has none (*n = 0).
+ * @param out      cap entries (may be NULL when cap is 0), filled in rail
+ *                 order; the caller owns them.
+ * @param n        receives the number of rails, also when it exceeds cap
+ *                 (then only cap are written).
+ * Counters are a snapshot; they never go back while the peer is registered.
+ * @return 0; KVX_ENOENT (peer_id not registered, or still connecting);
+ *         KVX_EINVAL (NULL argument, bad peer_id); KVX_ECLOSED.
+ * Thread safety: any thread.
+ */
+KVX_API int kvx_peer_rails(kvx_transport *t, const char *peer_id, kvx_rail_stats *out, size_t cap, size_t *n);
 
 /** Flags of kvx_add_remote_peer_async(), or-ed together (since 0.2). */
 typedef enum kvx_add_peer_flag {

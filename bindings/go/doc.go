@@ -24,7 +24,8 @@
 // shm on the same host, else verbs when both have a usable RDMA device, else
 // tcp. WithBackend("shm,tcp") serves on exactly the backends listed.
 // PeerBackend says which path a peer got; Backends lists the backends built
-// into the library.
+// into the library. PeerRails lists the rails (RDMA port pairs) a verbs
+// peer's transfers are striped over.
 //
 // Memory: remote peers write into a Region at any time while its transport
 // is open, so it cannot be Go-heap memory (cgo forbids C from keeping such

@@ -75,6 +75,19 @@ func TestCodesMatchHeader(t *testing.T) {
 	}
 }
 
+// PeerRails copies kvx_rail_stats through kvx_go_peer_rails: a name of
+// RailNameLen bytes and five numbers per rail.
+func TestRailStatsLayout(t *testing.T) {
+	if RailNameLen != 96 || capi.KVX_GO_RAIL_FIELDS != 5 {
+		t.Fatalf("KVX_RAIL_NAME_LEN %d, KVX_GO_RAIL_FIELDS %d: PeerRails assumes 96 and 5",
+			RailNameLen, capi.KVX_GO_RAIL_FIELDS)
+	}
+	n := []uint64{7}
+	if rc := capi.Kvx_go_peer_rails(nil, nil, n, 0, "p", 0); rc != int(capi.KVX_EINVAL) || n[0] != 7 {
+		t.Errorf("NULL transport: rc %d, n %d; want KVX_EINVAL, n untouched", rc, n[0])
+	}
+}
+
 // Stats maps kvx_stats by position: its layout must be what it assumes.
 func TestStatsLayout(t *testing.T) {
 	if capi.KVX_GO_STATS_SIZE != int64(8*(statsScalars+LatencyBuckets)) {

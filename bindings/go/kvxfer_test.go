@@ -661,6 +661,38 @@ func TestPeerBackend(t *testing.T) {
 	isErr(t, err, kvxfer.ErrUnknownPeer, kvxfer.ScopeRequest, "nobody")
 }
 
+func TestPeerRails(t *testing.T) {
+	a := newTransport(t, testBlocks, 0)
+	b := newTransport(t, testBlocks, canary)
+	connect(t, a, "b", b)
+	if backend, _, err := a.PeerBackend("b"); err != nil || backend != "tcp" {
+		t.Fatalf("PeerBackend = %q, %v; want tcp", backend, err)
+	}
+	// Only verbs has rails: a tcp peer has none, and that is no error.
+	rails, err := a.PeerRails("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rails) != 0 {
+		t.Errorf("PeerRails of a tcp peer = %+v, want none", rails)
+	}
+	// An unknown peer fails as in PeerBackend.
+	_, err = a.PeerRails("nobody")
+	isErr(t, err, kvxfer.ErrUnknownPeer, kvxfer.ScopeRequest, "nobody")
+	_, _, backendErr := a.PeerBackend("nobody")
+	var ke, be *kvxfer.Error
+	if !errors.As(err, &ke) || !errors.As(backendErr, &be) || ke.Code != be.Code || ke.Scope != be.Scope {
+		t.Errorf("PeerRails error %v, PeerBackend error %v: want the same code and scope", err, backendErr)
+	}
+	_, err = a.PeerRails("")
+	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "PeerRails")
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.PeerRails("b")
+	isErr(t, err, kvxfer.ErrClosed, kvxfer.ScopeTransport, "PeerRails")
+}
+
 func TestWaitAndCompletionFD(t *testing.T) {
 	a := newTransport(t, testBlocks, 0)
 	b := newTransport(t, testBlocks, 0)

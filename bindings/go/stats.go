@@ -73,3 +73,71 @@ func LatencyBucketBounds(i int) (lo, hi uint64) {
 	}
 	return capi.Kvx_stats_bucket_lower_ns(int64(i)), hi
 }
+
+// RailNameLen is the most bytes of RailStats.Name, with the C string's NUL.
+const RailNameLen = capi.KVX_RAIL_NAME_LEN
+
+// RailStats is one rail of a peer (kvx_peer_rails): a local RDMA port paired
+// with one of the peer's (option verbs.devices), over which the peer's
+// transfers are striped.
+type RailStats struct {
+	// Name is "local device:port -> the peer's rdma_cm address", e.g.
+	// "rxe0:1 -> 198.18.0.1:20049" (at most RailNameLen-1 bytes).
+	Name string
+	// Up is true while the rail carries transfers; false once taken out
+	// (failed, or never connected). A rail taken out does not come back
+	// for this peer.
+	Up bool
+	// Bytes and Parts count the parts of transfers the rail completed.
+	Bytes, Parts uint64
+	// Failures counts the times the rail was taken out (0 or 1 today).
+	Failures uint32
+	// ChangedNs is when the rail last changed state (connected, taken out),
+	// in ns since the epoch (CLOCK_REALTIME).
+	ChangedNs int64
+}
+
+// PeerRails returns the rails a registered peer's transfers are striped
+// over, in rail order. Only verbs has rails: a peer on tcp or shm has none
+// (an empty slice, no error). The counters are a snapshot; they never go
+// back while the peer is registered.
+//
+// Errors: ErrUnknownPeer (not registered, or still connecting), ErrInvalid,
+// ErrClosed.
+func (t *Transport) PeerRails(id string) ([]RailStats, error) {
+	const op = "PeerRails"
+	if err := checkPeerID(op, id, false); err != nil {
+		return nil, err
+	}
+	fields := int(capi.KVX_GO_RAIL_FIELDS)
+	n := make([]uint64, 1)
+	var names []byte
+	var raw []uint64
+	for {
+		c := len(raw) / fields
+		err := t.do(op, func(h uintptr) int { return capi.Kvx_go_peer_rails(names, raw, n, h, id, int64(c)) })
+		if err != nil {
+			return nil, err
+		}
+		if n[0] <= uint64(c) {
+			break
+		}
+		// Ask again with room for every rail (again if the peer was
+		// replaced meanwhile by one with more rails).
+		names = make([]byte, int(n[0])*RailNameLen)
+		raw = make([]uint64, int(n[0])*fields)
+	}
+	rails := make([]RailStats, n[0])
+	for i := range rails {
+		f := raw[i*fields : (i+1)*fields]
+		rails[i] = RailStats{
+			Name:      cString(names[i*RailNameLen : (i+1)*RailNameLen]),
+			Up:        f[0] != 0,
+			Bytes:     f[1],
+			Parts:     f[2],
+			Failures:  uint32(f[3]),
+			ChangedNs: int64(f[4]), // the bits of kvx_rail_stats.changed_ns
+		}
+	}
+	return rails, nil
+}

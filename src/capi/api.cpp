@@ -2,6 +2,7 @@
 // and thread-local message. No C++ type or exception crosses this file's
 // exported functions.
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <string>
@@ -243,6 +244,26 @@ KVX_API int kvx_peer_backend(const char **out, const char **out_path, kvx_transp
         t->impl.peer_backend(peer_id_arg(peer_id), &backend, &path);
         *out = backend;
         if (out_path) *out_path = path;
+    });
+}
+
+KVX_API int kvx_peer_rails(kvx_transport *t, const char *peer_id, kvx_rail_stats *out, size_t cap, size_t *n) {
+    return guard([&] {
+        KVX_REQUIRE(t && n, "NULL argument");
+        KVX_REQUIRE(out || cap == 0, "out is NULL with cap = %zu", cap);
+        std::vector<kvx::RailStats> rails;
+        t->impl.peer_rails(peer_id_arg(peer_id), &rails);
+        *n = rails.size();
+        for (size_t i = 0; i < rails.size() && i < cap; i++) {
+            kvx_rail_stats &o = out[i];
+            o = kvx_rail_stats{};
+            snprintf(o.name, sizeof o.name, "%s", rails[i].name.c_str());
+            o.up = rails[i].up ? 1 : 0;
+            o.bytes = rails[i].bytes;
+            o.parts = rails[i].parts;
+            o.failures = static_cast<uint32_t>(rails[i].failures);
+            o.changed_ns = rails[i].changed_ns;
+        }
     });
 }
 

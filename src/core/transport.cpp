@@ -397,6 +397,15 @@ void Transport::peer_backend(const std::string &id, const char **backend, const 
     *path = peer->link->path();
 }
 
+void Transport::peer_rails(const std::string &id, std::vector<RailStats> *out) const {
+    std::shared_ptr<Peer> peer;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        peer = registered_locked(id);
+    }
+    peer->link->rails(out);  // the link's own lock; it lives as long as peer
+}
+
 uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *local, const uint64_t *remote,
                                  size_t n) {
     if (n > 0 && (local == nullptr || remote == nullptr)) fail(KVX_EINVAL, "index array is NULL with n = %zu", n);

@@ -41,6 +41,8 @@ public:
     const char *backend_name() const { return backends_.front()->name(); }
     // Which backend (and path of it) a registered peer uses; static strings.
     void peer_backend(const std::string &id, const char **backend, const char **path) const;
+    // kvx_peer_rails: the rails of a registered peer's link.
+    void peer_rails(const std::string &id, std::vector<RailStats> *out) const;
     const std::vector<uint8_t> &metadata() const;
 
     void add_peer(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,

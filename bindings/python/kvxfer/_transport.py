@@ -571,6 +571,23 @@ class Transport:
             raise self._error(rc)
         return backend, path
 
+    def peer_rails(self, peer_id: str) -> list:
+        """The rails a registered peer's transfers are striped over
+        (kvx_peer_rails(3)): a local RDMA port paired with one of the peer's
+        (option verbs.devices), in rail order, each a dict: name
+        ("rxe0:1 -> 198.18.0.1:20049"), up (True: carries transfers; False:
+        taken out, for good), bytes and parts (of the transfers it
+        completed), failures (times taken out), changed_ns (when it last
+        changed state, ns since the epoch). Only verbs has rails: [] for a
+        peer on tcp or shm. A snapshot; the counters never go back while the
+        peer is registered. Raises the library's error (e.g. KVX_ENOENT for
+        an unknown or still-connecting peer, KVX_ECLOSED)."""
+        h = self._handle()
+        rc, rails = _native.kvxpy_peer_rails(h, _peer_arg(peer_id))
+        if rc:
+            raise self._error(rc)
+        return rails
+
     @property
     def closed(self) -> bool:
         return self._closed

@@ -270,6 +270,9 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 /* kvxpy_stats() returns a dict instead of the caller-sized struct. */
 %ignore kvx_get_stats;
 %ignore kvx_stats;
+/* kvxpy_peer_rails() returns a list of dicts instead of the caller's array. */
+%ignore kvx_peer_rails;
+%ignore kvx_rail_stats;
 /* Raw memory has no safe Python owner here; Python regions are buffers
  * (an mmap of a /dev/shm file takes the shm backend's mapped path). */
 %ignore kvx_region_alloc;
@@ -286,6 +289,7 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 %nothread kvxpy_close;
 %nothread kvxpy_holds_region;
 %nothread kvxpy_stats;
+%nothread kvxpy_peer_rails;
 /* Never blocks (it only checks and queues), so the GIL stays with the
  * caller: no hand-off to another thread in the middle of a call that
  * vLLM's scheduler makes on its hot path. */
@@ -295,6 +299,33 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 /* kvxpy_write_blocks_buf's answer "not for me": the wrapper's general path
  * converts the arguments (or explains what is wrong with them). */
 %constant int KVXPY_FALLBACK = 1;
+
+%{
+/* d[key] = v, stealing v; -1 (and a Python error) on failure. */
+static int kvxpy_set_item(PyObject *d, const char *key, PyObject *v) {
+    int rc = v ? PyDict_SetItemString(d, key, v) : -1;
+    Py_XDECREF(v);
+    return rc;
+}
+
+/* One kvx_rail_stats as a dict: name (str), up (bool), bytes, parts,
+ * failures, changed_ns (the reserved fields are left out). */
+static PyObject *kvxpy_rail_dict(const kvx_rail_stats *r) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    if (kvxpy_set_item(d, "name", PyUnicode_DecodeUTF8(r->name, (Py_ssize_t)strnlen(r->name, sizeof r->name),
+                                                       "replace")) != 0 ||
+        kvxpy_set_item(d, "up", PyBool_FromLong(r->up != 0)) != 0 ||
+        kvxpy_set_item(d, "bytes", PyLong_FromUnsignedLongLong(r->bytes)) != 0 ||
+        kvxpy_set_item(d, "parts", PyLong_FromUnsignedLongLong(r->parts)) != 0 ||
+        kvxpy_set_item(d, "failures", PyLong_FromUnsignedLong(r->failures)) != 0 ||
+        kvxpy_set_item(d, "changed_ns", PyLong_FromLongLong(r->changed_ns)) != 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+%}
 
 %inline %{
 /* Acquire the region's buffer (writable, C-contiguous, held until close) and
@@ -456,6 +487,37 @@ PyObject *kvxpy_stats(PyObject *handle, const char *peer_id) {
     if (PyDict_SetItemString(d, "latency_buckets", b) != 0) { Py_DECREF(b); Py_DECREF(d); return NULL; }
     Py_DECREF(b);
     return Py_BuildValue("(iN)", 0, d);
+}
+
+/* kvx_peer_rails as (rc, list of dicts (kvxpy_rail_dict) or None), in rail
+ * order: asks for the count, then for that many (again if the peer was
+ * replaced in between with more rails). */
+PyObject *kvxpy_peer_rails(PyObject *handle, const char *peer_id) {
+    kvxpy_handle *h = kvxpy_from_capsule(handle, 0);
+    kvx_rail_stats *rails = NULL;
+    size_t cap = 0, n = 0, i;
+    PyObject *list;
+    int rc;
+    if (!h) return NULL;
+    for (;;) {
+        kvx_transport *t = h->t;
+        Py_BEGIN_ALLOW_THREADS
+        rc = kvx_peer_rails(t, peer_id, rails, cap, &n);
+        Py_END_ALLOW_THREADS
+        if (rc != 0 || n <= cap) break;
+        PyMem_Free(rails);
+        cap = n;
+        if (!(rails = (kvx_rail_stats *)PyMem_Malloc(cap * sizeof *rails))) return PyErr_NoMemory();
+    }
+    if (rc != 0) { PyMem_Free(rails); return Py_BuildValue("(iO)", rc, Py_None); }
+    if (!(list = PyList_New((Py_ssize_t)n))) { PyMem_Free(rails); return NULL; }
+    for (i = 0; i < n; i++) {
+        PyObject *d = kvxpy_rail_dict(&rails[i]);
+        if (!d) { Py_DECREF(list); PyMem_Free(rails); return NULL; }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+    }
+    PyMem_Free(rails);
+    return Py_BuildValue("(iN)", 0, list);
 }
 %}
 

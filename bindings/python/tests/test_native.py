@@ -123,3 +123,16 @@ def test_bad_handle_and_buffers():
         assert _native.kvx_poll(h, None, None, None) == (0, 0, 0)
     finally:
         _native.kvxpy_close(h)
+
+
+def test_peer_rails_is_a_list():
+    # kvx_peer_rails and its struct are replaced by kvxpy_peer_rails: (rc, list of dicts or None)
+    assert not hasattr(_native, "kvx_peer_rails") and not hasattr(_native, "kvx_rail_stats")
+    assert _native.KVX_RAIL_NAME_LEN == 96
+    mem, h = _open()
+    try:
+        assert _native.kvxpy_peer_rails(h, "p") == (_native.KVX_ENOENT, None)
+        assert "p" in _native.kvx_last_error_message()
+    finally:
+        _native.kvxpy_close(h)
+    assert _native.kvxpy_peer_rails(h, "p") == (_native.KVX_ECLOSED, None)

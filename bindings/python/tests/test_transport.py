@@ -515,6 +515,22 @@ def test_peer_backend_names_the_path():
         assert ei.value.code == kvxfer.ErrorCode.ENOENT
 
 
+def test_peer_rails_only_verbs_has_rails(pair):
+    assert pair.src.peer_backend("dst") == ("tcp", "")
+    assert pair.src.peer_rails("dst") == []
+    with pytest.raises(kvxfer.Error) as backend_ei:
+        pair.src.peer_backend("nobody")
+    with pytest.raises(kvxfer.Error) as ei:
+        pair.src.peer_rails("nobody")
+    assert type(ei.value) is type(backend_ei.value) and isinstance(ei.value, kvxfer.RequestError)
+    assert ei.value.code == kvxfer.ErrorCode.ENOENT and pair.src.last_error.code == kvxfer.ErrorCode.ENOENT
+    with pytest.raises(kvxfer.ArgumentError):
+        pair.src.peer_rails("")
+    pair.src.close()
+    with pytest.raises(kvxfer.ClosedError):
+        pair.src.peer_rails("dst")
+
+
 # ------------------------------------------------------------------ lifecycle
 
 

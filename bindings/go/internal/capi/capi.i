@@ -108,4 +108,41 @@ int kvx_go_region_alloc(uint64_t *out_addr, uint64_t size, unsigned flags) {
 void kvx_go_region_free(uint64_t addr) { kvx_region_free((void *)(uintptr_t)addr); }
 %}
 
+/* kvx_peer_rails fills kvx_rail_stats structs (a char array among integers
+ * of two widths): this wrapper copies, for cap rails at most, each one's name
+ * into out_names (KVX_RAIL_NAME_LEN bytes per rail, NUL-terminated) and its
+ * numbers into out_fields (KVX_GO_RAIL_FIELDS uint64 per rail: up, bytes,
+ * parts, failures, changed_ns as int64 bits), and the number of rails into
+ * out_n[0], also when it exceeds cap. The caller sizes the slices for cap. */
+%ignore kvx_peer_rails;
+%ignore kvx_rail_stats;
+%apply char *KVX_SLICE { char *out_names };
+%apply uint64_t *KVX_SLICE { uint64_t *out_fields, uint64_t *out_n };
+%constant size_t KVX_GO_RAIL_FIELDS = 5;
+%inline %{
+int kvx_go_peer_rails(char *out_names, uint64_t *out_fields, uint64_t *out_n, kvx_transport *t,
+                      const char *peer_id, size_t cap) {
+    kvx_rail_stats *rails = NULL;
+    size_t n = 0, i;
+    int rc;
+    if (cap > 0 && !(rails = (kvx_rail_stats *)calloc(cap, sizeof *rails))) return KVX_ENOMEM;
+    rc = kvx_peer_rails(t, peer_id, rails, cap, &n);
+    if (rc == 0) {
+        out_n[0] = n;
+        for (i = 0; i < n && i < cap; i++) {
+            uint64_t *f = out_fields + i * 5;
+            memcpy(out_names + i * KVX_RAIL_NAME_LEN, rails[i].name, KVX_RAIL_NAME_LEN);
+            out_names[i * KVX_RAIL_NAME_LEN + KVX_RAIL_NAME_LEN - 1] = '\0';
+            f[0] = rails[i].up;
+            f[1] = rails[i].bytes;
+            f[2] = rails[i].parts;
+            f[3] = rails[i].failures;
+            f[4] = (uint64_t)rails[i].changed_ns;
+        }
+    }
+    free(rails);
+    return rc;
+}
+%}
+
 %include "kvxfer.h"

@@ -13,9 +13,9 @@ extern
 #ifdef __cplusplus
   "C"
 #endif
-  void cgo_panic__capi_9b0a9b48af155b2f(const char*);
+  void cgo_panic__capi_1b82838ac17e45ce(const char*);
 static void _swig_gopanic(const char *p) {
-  cgo_panic__capi_9b0a9b48af155b2f(p);
+  cgo_panic__capi_1b82838ac17e45ce(p);
 }
 
 
@@ -218,11 +218,36 @@ int kvx_go_region_alloc(uint64_t *out_addr, uint64_t size, unsigned flags) {
 }
 void kvx_go_region_free(uint64_t addr) { kvx_region_free((void *)(uintptr_t)addr); }
 
+
+int kvx_go_peer_rails(char *out_names, uint64_t *out_fields, uint64_t *out_n, kvx_transport *t,
+                      const char *peer_id, size_t cap) {
+    kvx_rail_stats *rails = NULL;
+    size_t n = 0, i;
+    int rc;
+    if (cap > 0 && !(rails = (kvx_rail_stats *)calloc(cap, sizeof *rails))) return KVX_ENOMEM;
+    rc = kvx_peer_rails(t, peer_id, rails, cap, &n);
+    if (rc == 0) {
+        out_n[0] = n;
+        for (i = 0; i < n && i < cap; i++) {
+            uint64_t *f = out_fields + i * 5;
+            memcpy(out_names + i * KVX_RAIL_NAME_LEN, rails[i].name, KVX_RAIL_NAME_LEN);
+            out_names[i * KVX_RAIL_NAME_LEN + KVX_RAIL_NAME_LEN - 1] = '\0';
+            f[0] = rails[i].up;
+            f[1] = rails[i].bytes;
+            f[2] = rails[i].parts;
+            f[3] = rails[i].failures;
+            f[4] = (uint64_t)rails[i].changed_ns;
+        }
+    }
+    free(rails);
+    return rc;
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-void _wrap_Swig_free_capi_9b0a9b48af155b2f(void *_swig_go_0) {
+void _wrap_Swig_free_capi_1b82838ac17e45ce(void *_swig_go_0) {
   void *arg1 = (void *) 0 ;
   
   arg1 = *(void **)&_swig_go_0; 
@@ -232,7 +257,7 @@ void _wrap_Swig_free_capi_9b0a9b48af155b2f(void *_swig_go_0) {
 }
 
 
-void *_wrap_Swig_malloc_capi_9b0a9b48af155b2f(intgo _swig_go_0) {
+void *_wrap_Swig_malloc_capi_1b82838ac17e45ce(intgo _swig_go_0) {
   int arg1 ;
   void *result = 0 ;
   void *_swig_go_result;
@@ -245,7 +270,7 @@ void *_wrap_Swig_malloc_capi_9b0a9b48af155b2f(intgo _swig_go_0) {
 }
 
 
-long long _wrap_KVX_GO_STATS_SIZE_capi_9b0a9b48af155b2f() {
+long long _wrap_KVX_GO_STATS_SIZE_capi_1b82838ac17e45ce() {
   size_t result;
   long long _swig_go_result;
   
@@ -256,7 +281,7 @@ long long _wrap_KVX_GO_STATS_SIZE_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_kvx_go_peer_backend_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3) {
+intgo _wrap_kvx_go_peer_backend_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -290,7 +315,7 @@ intgo _wrap_kvx_go_peer_backend_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _gos
 }
 
 
-intgo _wrap_kvx_go_region_alloc_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, long long _swig_go_1, intgo _swig_go_2) {
+intgo _wrap_kvx_go_region_alloc_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, long long _swig_go_1, intgo _swig_go_2) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   uint64_t arg2 ;
   unsigned int arg3 ;
@@ -309,7 +334,7 @@ intgo _wrap_kvx_go_region_alloc_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, long
 }
 
 
-void _wrap_kvx_go_region_free_capi_9b0a9b48af155b2f(long long _swig_go_0) {
+void _wrap_kvx_go_region_free_capi_1b82838ac17e45ce(long long _swig_go_0) {
   uint64_t arg1 ;
   
   arg1 = (uint64_t)_swig_go_0; 
@@ -319,18 +344,58 @@ void _wrap_kvx_go_region_free_capi_9b0a9b48af155b2f(long long _swig_go_0) {
 }
 
 
-intgo _wrap_KVX_VERSION_NUMBER_capi_9b0a9b48af155b2f() {
+intgo _wrap_kvx_go_peer_rails_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, kvx_transport *_swig_go_3, _gostring_ _swig_go_4, long long _swig_go_5) {
+  char *arg1 = (char *) 0 ;
+  uint64_t *arg2 = (uint64_t *) 0 ;
+  uint64_t *arg3 = (uint64_t *) 0 ;
+  kvx_transport *arg4 = (kvx_transport *) 0 ;
+  char *arg5 = (char *) 0 ;
+  size_t arg6 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (char *)(_swig_go_0.len ? _swig_go_0.array : NULL); 
+  arg2 = (uint64_t *)(_swig_go_1.len ? _swig_go_1.array : NULL); 
+  arg3 = (uint64_t *)(_swig_go_2.len ? _swig_go_2.array : NULL); 
+  arg4 = (kvx_transport *)_swig_go_3; 
+  
+  arg5 = NULL;
+  if (_swig_go_4.n > 0) {
+    arg5 = (char *)malloc(_swig_go_4.n + 1);
+    if (!arg5) {
+      _swig_gopanic("kvxfer: out of memory copying a string argument");
+    }
+    memcpy(arg5, _swig_go_4.p, _swig_go_4.n);
+    arg5[_swig_go_4.n] = '\0';
+  }
+  
+  arg6 = (size_t)_swig_go_5; 
+  
+  result = (int)kvx_go_peer_rails(arg1,arg2,arg3,arg4,(char const *)arg5,arg6);
+  _swig_go_result = result; 
+  
+  
+  
+  
+  
+  
+  free(arg5); 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_VERSION_NUMBER_capi_1b82838ac17e45ce() {
   int result;
   intgo _swig_go_result;
   
   
-  result = (int)((0*10000+6*100+0));
+  result = (int)((0*10000+7*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
 
 
-intgo _wrap_kvx_version_number_capi_9b0a9b48af155b2f() {
+intgo _wrap_kvx_version_number_capi_1b82838ac17e45ce() {
   unsigned int result;
   intgo _swig_go_result;
   
@@ -341,7 +406,7 @@ intgo _wrap_kvx_version_number_capi_9b0a9b48af155b2f() {
 }
 
 
-_gostring_ _wrap_kvx_version_string_capi_9b0a9b48af155b2f() {
+_gostring_ _wrap_kvx_version_string_capi_1b82838ac17e45ce() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -352,7 +417,7 @@ _gostring_ _wrap_kvx_version_string_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_OK_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_OK_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -364,7 +429,7 @@ intgo _wrap_KVX_OK_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EPERM_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EPERM_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -376,7 +441,7 @@ intgo _wrap_KVX_EPERM_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ENOENT_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ENOENT_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -388,7 +453,7 @@ intgo _wrap_KVX_ENOENT_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ENOMEM_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ENOMEM_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -400,7 +465,7 @@ intgo _wrap_KVX_ENOMEM_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EBUSY_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EBUSY_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -412,7 +477,7 @@ intgo _wrap_KVX_EBUSY_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EEXIST_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EEXIST_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -424,7 +489,7 @@ intgo _wrap_KVX_EEXIST_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EINVAL_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EINVAL_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -436,7 +501,7 @@ intgo _wrap_KVX_EINVAL_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ERANGE_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ERANGE_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -448,7 +513,7 @@ intgo _wrap_KVX_ERANGE_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ENOBUFS_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ENOBUFS_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -460,7 +525,7 @@ intgo _wrap_KVX_ENOBUFS_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ENOTSUP_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ENOTSUP_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -472,7 +537,7 @@ intgo _wrap_KVX_ENOTSUP_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EOVERFLOW_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EOVERFLOW_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -484,7 +549,7 @@ intgo _wrap_KVX_EOVERFLOW_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ECONNREFUSED_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ECONNREFUSED_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -496,7 +561,7 @@ intgo _wrap_KVX_ECONNREFUSED_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ETIMEDOUT_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ETIMEDOUT_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -508,7 +573,7 @@ intgo _wrap_KVX_ETIMEDOUT_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ECONNRESET_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ECONNRESET_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -520,7 +585,7 @@ intgo _wrap_KVX_ECONNRESET_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EHOSTUNREACH_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EHOSTUNREACH_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -532,7 +597,7 @@ intgo _wrap_KVX_EHOSTUNREACH_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ECANCELED_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ECANCELED_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -544,7 +609,7 @@ intgo _wrap_KVX_ECANCELED_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ERRNO_OFFSET_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ERRNO_OFFSET_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -556,7 +621,7 @@ intgo _wrap_KVX_ERRNO_OFFSET_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ECLOSED_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ECLOSED_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -568,7 +633,7 @@ intgo _wrap_KVX_ECLOSED_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EBADMETA_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EBADMETA_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -580,7 +645,7 @@ intgo _wrap_KVX_EBADMETA_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EVERSION_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EVERSION_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -592,7 +657,7 @@ intgo _wrap_KVX_EVERSION_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EFINGERPRINT_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EFINGERPRINT_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -604,7 +669,7 @@ intgo _wrap_KVX_EFINGERPRINT_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EGEOMETRY_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EGEOMETRY_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -616,7 +681,7 @@ intgo _wrap_KVX_EGEOMETRY_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EPEERBROKEN_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EPEERBROKEN_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -628,7 +693,7 @@ intgo _wrap_KVX_EPEERBROKEN_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EAUTH_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EAUTH_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -640,7 +705,7 @@ intgo _wrap_KVX_EAUTH_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_ECONFIG_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_ECONFIG_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -652,7 +717,7 @@ intgo _wrap_KVX_ECONFIG_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EBACKEND_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EBACKEND_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -664,7 +729,7 @@ intgo _wrap_KVX_EBACKEND_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_EINTERNAL_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_EINTERNAL_capi_1b82838ac17e45ce() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -676,7 +741,7 @@ intgo _wrap_KVX_EINTERNAL_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_SCOPE_NONE_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_SCOPE_NONE_capi_1b82838ac17e45ce() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -688,7 +753,7 @@ intgo _wrap_KVX_SCOPE_NONE_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_SCOPE_REQUEST_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_SCOPE_REQUEST_capi_1b82838ac17e45ce() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -700,7 +765,7 @@ intgo _wrap_KVX_SCOPE_REQUEST_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_SCOPE_PEER_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_SCOPE_PEER_capi_1b82838ac17e45ce() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -712,7 +777,7 @@ intgo _wrap_KVX_SCOPE_PEER_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_SCOPE_TRANSPORT_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_SCOPE_TRANSPORT_capi_1b82838ac17e45ce() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -724,7 +789,7 @@ intgo _wrap_KVX_SCOPE_TRANSPORT_capi_9b0a9b48af155b2f() {
 }
 
 
-_gostring_ _wrap_kvx_strerror_capi_9b0a9b48af155b2f(intgo _swig_go_0) {
+_gostring_ _wrap_kvx_strerror_capi_1b82838ac17e45ce(intgo _swig_go_0) {
   int arg1 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -737,7 +802,7 @@ _gostring_ _wrap_kvx_strerror_capi_9b0a9b48af155b2f(intgo _swig_go_0) {
 }
 
 
-intgo _wrap_kvx_error_scope_of_capi_9b0a9b48af155b2f(intgo _swig_go_0) {
+intgo _wrap_kvx_error_scope_of_capi_1b82838ac17e45ce(intgo _swig_go_0) {
   int arg1 ;
   kvx_error_scope result;
   intgo _swig_go_result;
@@ -750,7 +815,7 @@ intgo _wrap_kvx_error_scope_of_capi_9b0a9b48af155b2f(intgo _swig_go_0) {
 }
 
 
-_gostring_ _wrap_kvx_last_error_message_capi_9b0a9b48af155b2f() {
+_gostring_ _wrap_kvx_last_error_message_capi_1b82838ac17e45ce() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -761,7 +826,7 @@ _gostring_ _wrap_kvx_last_error_message_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_kvx_options_create_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0) {
+intgo _wrap_kvx_options_create_capi_1b82838ac17e45ce(_goslice_ _swig_go_0) {
   kvx_options **arg1 = (kvx_options **) 0 ;
   int result;
   intgo _swig_go_result;
@@ -776,7 +841,7 @@ intgo _wrap_kvx_options_create_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0) {
 }
 
 
-void _wrap_kvx_options_destroy_capi_9b0a9b48af155b2f(kvx_options *_swig_go_0) {
+void _wrap_kvx_options_destroy_capi_1b82838ac17e45ce(kvx_options *_swig_go_0) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   
   arg1 = (kvx_options *)_swig_go_0; 
@@ -786,7 +851,7 @@ void _wrap_kvx_options_destroy_capi_9b0a9b48af155b2f(kvx_options *_swig_go_0) {
 }
 
 
-intgo _wrap_kvx_options_set_capi_9b0a9b48af155b2f(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_options_set_capi_1b82838ac17e45ce(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   char *arg2 = (char *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -813,7 +878,7 @@ intgo _wrap_kvx_options_set_capi_9b0a9b48af155b2f(kvx_options *_swig_go_0, _gost
 }
 
 
-intgo _wrap_kvx_options_parse_capi_9b0a9b48af155b2f(kvx_options *_swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_options_parse_capi_1b82838ac17e45ce(kvx_options *_swig_go_0, _gostring_ _swig_go_1) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -833,7 +898,7 @@ intgo _wrap_kvx_options_parse_capi_9b0a9b48af155b2f(kvx_options *_swig_go_0, _go
 }
 
 
-intgo _wrap_kvx_transport_create_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
+intgo _wrap_kvx_transport_create_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
   kvx_transport **arg1 = (kvx_transport **) 0 ;
   void *arg2 = (void *) 0 ;
   uint64_t arg3 ;
@@ -869,7 +934,7 @@ intgo _wrap_kvx_transport_create_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, voi
 }
 
 
-intgo _wrap_kvx_transport_close_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0) {
+intgo _wrap_kvx_transport_close_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   int result;
   intgo _swig_go_result;
@@ -882,7 +947,7 @@ intgo _wrap_kvx_transport_close_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0)
 }
 
 
-void _wrap_kvx_transport_destroy_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0) {
+void _wrap_kvx_transport_destroy_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   
   arg1 = (kvx_transport *)_swig_go_0; 
@@ -892,7 +957,7 @@ void _wrap_kvx_transport_destroy_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0
 }
 
 
-intgo _wrap_kvx_transport_base_addr_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_base_addr_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -909,7 +974,7 @@ intgo _wrap_kvx_transport_base_addr_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_num_blocks_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_num_blocks_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -926,7 +991,7 @@ intgo _wrap_kvx_transport_num_blocks_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0,
 }
 
 
-intgo _wrap_kvx_transport_block_len_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_block_len_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -943,7 +1008,7 @@ intgo _wrap_kvx_transport_block_len_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_config_fingerprint_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_config_fingerprint_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   char *arg1 = (char *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -960,7 +1025,7 @@ intgo _wrap_kvx_transport_config_fingerprint_capi_9b0a9b48af155b2f(_goslice_ _sw
 }
 
 
-_gostring_ _wrap_kvx_transport_backend_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0) {
+_gostring_ _wrap_kvx_transport_backend_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -973,7 +1038,7 @@ _gostring_ _wrap_kvx_transport_backend_capi_9b0a9b48af155b2f(kvx_transport *_swi
 }
 
 
-intgo _wrap_kvx_get_agent_metadata_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
+intgo _wrap_kvx_get_agent_metadata_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -996,7 +1061,7 @@ intgo _wrap_kvx_get_agent_metadata_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, k
 }
 
 
-intgo _wrap_kvx_add_remote_peer_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
+intgo _wrap_kvx_add_remote_peer_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1034,7 +1099,7 @@ intgo _wrap_kvx_add_remote_peer_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0,
 }
 
 
-intgo _wrap_kvx_remove_remote_peer_capi_9b0a9b48af155b2f(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_remove_remote_peer_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -1060,7 +1125,7 @@ intgo _wrap_kvx_remove_remote_peer_capi_9b0a9b48af155b2f(kvx_transport *_swig_go
 }
 
 
-intgo _wrap_KVX_PEER_REPLACE_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_PEER_REPLACE_capi_1b82838ac17e45ce() {
   enum kvx_add_peer_flag result;
   intgo _swig_go_result;
   
@@ -1072,7 +1137,7 @@ intgo _wrap_KVX_PEER_REPLACE_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_PENDING_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_REGISTRATION_PENDING_capi_1b82838ac17e45ce() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1084,7 +1149,7 @@ intgo _wrap_KVX_REGISTRATION_PENDING_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_DONE_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_REGISTRATION_DONE_capi_1b82838ac17e45ce() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1096,7 +1161,7 @@ intgo _wrap_KVX_REGISTRATION_DONE_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_FAILED_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_REGISTRATION_FAILED_capi_1b82838ac17e45ce() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1108,7 +1173,7 @@ intgo _wrap_KVX_REGISTRATION_FAILED_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_kvx_add_remote_peer_async_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
+intgo _wrap_kvx_add_remote_peer_async_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1152,7 +1217,7 @@ intgo _wrap_kvx_add_remote_peer_async_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0
 }
 
 
-intgo _wrap_kvx_registration_status_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
+intgo _wrap_kvx_registration_status_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
   int *arg1 = (int *) 0 ;
   int *arg2 = (int *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1177,7 +1242,7 @@ intgo _wrap_kvx_registration_status_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_write_blocks_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
+intgo _wrap_kvx_write_blocks_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1217,7 +1282,7 @@ intgo _wrap_kvx_write_blocks_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_tra
 }
 
 
-intgo _wrap_kvx_poll_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
+intgo _wrap_kvx_poll_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
   size_t *arg1 = (size_t *) 0 ;
   size_t *arg2 = (size_t *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1263,7 +1328,7 @@ intgo _wrap_kvx_poll_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _goslice_ _swig
 }
 
 
-intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_1b82838ac17e45ce() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1275,7 +1340,7 @@ intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_KVX_CANCEL_WAIT_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_CANCEL_WAIT_capi_1b82838ac17e45ce() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1287,7 +1352,7 @@ intgo _wrap_KVX_CANCEL_WAIT_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_kvx_cancel_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
+intgo _wrap_kvx_cancel_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   uint64_t *arg3 = (uint64_t *) 0 ;
@@ -1316,7 +1381,7 @@ intgo _wrap_kvx_cancel_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport
 }
 
 
-intgo _wrap_kvx_wait_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, intgo _swig_go_2) {
+intgo _wrap_kvx_wait_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, intgo _swig_go_2) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int arg3 ;
@@ -1335,7 +1400,7 @@ intgo _wrap_kvx_wait_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *
 }
 
 
-intgo _wrap_kvx_completion_fd_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_completion_fd_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   int *arg1 = (int *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1352,7 +1417,7 @@ intgo _wrap_kvx_completion_fd_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_tr
 }
 
 
-intgo _wrap_kvx_get_stats_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_get_stats_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
   kvx_stats *arg1 = (kvx_stats *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1382,7 +1447,7 @@ intgo _wrap_kvx_get_stats_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, kvx_transp
 }
 
 
-long long _wrap_kvx_stats_bucket_lower_ns_capi_9b0a9b48af155b2f(long long _swig_go_0) {
+long long _wrap_kvx_stats_bucket_lower_ns_capi_1b82838ac17e45ce(long long _swig_go_0) {
   size_t arg1 ;
   uint64_t result;
   long long _swig_go_result;
@@ -1395,7 +1460,7 @@ long long _wrap_kvx_stats_bucket_lower_ns_capi_9b0a9b48af155b2f(long long _swig_
 }
 
 
-intgo _wrap_KVX_REGION_HUGE_PAGES_capi_9b0a9b48af155b2f() {
+intgo _wrap_KVX_REGION_HUGE_PAGES_capi_1b82838ac17e45ce() {
   enum kvx_region_flag result;
   intgo _swig_go_result;
   
@@ -1407,7 +1472,7 @@ intgo _wrap_KVX_REGION_HUGE_PAGES_capi_9b0a9b48af155b2f() {
 }
 
 
-intgo _wrap_kvx_config_fingerprint_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_config_fingerprint_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -1435,7 +1500,7 @@ intgo _wrap_kvx_config_fingerprint_capi_9b0a9b48af155b2f(_goslice_ _swig_go_0, _
 }
 
 
-_gostring_ _wrap_kvx_backends_capi_9b0a9b48af155b2f() {
+_gostring_ _wrap_kvx_backends_capi_1b82838ac17e45ce() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   

@@ -46,7 +46,7 @@ pub use error::{strerror, Error, ErrorKind, Result, Scope};
 pub use options::Options;
 pub use region::SharedRegion;
 pub use registration::PendingPeer;
-pub use stats::{latency_bucket_bounds, Stats, LATENCY_BUCKETS};
+pub use stats::{latency_bucket_bounds, RailStats, Stats, LATENCY_BUCKETS, RAIL_NAME_LEN};
 pub use transport::{CancelMode, PollResult, Transport};
 
 /// The raw bindings, for what this crate does not wrap.
@@ -111,5 +111,6 @@ const _: () = {
         send_sync::<PollResult>();
         send_sync::<PendingPeer<'static, 'static>>();
         send_sync::<Stats>();
+        send_sync::<RailStats>();
     }
 };

@@ -1,7 +1,7 @@
-//! Telemetry (`kvx_get_stats`).
+//! Telemetry (`kvx_get_stats`) and a peer's rails (`kvx_peer_rails`).
 use crate::error::{check, Result};
 use crate::options::cstring;
-use crate::transport::Transport;
+use crate::transport::{fixed_cstr, Transport};
 use kvxfer_sys as sys;
 use std::ptr;
 
@@ -99,4 +99,67 @@ pub(crate) fn get(t: &Transport<'_>, peer_id: Option<&str>) -> Result<Stats> {
         latency_ns_max: s.latency_ns_max,
         latency_buckets: s.latency_buckets.to_vec(),
     })
+}
+
+/// Most bytes of [`RailStats::name`] in C, with its NUL
+/// (`KVX_RAIL_NAME_LEN`).
+pub const RAIL_NAME_LEN: usize = sys::KVX_RAIL_NAME_LEN as usize;
+
+/// One rail of a peer ([`Transport::peer_rails`], `kvx_rail_stats`): a local
+/// RDMA port paired with one of the peer's (option `verbs.devices`), over
+/// which the peer's transfers are striped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RailStats {
+    /// `"rxe0:1 -> 198.18.0.1:20049"`: local device:port -> the peer's
+    /// rdma_cm address (at most [`RAIL_NAME_LEN`]` - 1` bytes).
+    pub name: String,
+    /// The rail carries transfers; `false`: taken out (failed, or never
+    /// connected). A rail taken out does not come back for this peer.
+    pub up: bool,
+    /// Bytes of the parts of transfers it completed.
+    pub bytes: u64,
+    /// Parts of transfers it completed.
+    pub parts: u64,
+    /// Times it was taken out (0 or 1 today).
+    pub failures: u32,
+    /// When it last changed state (connected, taken out), in ns since the
+    /// epoch (`CLOCK_REALTIME`).
+    pub changed_ns: i64,
+}
+
+pub(crate) fn rails(t: &Transport<'_>, peer_id: &str) -> Result<Vec<RailStats>> {
+    let id = cstring("peer id", peer_id)?;
+    // SAFETY: kvx_rail_stats is a char array and integers: all-zero is a
+    // valid value.
+    let zero: sys::kvx_rail_stats = unsafe { std::mem::zeroed() };
+    let mut out: Vec<sys::kvx_rail_stats> = Vec::new();
+    loop {
+        let mut n = 0usize;
+        let out_ptr = if out.is_empty() {
+            ptr::null_mut()
+        } else {
+            out.as_mut_ptr()
+        };
+        // SAFETY: live handle; id NUL-terminated; out_ptr is NULL with cap 0
+        // or points to out.len() writable entries.
+        check(unsafe { sys::kvx_peer_rails(t.as_raw(), id.as_ptr(), out_ptr, out.len(), &mut n) })?;
+        if n <= out.len() {
+            out.truncate(n);
+            break;
+        }
+        // Ask again with room for every rail (again if the peer was replaced
+        // meanwhile by one with more rails).
+        out = vec![zero; n];
+    }
+    Ok(out
+        .iter()
+        .map(|r| RailStats {
+            name: fixed_cstr(&r.name),
+            up: r.up != 0,
+            bytes: r.bytes,
+            parts: r.parts,
+            failures: r.failures,
+            changed_ns: r.changed_ns,
+        })
+        .collect())
 }

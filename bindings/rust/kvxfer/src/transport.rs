@@ -2,7 +2,7 @@
 use crate::error::{check, Error, Result};
 use crate::options::{cstring, Options};
 use crate::registration::PendingPeer;
-use crate::stats::Stats;
+use crate::stats::{RailStats, Stats};
 use kvxfer_sys as sys;
 use std::ffi::{CStr, CString};
 use std::fmt;
@@ -454,6 +454,16 @@ impl<'r> Transport<'r> {
         check(unsafe { sys::kvx_peer_backend(&mut backend, &mut path, self.ptr(), id.as_ptr()) })?;
         // SAFETY: on success both point to static storage, never NULL.
         Ok(unsafe { (static_str(backend), static_str(path)) })
+    }
+
+    /// The rails a registered peer's transfers are striped over, in rail
+    /// order (`kvx_peer_rails`): each a local RDMA port paired with one of
+    /// the peer's. Only verbs has rails: a peer on tcp or shm has none (an
+    /// empty `Vec`). The counters are a snapshot; they never go back while
+    /// the peer is registered.
+    /// Errors: `UnknownPeer` (not registered, or still connecting), `Closed`.
+    pub fn peer_rails(&self, peer_id: &str) -> Result<Vec<RailStats>> {
+        crate::stats::rails(self, peer_id)
     }
 
     // ------------------------------------------------------------ transfers

@@ -55,6 +55,37 @@ fn unknown_peer() {
 }
 
 #[test]
+fn peer_rails_only_verbs_has_rails() {
+    let (a, b) = pair();
+    connect(&a, "b", &b).unwrap();
+    assert_eq!(a.peer_backend("b").unwrap(), ("tcp", ""));
+    // A tcp peer has no rails, and that is no error.
+    assert_eq!(a.peer_rails("b").unwrap(), Vec::<kvxfer::RailStats>::new());
+    // An unknown peer fails as in peer_backend.
+    let e = assert_err(
+        a.peer_rails("ghost"),
+        ErrorKind::UnknownPeer,
+        Scope::Request,
+        "ghost",
+    );
+    let be = a
+        .peer_backend("ghost")
+        .expect_err("peer_backend of an unknown peer");
+    assert_eq!(
+        (e.kind(), e.scope(), e.code()),
+        (be.kind(), be.scope(), be.code())
+    );
+    assert_err(
+        a.peer_rails(""),
+        ErrorKind::InvalidArgument,
+        Scope::Request,
+        "",
+    );
+    a.close().unwrap();
+    assert_err(a.peer_rails("b"), ErrorKind::Closed, Scope::Transport, "");
+}
+
+#[test]
 fn out_of_range_and_bad_indexes() {
     let (a, b) = pair();
     connect(&a, "b", &b).unwrap();
