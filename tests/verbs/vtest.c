@@ -137,6 +137,29 @@ void vt_meta_add_mr_addr(metablob *m, int64_t delta) {
     vt_meta_fix_checksum(m);
 }
 
+enum { VERBS_V0_LEN = 44 }; /* endpoint 20, mr_addr, mr_len, rkey, reserved */
+
+unsigned vt_meta_verbs_rails(const metablob *m) {
+    size_t v = vt_meta_verbs_off(m);
+    assert_true(v != 0);
+    if (m->bytes[v - 8 + 3] == 0) return 1;
+    return 1 + (unsigned)rd(m->bytes + v + VERBS_V0_LEN, 4);
+}
+
+void vt_meta_verbs_as_v0(metablob *m) {
+    size_t v = vt_meta_verbs_off(m);
+    assert_true(v != 0);
+    uint32_t len = (uint32_t)rd(m->bytes + v - 4, 4);
+    assert_true(len >= VERBS_V0_LEN);
+    size_t cut = len - VERBS_V0_LEN;
+    memmove(m->bytes + v + VERBS_V0_LEN, m->bytes + v + len, m->len - (v + len));
+    m->len -= cut;
+    m->bytes[v - 8 + 3] = 0; /* version 0 (flags bits 8..15) */
+    wr(m->bytes + v - 4, VERBS_V0_LEN, 4);
+    wr(m->bytes + 8, m->len, 4); /* total_len */
+    vt_meta_fix_checksum(m);
+}
+
 void vt_meta_mr(const metablob *m, uint64_t *addr, uint32_t *rkey) {
     size_t v = vt_meta_verbs_off(m);
     assert_true(v != 0);

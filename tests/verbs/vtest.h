@@ -44,6 +44,12 @@ void vt_meta_endpoint(const metablob *m, uint8_t ip[4], uint16_t *port);
 /* The region's MR as the metadata offers it to writers: address and rkey. */
 void vt_meta_mr(const metablob *m, uint64_t *addr, uint32_t *rkey);
 
+/* The verbs section as a transport before 0.7 writes it: version 0, the
+ * first rail only (its other rails cut off). */
+void vt_meta_verbs_as_v0(metablob *m);
+/* How many rails the verbs section advertises. */
+unsigned vt_meta_verbs_rails(const metablob *m);
+
 /* Polls for a while and fails the test if anything at all surfaces. */
 void vt_expect_silence(kvx_transport *t, int ms);
 

@@ -1,0 +1,357 @@
+/* verbs rails (public API only), two transports in one process serving
+ * every RDMA port (verbs.devices=all): transfers striped over both rails
+ * (each carries bytes, every byte verified); a rail's netdev taken down
+ * mid-stream (0 failed, each id reported once, every byte verified, the
+ * rail shown down); every rail down (every id reported once, failed or
+ * done; re-adding works once the rails are back); metadata of a one-rail
+ * transport (version 0, as 0.4.6 writes it) accepted.
+ *
+ * Needs two rails: in tests/rdma-vm, KVX_VM_NETDEV and KVX_VM_NETDEV2 name
+ * their netdevs (set down and up again here, as root). Without a second
+ * rail it skips (77), unless KVX_VM_DEV2 says there is one: then it fails.
+ * Run it last in a VM: on Soft-RoCE a netdev taken down under a connection
+ * leaves that device unable to set up rdma_cm connections for good. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vtest.h"
+
+enum { NB = 512, BL = 65536, PER = 8 }; /* 32 MiB regions, 512 KiB transfers */
+
+typedef struct pair {
+    region ra, rb;
+    kvx_transport *a, *b;
+    metablob mb;
+} pair;
+
+static void netdev(const char *var, const char *state) {
+    const char *dev = getenv(var);
+    assert_non_null(dev);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "ip link set %s %s", dev, state);
+    assert_int_equal(system(cmd), 0);
+    printf("# %s %s\n", dev, state);
+}
+
+/* Both netdevs up again, whatever a failed test left behind. */
+static void links_up(void) {
+    const char *vars[] = {"KVX_VM_NETDEV", "KVX_VM_NETDEV2"};
+    for (int i = 0; i < 2; i++) {
+        const char *dev = getenv(vars[i]);
+        char cmd[128];
+        if (!dev) continue;
+        snprintf(cmd, sizeof cmd, "ip link set %s up", dev);
+        if (system(cmd) != 0) fprintf(stderr, "cannot bring %s up\n", dev);
+    }
+}
+
+static size_t rails_of(kvx_transport *t, const char *peer, kvx_rail_stats *out, size_t cap) {
+    size_t n = 99;
+    CHECK_OK(kvx_peer_rails(t, peer, out, cap, &n));
+    return n;
+}
+
+static void print_rails(kvx_transport *t, const char *peer) {
+    kvx_rail_stats r[8];
+    size_t n = rails_of(t, peer, r, 8);
+    for (size_t i = 0; i < n && i < 8; i++)
+        printf("# rail %s: up %u, %llu bytes in %llu parts, %u failure(s)\n", r[i].name, r[i].up,
+               (unsigned long long)r[i].bytes, (unsigned long long)r[i].parts, r[i].failures);
+}
+
+static void pair_up(pair *p, const char *timeout_ms) {
+    kvx_options *o = vt_options("verbs.devices=all", timeout_ms, NULL);
+    p->ra = region_new(NB, BL, 0x11);
+    p->rb = region_new(NB, BL, 0x22);
+    for (uint64_t i = 0; i < NB; i++) fill_block(p->ra.base + i * BL, BL, i, 5);
+    p->a = vt_transport(&p->ra, NULL, o);
+    p->b = vt_transport(&p->rb, NULL, o);
+    kvx_options_destroy(o);
+    get_meta(p->b, &p->mb);
+    CHECK_OK(vt_add(p->a, "b", &p->mb));
+}
+
+static void pair_down(pair *p) {
+    kvx_transport_destroy(p->a);
+    kvx_transport_destroy(p->b);
+    assert_true(region_guards_ok(&p->ra));
+    assert_true(region_guards_ok(&p->rb));
+    region_free(&p->ra);
+    region_free(&p->rb);
+}
+
+/* Skips without two rails; with KVX_VM_DEV2 set, two are required. */
+static void require_two_rails(void) {
+    pair p;
+    pair_up(&p, NULL);
+    kvx_rail_stats r[4];
+    size_t n = rails_of(p.a, "b", r, 4);
+    unsigned adv = vt_meta_verbs_rails(&p.mb);
+    pair_down(&p);
+    if (n >= 2 && adv >= 2) return;
+    if (getenv("KVX_VM_DEV2")) {
+        fprintf(stderr, "KVX_VM_DEV2 is set but the peer has %zu rail(s), its metadata %u\n", n, adv);
+        exit(1);
+    }
+    printf("SKIP: one RDMA rail here (%zu)\n", n);
+    exit(77);
+}
+
+/* Transfers k = 0..n-1: local blocks (k*PER mod NB)... to the same remote
+ * blocks, so that any re-sent part writes the same bytes to the same place. */
+static void submit(pair *p, uint64_t *ids, size_t from, size_t to) {
+    for (size_t k = from; k < to; k++) {
+        uint64_t l[PER];
+        for (int j = 0; j < PER; j++) l[j] = (k * PER + (uint64_t)j) % NB;
+        CHECK_OK(kvx_write_blocks(&ids[k], p->a, "b", l, l, PER));
+    }
+}
+
+static void verify_all(pair *p) {
+    for (uint64_t i = 0; i < NB; i++)
+        if (!block_matches(p->rb.base + i * BL, BL, i, 5)) fail_msg("block %llu has wrong content", (unsigned long long)i);
+    assert_true(region_guards_ok(&p->rb));
+}
+
+/* Both rails carry bytes of striped and whole transfers; the bytes the
+ * rails report add up to what was written. */
+static void test_both_rails_carry(void **state) {
+    (void)state;
+    enum { N = 256 };
+    pair p;
+    pair_up(&p, NULL);
+    static uint64_t ids[N];
+    submit(&p, ids, 0, N);
+    size_t nf = 9;
+    assert_int_equal(wait_ids(p.a, "b", ids, N, 120000, &nf, NULL), N);
+    assert_int_equal(nf, 0);
+    verify_all(&p);
+    kvx_rail_stats r[4];
+    size_t n = rails_of(p.a, "b", r, 4);
+    assert_true(n >= 2);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(r[i].up, 1);
+        assert_int_equal(r[i].failures, 0);
+        assert_true(r[i].bytes > 0);
+        assert_true(r[i].changed_ns > 0);
+        sum += r[i].bytes;
+    }
+    assert_int_equal(sum, (uint64_t)N * PER * BL);
+    print_rails(p.a, "b");
+    /* the counting call alone, and a short array */
+    size_t cnt = 0;
+    CHECK_OK(kvx_peer_rails(p.a, "b", NULL, 0, &cnt));
+    assert_int_equal(cnt, n);
+    VT_ERR(kvx_peer_rails(p.a, "nobody", r, 4, &cnt), KVX_ENOENT);
+    VT_ERR(kvx_peer_rails(p.a, "b", NULL, 2, &cnt), KVX_EINVAL);
+    pair_down(&p);
+}
+
+/* The target of the fault tests lives in another process, as on a cluster
+ * (and on rxe a rail flapped under traffic between two transports of one
+ * process stays deaf for that process). */
+typedef struct remote {
+    region ra;
+    kvx_transport *a;
+    child_target c;
+} remote;
+
+static void remote_up(remote *r, const char *timeout_ms) {
+    const char *opts[] = {"verbs.devices=all", timeout_ms, NULL};
+    child_start_exec(&r->c, NB, BL, NULL, opts);
+    kvx_options *o = vt_options("verbs.devices=all", timeout_ms, NULL);
+    r->ra = region_new(NB, BL, 0x11);
+    for (uint64_t i = 0; i < NB; i++) fill_block(r->ra.base + i * BL, BL, i, 5);
+    r->a = vt_transport(&r->ra, NULL, o);
+    kvx_options_destroy(o);
+    CHECK_OK(vt_add(r->a, "b", &r->c.meta));
+}
+
+static void remote_down(remote *r) {
+    kvx_transport_destroy(r->a);
+    assert_int_equal(child_stop(&r->c), 0);
+    region_free(&r->ra);
+}
+
+static void remote_submit(remote *r, uint64_t *ids, size_t from, size_t to) {
+    pair p = {.a = r->a};
+    submit(&p, ids, from, to);
+}
+
+static void remote_verify(remote *r) {
+    for (uint64_t i = 0; i < NB; i++)
+        if (!child_verify(&r->c, i, i, 5)) fail_msg("block %llu has wrong content at the target", (unsigned long long)i);
+    static uint64_t all[NB];
+    for (uint64_t i = 0; i < NB; i++) all[i] = i;
+    assert_true(child_untouched(&r->c, all, NB)); /* every block written: the guards are what is left */
+}
+
+/* Whether rdma_cm still sets up a connection on the device in devvar, to
+ * the address in addrvar, for another program (ib_write_bw -R): after its
+ * netdev went down under an established connection, Soft-RoCE (kernel 6.1)
+ * never does again on that device (tests/rdma-vm/README.md). A rail that
+ * does not come back where this works is our failure; where this fails
+ * too, the device is. */
+static int rdma_cm_works(const char *devvar, const char *addrvar) {
+    const char *dev = getenv(devvar), *addr = getenv(addrvar);
+    if (!dev || !addr) return 1;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "timeout 20 ib_write_bw -d %s -R -s 4096 -n 50 -p 18515 >/dev/null 2>&1 & sleep 1; "
+             "timeout 15 ib_write_bw -d %s -R -s 4096 -n 50 -p 18515 %s >/dev/null 2>&1; rc=$?; wait; exit $rc",
+             dev, dev, addr);
+    int ok = system(cmd) == 0;
+    printf("# rdma_cm on %s for ib_write_bw: %s\n", dev, ok ? "works" : "does not work (the device is wedged)");
+    return ok;
+}
+
+/* Re-adds the peer until it has want rails up (a port back up takes a
+ * moment to be ACTIVE, and its first event may come before its address). */
+static size_t readd_until(remote *r, size_t want, int ms) {
+    uint64_t until = now_ms() + (uint64_t)ms;
+    size_t up = 0;
+    kvx_rail_stats rs[4];
+    while (up < want && now_ms() < until) {
+        usleep(500 * 1000);
+        (void)kvx_remove_remote_peer(r->a, "b");
+        if (vt_add(r->a, "b", &r->c.meta) != 0) continue;
+        size_t n = rails_of(r->a, "b", rs, 4);
+        up = 0;
+        for (size_t i = 0; i < n && i < 4; i++) up += rs[i].up;
+    }
+    return up;
+}
+
+/* The second rail's netdev goes down with transfers in flight and more
+ * coming: nothing fails, nothing is reported twice, every byte is right,
+ * and the rail shows taken out; back up, a peer added again uses it. */
+static void test_rail_down_midstream(void **state) {
+    (void)state;
+    enum { N = 2048 };
+    remote r;
+    remote_up(&r, "transfer_timeout_ms=5000");
+    static uint64_t ids[N];
+    remote_submit(&r, ids, 0, N / 2);
+    uint64_t t0 = now_ms();
+    netdev("KVX_VM_NETDEV2", "down");
+    remote_submit(&r, ids, N / 2, N);
+    size_t nf = 9;
+    assert_int_equal(wait_ids(r.a, "b", ids, N, 120000, &nf, NULL), N);
+    printf("# %d transfers, %zu failed; the last reported %llu ms after the fault\n", N, nf,
+           (unsigned long long)(now_ms() - t0));
+    print_rails(r.a, "b");
+    assert_int_equal(nf, 0);
+    remote_verify(&r);
+    kvx_rail_stats rs[4];
+    size_t n = rails_of(r.a, "b", rs, 4), down = 0;
+    for (size_t i = 0; i < n; i++) down += rs[i].up == 0 && rs[i].failures == 1;
+    assert_int_equal(down, 1);
+    netdev("KVX_VM_NETDEV2", "up");
+    t0 = now_ms();
+    size_t up = readd_until(&r, 2, 15000);
+    if (up < 2 && !rdma_cm_works("KVX_VM_DEV2", "KVX_VM_ADDR2")) {
+        printf("# the second rail's device no longer connects for anyone: its return is not testable here\n");
+        up = 2;
+    } else if (up == 2) {
+        printf("# both rails up again %llu ms after the netdev\n", (unsigned long long)(now_ms() - t0));
+        remote_submit(&r, ids, 0, 64);
+        assert_int_equal(wait_ids(r.a, "b", ids, 64, 60000, &nf, NULL), 64);
+        assert_int_equal(nf, 0);
+        print_rails(r.a, "b");
+        n = rails_of(r.a, "b", rs, 4);
+        for (size_t i = 0; i < n; i++) assert_true(rs[i].bytes > 0);
+    }
+    assert_int_equal(up, 2);
+    remote_down(&r);
+}
+
+/* Every rail down mid-stream: every id is reported once (done if it
+ * finished before, else failed), none hangs; writes during the outage fail
+ * at once (KVX_EPEERBROKEN, or reported failed); once the rails are back,
+ * remove and re-add works. */
+static void test_every_rail_down(void **state) {
+    (void)state;
+    enum { N = 512, T = 3000 };
+    remote r;
+    remote_up(&r, "transfer_timeout_ms=3000");
+    static uint64_t ids[N];
+    remote_submit(&r, ids, 0, N / 2);
+    uint64_t t0 = now_ms();
+    netdev("KVX_VM_NETDEV2", "down");
+    netdev("KVX_VM_NETDEV", "down");
+    size_t refused = 0, k = N / 2;
+    for (size_t i = N / 2; i < N; i++) {
+        uint64_t l[PER];
+        for (int j = 0; j < PER; j++) l[j] = (i * PER + (uint64_t)j) % NB;
+        int rc = kvx_write_blocks(&ids[k], r.a, "b", l, l, PER);
+        if (rc == 0) {
+            k++;
+            continue;
+        }
+        VT_ERR(rc, KVX_EPEERBROKEN);
+        refused++;
+    }
+    size_t nf = 0;
+    assert_int_equal(wait_ids(r.a, "b", ids, k, 4 * T + 30000, &nf, NULL), k);
+    printf("# every rail down: %zu of %zu failed, %zu refused at once; the last reported %llu ms after the fault "
+           "(timeout %d ms)\n", nf, k, refused, (unsigned long long)(now_ms() - t0), T);
+    print_rails(r.a, "b");
+    assert_true(nf + refused >= N / 2);  /* everything after the fault */
+    links_up();
+    t0 = now_ms();
+    if (readd_until(&r, 1, 15000) < 1) {
+        /* our failure only if another program still connects there */
+        assert_false(rdma_cm_works("KVX_VM_DEV", "KVX_VM_ADDR") || rdma_cm_works("KVX_VM_DEV2", "KVX_VM_ADDR2"));
+        printf("# neither device connects for anyone after the outage: the re-add is not testable here\n");
+        child_kill(&r.c);
+        kvx_transport_destroy(r.a);
+        region_free(&r.ra);
+        return;
+    }
+    printf("# re-added %llu ms after the netdevs came up\n", (unsigned long long)(now_ms() - t0));
+    remote_submit(&r, ids, 0, N / 4);
+    assert_int_equal(wait_ids(r.a, "b", ids, N / 4, 60000, &nf, NULL), N / 4);
+    assert_int_equal(nf, 0);
+    remote_down(&r);
+}
+
+/* A transport before 0.7 advertises one rail in a version 0 section: it
+ * is accepted, and the peer uses that rail alone. */
+static void test_one_rail_metadata(void **state) {
+    (void)state;
+    enum { N = 64 };
+    pair p;
+    pair_up(&p, NULL);
+    CHECK_OK(kvx_remove_remote_peer(p.a, "b"));
+    metablob old = p.mb;
+    vt_meta_verbs_as_v0(&old);
+    assert_int_equal(vt_meta_verbs_rails(&old), 1);
+    CHECK_OK(vt_add(p.a, "b", &old));
+    kvx_rail_stats r[4];
+    assert_int_equal(rails_of(p.a, "b", r, 4), 1);
+    static uint64_t ids[N];
+    submit(&p, ids, 0, N);
+    size_t nf = 9;
+    assert_int_equal(wait_ids(p.a, "b", ids, N, 60000, &nf, NULL), N);
+    assert_int_equal(nf, 0);
+    verify_all(&p);
+    pair_down(&p);
+}
+
+int main(int argc, char **argv) {
+    child_exec_dispatch(argc, argv);
+    setenv("KVX_TEST_BACKEND", "verbs", 1); /* the target process's backend */
+    vt_require_verbs();
+    require_two_rails();
+    atexit(links_up);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_both_rails_carry),
+        cmocka_unit_test(test_one_rail_metadata),
+        cmocka_unit_test(test_rail_down_midstream),
+        cmocka_unit_test(test_every_rail_down),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
