@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
 .PHONY: all deps build run test test-unit test-asan test-tsan test-fuzz test-bindings test-interop test-vm \
-        bench-compare bench-compare-verbs deb rpm test-install abi-check option-docs install clean
+        bench-compare bench-compare-verbs bench-compare-verbs-rails deb rpm test-install abi-check option-docs install clean
 
 all: build
 
@@ -81,6 +81,11 @@ bench-compare: deps build
 # ib_write_bw vs kvxfer-bench on the VM's Soft-RoCE device, one VM boot
 bench-compare-verbs: deps build
 	bench/compare-verbs.sh $(BUILD)
+
+# two rails (rxe0 + rxe1): kvxfer on both and on one, against two
+# concurrent ib_write_bw runs, one per device, summed
+bench-compare-verbs-rails: deps build
+	RAILS=2 IB_CONFIGS="-R|-R -q 2" KVX_VARIANTS="|--option verbs.devices=rxe0" bench/compare-verbs.sh $(BUILD)
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
