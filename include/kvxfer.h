@@ -94,7 +94,7 @@ typedef enum kvx_error {
     KVX_EVERSION = -1003,     /**< metadata/wire major version unsupported (REQUEST) */
     KVX_EFINGERPRINT = -1004, /**< config fingerprints differ (REQUEST)         */
     KVX_EGEOMETRY = -1005,    /**< block_len/base_addr/num_blocks mismatch (REQUEST) */
-    KVX_EPEERBROKEN = -1006,  /**< peer connection failed earlier; remove and re-add (PEER) */
+    KVX_EPEERBROKEN = -1006,  /**< peer connection failed earlier; it reconnects (peer_redial_ms) or remove and re-add (PEER) */
     KVX_EAUTH = -1007,        /**< authentication of a connection failed (PEER) */
     KVX_ECONFIG = -1008,      /**< config JSON invalid or unsupported (REQUEST) */
     KVX_EBACKEND = -1009,     /**< backend failure (device, socket) (TRANSPORT) */
@@ -339,8 +339,9 @@ KVX_API int kvx_remove_remote_peer(kvx_transport *t, const char *peer_id);
  *                  private memory) or "staged" (through the peer's staging
  *                  ring, see option shm.private); "" otherwise. Static storage.
  * @param t, peer_id  a transport and one of its registered peers.
- * The choice is made once, when the peer is added (option backend and
- * peer_backend_fallback), and holds until it is removed.
+ * The choice is made when the peer is added (option backend and
+ * peer_backend_fallback) and again each time it reconnects after a failure
+ * (kvx_get_peer_state()).
  * @return 0; KVX_ENOENT (peer_id not registered, or still connecting);
  *         KVX_EINVAL (NULL argument, bad peer_id); KVX_ECLOSED.
  * Thread safety: any thread.
@@ -385,6 +386,65 @@ typedef struct kvx_rail_stats {
  * Thread safety: any thread.
  */
 KVX_API int kvx_peer_rails(kvx_transport *t, const char *peer_id, kvx_rail_stats *out, size_t cap, size_t *n);
+
+/** Where a registered peer's connection stands (since 0.8). */
+typedef enum kvx_peer_link {
+    /** Connected: writes go out on kvx_peer_backend()'s path. */
+    KVX_PEER_UP = 0,
+    /** Its connection failed; it reconnects in the background (option
+     *  peer_redial_ms). kvx_write_blocks() fails at once with
+     *  KVX_EPEERBROKEN meanwhile. */
+    KVX_PEER_RECONNECTING = 1,
+    /** Its connection failed and it does not reconnect (peer_redial_ms=0):
+     *  remove and re-add it. */
+    KVX_PEER_BROKEN = 2
+} kvx_peer_link;
+
+/** Most bytes of kvx_peer_state.reason, with its NUL. */
+#define KVX_PEER_REASON_LEN 160
+
+/**
+ * A registered peer's state (since 0.8). 256 bytes.
+ */
+typedef struct kvx_peer_state {
+    /** A kvx_peer_link value. */
+    int32_t link;
+    /** The KVX_E* code of what took the connection down (KVX_ETIMEDOUT:
+     *  the stall timeout; KVX_ECONNRESET: the connection failed), then of
+     *  the last failed reconnection attempt; 0 while it never failed. */
+    int32_t error;
+    /** The path, as kvx_peer_backend() says: static strings, never freed. */
+    const char *backend;
+    const char *path;
+    /** Its transfers in flight (submitted, not yet reported). */
+    uint64_t in_flight;
+    /** When it entered this state (CLOCK_REALTIME, ns since the epoch). */
+    int64_t since_ns;
+    /** RECONNECTING: when the next attempt starts (CLOCK_REALTIME, ns);
+     *  0 while one runs or in the other states. */
+    int64_t next_attempt_ns;
+    /** Times it reconnected since it was added. */
+    uint32_t reconnects;
+    /** Failed attempts since it went down (0 when up). */
+    uint32_t attempts;
+    /** Why it is not up, NUL-terminated ("" when up); the message of error. */
+    char reason[KVX_PEER_REASON_LEN];
+    uint64_t reserved[5]; /**< 0 */
+} kvx_peer_state;
+
+/**
+ * The state of a registered peer's connection (since 0.8): up, or
+ * reconnecting after a failure (option peer_redial_ms), or broken.
+ * A peer stays registered through a failure: only kvx_remove_remote_peer()
+ * (or a replacing add) ends it. A reconnection authenticates anew and takes
+ * the first path both sides offer that connects, so kvx_peer_backend() may
+ * name another backend afterwards (verbs -> tcp when every RDMA rail is down).
+ * @param out  filled in; the caller owns it.
+ * @return 0; KVX_ENOENT (peer_id not registered, or still connecting);
+ *         KVX_EINVAL (NULL argument, bad peer_id); KVX_ECLOSED.
+ * Thread safety: any thread. A snapshot: the state may change right after.
+ */
+KVX_API int kvx_get_peer_state(kvx_transport *t, const char *peer_id, kvx_peer_state *out);
 
 /** Flags of kvx_add_remote_peer_async(), or-ed together (since 0.2). */
 typedef enum kvx_add_peer_flag {
@@ -487,8 +547,9 @@ KVX_API int kvx_registration_status(int *out_state, int *out_error, kvx_transpor
  * @return 0; KVX_EINVAL (NULL arrays with n > 0, bad peer id); KVX_ERANGE
  *         (an index >= num_blocks on either side, message names it);
  *         KVX_EINVAL (a remote index repeated in one call); KVX_ENOENT
- *         (unknown peer, or removed while the call ran); KVX_EPEERBROKEN (peer's connection failed: remove
- *         and re-add it); KVX_ECLOSED; KVX_ENOMEM.
+ *         (unknown peer, or removed while the call ran); KVX_EPEERBROKEN (peer's connection failed: it
+ *         reconnects in the background, kvx_get_peer_state(); or remove and
+ *         re-add it); KVX_ECLOSED; KVX_ENOMEM.
  * vLLM's DataTransport "None" result maps to any failure here.
  */
 KVX_API int kvx_write_blocks(uint64_t *out_id, kvx_transport *t, const char *peer_id,

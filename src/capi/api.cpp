@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <new>
 #include <string>
 
@@ -264,6 +265,32 @@ KVX_API int kvx_peer_rails(kvx_transport *t, const char *peer_id, kvx_rail_stats
             o.failures = static_cast<uint32_t>(rails[i].failures);
             o.changed_ns = rails[i].changed_ns;
         }
+    });
+}
+
+static_assert(sizeof(kvx_peer_state) == 256, "kvx_peer_state is 256 bytes (kvxfer.h)");
+
+KVX_API int kvx_get_peer_state(kvx_transport *t, const char *peer_id, kvx_peer_state *out) {
+    return guard([&] {
+        KVX_REQUIRE(t && out, "NULL argument");
+        const kvx::Transport::PeerState st = t->impl.peer_state(peer_id_arg(peer_id));
+        // Steady-clock times to CLOCK_REALTIME: the same instant, now, on both.
+        timespec ts{};
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const int64_t real_now = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+        const int64_t steady_now = kvx::Clock::now().time_since_epoch().count();
+        auto real = [&](int64_t steady) { return steady == 0 ? 0 : real_now - (steady_now - steady); };
+        *out = kvx_peer_state{};
+        out->link = st.link;
+        out->error = st.error;
+        out->backend = st.backend;
+        out->path = st.path;
+        out->in_flight = st.in_flight;
+        out->since_ns = real(st.since_ns);
+        out->next_attempt_ns = real(st.next_attempt_ns);
+        out->reconnects = st.reconnects;
+        out->attempts = st.attempts;
+        snprintf(out->reason, sizeof out->reason, "%s", st.reason.c_str());
     });
 }
 

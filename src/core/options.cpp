@@ -22,7 +22,7 @@ constexpr OptionSpec kCoreOptions[] = {
      "Budget of `kvx_add_remote_peer()` for connecting and authenticating, in milliseconds."},
     {"transfer_timeout_ms", OptType::uint, 1, 3600000, "30000",
      "A peer with transfers outstanding that makes no progress for this long (T, in milliseconds) has them failed and "
-     "is marked broken. While the kernel resends into a silent network (tcp: a retransmission timeout or unanswered "
+     "its connection ends (it reconnects: `peer_redial_ms`). While the kernel resends into a silent network (tcp: a retransmission timeout or unanswered "
      "probes on one of its connections), after 2T + its retransmission timeout + 250 ms instead (at least 2T + "
      "max(T/4, 500 ms), at most 3T): resends double their interval, and an outage shorter than T fails nothing (for "
      "T of 2000 and more). The tcp sockets of both sides get keepalive (from T/2) and `TCP_USER_TIMEOUT` (3T + 1 s) "
@@ -30,6 +30,16 @@ constexpr OptionSpec kCoreOptions[] = {
      "verbs target probes each inbound connection every T/2 and closes one whose initiator stopped answering within "
      "about T (at least 0.5 s); a verbs queue pair whose target acknowledges nothing for 7 ACK timeouts (rdma_cm's: "
      "about 4 s on RoCE) breaks its peer, also sooner. Every timer: docs/semantics.md, Timers."},
+    {"peer_redial_ms", OptType::uint, 0, 600000, "1000",
+     "A peer whose connection failed (since 0.8: a stall past `transfer_timeout_ms`, a reset, every rail down, its "
+     "host gone) stays registered and reconnects in the background, authenticating anew: the first attempt this long "
+     "(in milliseconds) after the failure, later ones at doubling intervals up to 8 times this, until one succeeds or "
+     "the peer is removed. An attempt takes the first path both sides offer that connects within "
+     "`connect_timeout_ms`, as `kvx_add_remote_peer()` does: a verbs peer whose rails are all down continues on tcp "
+     "when both sides serve it (a warning says so; `peer_backend_fallback=0` forbids it). Meanwhile "
+     "`kvx_write_blocks()` fails at once with KVX_EPEERBROKEN and `kvx_get_peer_state()` says "
+     "KVX_PEER_RECONNECTING; transfers that failed stay failed. 0: no reconnection, the peer stays broken until it is "
+     "removed and added again (as before 0.8)."},
     {"region_prewarm", OptType::uint, 0, 1, "0",
      "1 (since 0.4.3): `kvx_transport_create()` has the kernel read every page of the region once (through its user "
      "address, read-only: bytes written meanwhile are kept) before it returns, so that the first transfers do not pay "
@@ -107,6 +117,7 @@ CoreOptions CoreOptions::from(const Options &o) {
     c.backend = o.str("backend");
     c.fallback = o.uint("peer_backend_fallback") != 0;
     c.connect_timeout_ms = static_cast<uint32_t>(o.uint("connect_timeout_ms"));
+    c.redial_ms = static_cast<uint32_t>(o.uint("peer_redial_ms"));
     c.transfer_timeout_ms = static_cast<uint32_t>(o.uint("transfer_timeout_ms"));
     c.prewarm = o.uint("region_prewarm") != 0;
     c.hugepages = o.uint("region_hugepages") != 0;

@@ -29,6 +29,7 @@ struct CoreOptions {
     bool fallback = true;          // peer_backend_fallback
     uint32_t connect_timeout_ms = 5000;
     uint32_t transfer_timeout_ms = 30000;
+    uint32_t redial_ms = 1000;  // peer_redial_ms; 0: a broken peer stays broken
     bool prewarm = false;    // region_prewarm
     bool hugepages = false;  // region_hugepages
 

@@ -79,7 +79,7 @@ Registrations::Status Registrations::wait(std::unique_lock<std::mutex> &lk, uint
 void Registrations::start() { launcher_ = std::thread([this] { launcher(); }); }
 
 void Registrations::submit_locked(const Ref &r, std::function<void()> fn) {
-    jobs_.push_back(Job{r, std::move(fn)});
+    jobs_.push_back(Job{r, std::move(fn), nullptr});
     start_failed_ = false;  // worth another try
     if (idle_ > 0) work_cv_.notify_one();
     if (need_worker_locked()) launch_cv_.notify_one();
@@ -149,6 +149,10 @@ void Registrations::start_worker(std::unique_lock<std::mutex> &lk) {
     while (live_ == 0 && !jobs_.empty()) {
         Job job = std::move(jobs_.front());
         jobs_.pop_front();
+        if (!job.r) {
+            if (job.dropped) job.dropped();
+            continue;
+        }
         finish_locked(job.r, KVX_ENOMEM,
                       strfmt("peer '%s': cannot start a thread to connect: %s", job.r->id.c_str(), why.c_str()));
     }
@@ -166,13 +170,20 @@ void Registrations::work(Worker *self) {
 }
 
 // Takes jobs, oldest first, until none came for kWorkerLinger (or close).
+void Registrations::submit_task_locked(std::function<void()> fn, std::function<void()> dropped) {
+    jobs_.push_back(Job{nullptr, std::move(fn), std::move(dropped)});
+    start_failed_ = false;
+    if (idle_ > 0) work_cv_.notify_one();
+    if (need_worker_locked()) launch_cv_.notify_one();
+}
+
 void Registrations::run_jobs(std::unique_lock<std::mutex> &lk) {
     for (;;) {
         if (!work_cv_.wait_for(lk, kWorkerLinger, [&] { return stopping_ || !jobs_.empty(); })) return;
         if (stopping_) return;
         Job job = std::move(jobs_.front());
         jobs_.pop_front();
-        if (job.r->cancel_code != 0) {  // removed, superseded or closed while queued: already reported
+        if (job.r && job.r->cancel_code != 0) {  // removed, superseded or closed while queued: already reported
             finish_locked(job.r, job.r->cancel_code, "");
             continue;
         }

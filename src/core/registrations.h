@@ -105,6 +105,10 @@ public:
     // skipped if r is cancelled before a worker takes it. r fails with
     // KVX_ENOMEM if no worker runs and none can be started.
     void submit_locked(const Ref &r, std::function<void()> fn);
+    // Queues fn, a task that is no registration (a peer's reconnection), for
+    // a connect worker: it shares their cap. If no worker runs and none can
+    // be started, dropped() runs instead (lock held); close drops it unrun.
+    void submit_task_locked(std::function<void()> fn, std::function<void()> dropped);
     // A synchronous registration (kvx_add_remote_peer() in the caller's
     // thread) began / ended: shutdown() waits for every one that began to
     // end, as it joins the connect workers.
@@ -121,8 +125,9 @@ private:
         bool ended = false;  // set, under the lock, as the thread's last act
     };
     struct Job {
-        Ref r;
+        Ref r;  // null for a task (submit_task_locked)
         std::function<void()> fn;
+        std::function<void()> dropped;  // a task's, when no worker can run it
     };
     void record_locked(uint64_t reg, int status, const std::string &message);
     void launcher();

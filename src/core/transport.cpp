@@ -186,6 +186,7 @@ void Transport::close() {
         }
         closed_ = true;
         peers.swap(peers_);
+        for (auto &[id, p] : peers) stop_redial_locked(*p);
         registrations_.cancel_all_locked(KVX_ECLOSED, "the transport was closed");
         wd_cv_.notify_all();
         ready_.close(lk);  // threads in wait() leave with KVX_ECLOSED before close goes on
@@ -209,8 +210,8 @@ void Transport::close() {
 
 void Transport::shut_down(std::map<std::string, std::shared_ptr<Peer>> &peers) {
     if (watchdog_.joinable()) watchdog_.join();
-    registrations_.shutdown();  // connection attempts, called off above, end within a slice
-    for (auto &[id, p] : peers) p->link->shutdown();
+    registrations_.shutdown();  // connection attempts (and reconnections), called off above, end within a slice
+    for (auto &[id, p] : peers) p->link->shutdown();  // no reconnection runs now to replace it
     for (auto &b : backends_) b->shutdown();
     loop_->stop();
 }
@@ -275,11 +276,20 @@ std::shared_ptr<Transport::Peer> Transport::connect_peer(const std::string &id, 
     peer->t = this;
     peer->id = id;
     peer->num_blocks = m.num_blocks;
+    peer->meta = std::make_shared<const wire::AgentMetadata>(m);
+    peer->link = connect_link(id, m, called_off, peer.get(), &peer->backend);
+    peer->since_ns = Peer::now_ns();
+    return peer;
+}
+
+std::shared_ptr<BackendPeer> Transport::connect_link(const std::string &id, const wire::AgentMetadata &m,
+                                                     const std::atomic<bool> *called_off, CompletionSink *sink,
+                                                     const char **backend) {
     PeerContext pc;
     pc.peer_id = id;
     pc.meta = &m;
     pc.deadline = net::Deadline(Clock::now() + std::chrono::milliseconds(core_.connect_timeout_ms), called_off);
-    pc.sink = peer.get();
+    pc.sink = sink;
     std::string skipped;
     const std::vector<Candidate> cands = candidates(id, m, &skipped);
     for (size_t i = 0; i < cands.size(); i++) {
@@ -290,10 +300,11 @@ std::shared_ptr<Transport::Peer> Transport::connect_peer(const std::string &id, 
             skipped += strfmt("%s%s: %s", skipped.empty() ? "" : "; ", b.name(), why.c_str());
             continue;
         }
+        std::shared_ptr<BackendPeer> link;
         try {
-            peer->link = b.connect(pc);
+            link = b.connect(pc);
         } catch (const Error &e) {
-            // Called off (close, remove): no next path; connect_and_publish reports why.
+            // Called off (close, remove): no next path; the caller reports why.
             if (i + 1 == cands.size() || pc.deadline.cancelled()) throw;
             if (!core_.fallback)
                 fail(e.code(), "%s (backend %s; peer_backend_fallback=0, so no other path was tried)", e.what(),
@@ -303,11 +314,11 @@ std::shared_ptr<Transport::Peer> Transport::connect_peer(const std::string &id, 
             skipped += strfmt("%s%s: failed (%s)", skipped.empty() ? "" : "; ", b.name(), e.what());
             continue;
         }
-        peer->backend = b.name();
-        const char *path = peer->link->path();
+        *backend = b.name();
+        const char *path = link->path();
         KVX_LOG(info, "peer '%s': uses backend %s%s%s%s%s%s", id.c_str(), b.name(), *path ? " (" : "", path,
                 *path ? ")" : "", skipped.empty() ? "" : "; not ", skipped.c_str());
-        return peer;
+        return link;
     }
     fail(KVX_ENOTSUP, "peer '%s': no path both sides offer applies (%s)", id.c_str(), skipped.c_str());
 }
@@ -347,6 +358,7 @@ std::vector<Transport::Candidate> Transport::candidates(const std::string &id, c
 
 void Transport::remove_peer(const std::string &id) {
     std::shared_ptr<Peer> peer;
+    std::shared_ptr<BackendPeer> link;
     {
         std::lock_guard<std::mutex> lk(mu_);
         check_open_locked();
@@ -361,11 +373,13 @@ void Transport::remove_peer(const std::string &id) {
         }
         peer = std::move(it->second);
         peer->removed = true;
+        stop_redial_locked(*peer);
+        link = peer->link;  // a reconnection no longer replaces it
         peers_.erase(it);
     }
     // Its pending ops come back failed through complete(): after this
     // returns none of its transfers is in flight any more.
-    peer->link->shutdown();
+    link->shutdown();
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (auto q = completions_.find(id); q != completions_.end()) forget_drained_locked(q);
@@ -394,33 +408,34 @@ void Transport::peer_backend(const std::string &id, const char **backend, const 
     std::lock_guard<std::mutex> lk(mu_);
     const std::shared_ptr<Peer> &peer = registered_locked(id);
     *backend = peer->backend;
-    *path = peer->link->path();
+    *path = peer->link->path();  // (the link's path is fixed; a reconnection replaces the link under mu_)
 }
 
 void Transport::peer_rails(const std::string &id, std::vector<RailStats> *out) const {
-    std::shared_ptr<Peer> peer;
+    std::shared_ptr<BackendPeer> link;
     {
         std::lock_guard<std::mutex> lk(mu_);
-        peer = registered_locked(id);
+        link = registered_locked(id)->link;
     }
-    peer->link->rails(out);  // the link's own lock; it lives as long as peer
+    link->rails(out);  // the link's own lock
 }
 
 uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *local, const uint64_t *remote,
                                  size_t n) {
     if (n > 0 && (local == nullptr || remote == nullptr)) fail(KVX_EINVAL, "index array is NULL with n = %zu", n);
     std::shared_ptr<Peer> peer;
+    std::shared_ptr<BackendPeer> link;
+    bool up;
     {
         std::lock_guard<std::mutex> lk(mu_);
         peer = registered_locked(peer_id);
+        link = peer->link;
+        up = peer->state == Peer::Link::up;
     }
-    if (peer->timed_out.load() || peer->link->broken()) {
-        {
-            std::lock_guard<std::mutex> lk(mu_);
-            check_open_locked();  // a close racing us breaks links: report the close
-        }
-        fail(KVX_EPEERBROKEN, "peer '%s': %s earlier; remove and re-add the peer", peer_id.c_str(),
-             peer->timed_out.load() ? "a transfer timed out" : "the connection failed");
+    if (!up || peer->timed_out.load() || link->broken()) {
+        std::lock_guard<std::mutex> lk(mu_);
+        check_open_locked();  // a close racing us breaks links: report the close
+        refuse_broken_locked(*peer);
     }
 
     const uint64_t bl = region_.block_len;
@@ -453,6 +468,10 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
         // replace) began: its link may be shut down and its count checked.
         check_open_locked();
         if (peer->removed) fail(KVX_ENOENT, "peer '%s' was removed during the call", peer_id.c_str());
+        // Went down meanwhile: refused, registering nothing. Reconnected
+        // meanwhile: the new link takes it.
+        if (peer->state != Peer::Link::up || peer->timed_out.load()) refuse_broken_locked(*peer);
+        link = peer->link;
         id = op.state->id = next_id_++;
         if (n == 0) {
             queue_locked(peer_id, id, true);
@@ -473,7 +492,7 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
         Peer &p;
         ~Submitted() { p.submitting.fetch_sub(1); }
     } submitted{*peer};
-    peer->link->submit(std::move(op));
+    link->submit(std::move(op));
     return id;
 }
 
@@ -658,8 +677,11 @@ void Transport::watchdog() {
     while (!closed_) {
         Clock::time_point next = Clock::now() + slack;
         lk.unlock();
-        std::vector<Stalled> stalled = stalled_peers(&next);
+        std::vector<std::shared_ptr<Peer>> broke;
+        std::vector<Stalled> stalled = stalled_peers(&next, &broke);
         lk.lock();
+        for (auto &p : broke)
+            if (!p->removed && p->state == Peer::Link::up) went_down_locked(*p, "its connection failed");
         size_t n = 0;
         for (auto &s : stalled) {
             // Progress or completion since the look: not stalled after all.
@@ -668,6 +690,9 @@ void Transport::watchdog() {
                     s.peer->id.c_str(), (unsigned long long)(Peer::now_ns() - s.since) / 1000000,
                     (unsigned long long)s.peer->outstanding.load());
             s.peer->timed_out.store(true);
+            if (s.peer->state == Peer::Link::up)
+                went_down_locked(*s.peer, strfmt("no progress for %u ms with transfers in flight (transfer_timeout_ms)",
+                                                 core_.transfer_timeout_ms));
             stalled[n++] = std::move(s);
         }
         stalled.resize(n);
@@ -678,10 +703,11 @@ void Transport::watchdog() {
         if (!stalled.empty()) {
             lk.unlock();
             const Clock::time_point t0 = Clock::now();
-            for (auto &s : stalled) s.peer->link->abort(KVX_ETIMEDOUT);  // reports its transfers, failed
+            for (auto &s : stalled) s.link->abort(KVX_ETIMEDOUT);  // reports its transfers, failed
             late = Clock::now() - t0 - std::chrono::milliseconds(250 * static_cast<int64_t>(stalled.size()));
             lk.lock();
         } else {
+            start_redials_locked(&next);
             const Clock::time_point from = Clock::now();
             wd_cv_.wait_until(lk, next);
             late = Clock::now() - std::max(next, from);
@@ -713,22 +739,28 @@ void Transport::credit_pause(int64_t late_ns) {
     }
 }
 
-std::vector<Transport::Stalled> Transport::stalled_peers(Clock::time_point *next) {
-    std::vector<std::shared_ptr<Peer>> peers;
+std::vector<Transport::Stalled> Transport::stalled_peers(Clock::time_point *next,
+                                                         std::vector<std::shared_ptr<Peer>> *broke) {
+    std::vector<std::pair<std::shared_ptr<Peer>, std::shared_ptr<BackendPeer>>> peers;
     std::vector<Stalled> stalled;
     {
         std::lock_guard<std::mutex> lk(mu_);
         peers.reserve(peers_.size());
-        for (auto &[id, p] : peers_) peers.push_back(p);
+        for (auto &[id, p] : peers_)
+            if (p->state == Peer::Link::up) peers.emplace_back(p, p->link);
     }
     auto ns = [](uint64_t ms) { return std::chrono::nanoseconds(std::chrono::milliseconds(ms)).count(); };
     const int64_t timeout_ns = ns(core_.transfer_timeout_ms);
     const int64_t now = Peer::now_ns();
-    for (auto &p : peers) {
+    for (auto &[p, link] : peers) {
+        if (link->broken()) {
+            broke->push_back(p);
+            continue;
+        }
         if (p->outstanding.load() == 0 || p->timed_out.load()) continue;
         const int64_t since = p->progress_ns.load(std::memory_order_relaxed);
         int64_t due = since + (p->grace_from_ns == since ? p->grace_ns : timeout_ns);
-        const uint64_t rto_us = due <= now && p->grace_from_ns != since ? p->link->network_silent_rto_us() : 0;
+        const uint64_t rto_us = due <= now && p->grace_from_ns != since ? link->network_silent_rto_us() : 0;
         if (rto_us != 0) {
             const uint64_t grace_ms = stall_grace_ms(core_.transfer_timeout_ms, (rto_us + 999) / 1000);
             p->grace_from_ns = since;
@@ -739,7 +771,7 @@ std::vector<Transport::Stalled> Transport::stalled_peers(Clock::time_point *next
                     p->id.c_str(), core_.transfer_timeout_ms, (unsigned long long)(rto_us + 999) / 1000,
                     (unsigned long long)grace_ms);
         }
-        if (due <= now) stalled.push_back(Stalled{p, since});
+        if (due <= now) stalled.push_back(Stalled{p, link, since});
         else *next = std::min(*next, Clock::now() + std::chrono::nanoseconds(due - now));
     }
     return stalled;

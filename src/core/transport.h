@@ -43,6 +43,17 @@ public:
     void peer_backend(const std::string &id, const char **backend, const char **path) const;
     // kvx_peer_rails: the rails of a registered peer's link.
     void peer_rails(const std::string &id, std::vector<RailStats> *out) const;
+    // kvx_get_peer_state. Times in steady-clock ns (Peer::now_ns()).
+    struct PeerState {
+        int link = KVX_PEER_UP;
+        int error = 0;
+        const char *backend = "", *path = "";
+        uint64_t in_flight = 0;
+        int64_t since_ns = 0, next_attempt_ns = 0;
+        uint32_t reconnects = 0, attempts = 0;
+        std::string reason;
+    };
+    PeerState peer_state(const std::string &id) const;
     const std::vector<uint8_t> &metadata() const;
 
     void add_peer(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,
@@ -79,8 +90,23 @@ private:
         Transport *t = nullptr;
         std::string id;
         uint64_t num_blocks = 0;
-        std::unique_ptr<BackendPeer> link;
-        const char *backend = "";  // the name of link's backend
+        // Its connection. A reconnection replaces it (under mu_): read it
+        // under mu_ and use the copy (link_of()).
+        std::shared_ptr<BackendPeer> link;
+        const char *backend = "";  // the name of link's backend; under mu_
+        std::shared_ptr<const wire::AgentMetadata> meta;  // what it was added with: a reconnection dials it again
+        // Reconnection (option peer_redial_ms), under mu_. up -> down when
+        // the watchdog finds the link broken (or times it out); down -> up
+        // when an attempt connects. broken: down for good (redial off).
+        enum class Link : uint8_t { up, down, broken };
+        Link state = Link::up;
+        bool attempting = false;      // an attempt is queued or runs
+        int64_t since_ns = 0;         // entered state (steady ns)
+        int64_t due_ns = 0;           // down: the next attempt (steady ns)
+        uint32_t attempts = 0, reconnects = 0;
+        int error = 0;                // what took it down, then the last attempt's failure
+        std::string reason;
+        std::atomic<bool> redial_off{false};  // removed, replaced or closed: an attempt stops
         // Set (under mu_) before a timed-out transfer is reported, so that a
         // caller who sees the failure also sees the peer broken; the link is
         // aborted right after.
@@ -120,6 +146,22 @@ private:
     using CompletionsMap = std::map<std::string, Completions>;
 
     const std::shared_ptr<Peer> &registered_locked(const std::string &id) const;
+    // Reconnection (transport_peers.cpp). The watchdog marks peers whose
+    // link broke (mu_ held) and starts due attempts on the connect workers.
+    void went_down_locked(Peer &p, std::string why);
+    void start_redials_locked(Clock::time_point *next);
+    void redial(const std::shared_ptr<Peer> &p);
+    // Ends reconnection of a peer taken out of peers_ (remove, replace, close).
+    void stop_redial_locked(Peer &p);
+    // Throws KVX_EPEERBROKEN for a peer whose link is not up, saying why;
+    // brings its next reconnection attempt forward to peer_redial_ms.
+    [[noreturn]] void refuse_broken_locked(Peer &p);
+    // Connects a link for peer id to the first path that takes it, before
+    // connect_timeout_ms or until *called_off is set (may be null); its
+    // transfers report to sink. *backend: the backend's name.
+    std::shared_ptr<BackendPeer> connect_link(const std::string &id, const wire::AgentMetadata &m,
+                                              const std::atomic<bool> *called_off, CompletionSink *sink,
+                                              const char **backend);
     void complete(Peer &peer, uint64_t id, int status);
     void finish_locked(uint64_t id, Peer &peer, int status);
     // Removes ids from the completion queues (cancel of finished, unpolled ids):
@@ -140,11 +182,13 @@ private:
     // A stalled peer and its last progress when it was found so.
     struct Stalled {
         std::shared_ptr<Peer> peer;
+        std::shared_ptr<BackendPeer> link;  // its link then
         int64_t since = 0;
     };
     // Peers stalled now (work outstanding, no progress for the timeout); sets
     // *next to when the next one could stall.
-    std::vector<Stalled> stalled_peers(Clock::time_point *next);
+    // *broke: peers whose link broke (found without mu_; checked again under it).
+    std::vector<Stalled> stalled_peers(Clock::time_point *next, std::vector<std::shared_ptr<Peer>> *broke);
     void credit_pause(int64_t late_ns);
     // Connects to the first path that takes it, before connect_timeout_ms or
     // until *called_off is set (may be null).
@@ -200,6 +244,8 @@ private:
     std::vector<CompletionsMap::iterator> listed_;
     size_t unlisted_ = 0;
     std::thread watchdog_;
+    size_t down_peers_ = 0;  // peers in Link::down (the watchdog starts their attempts)
+    size_t redials_running_ = 0;  // reconnection attempts queued or running (at most half the connect workers)
 };
 
 }  // namespace kvx

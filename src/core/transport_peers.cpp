@@ -1,6 +1,7 @@
 // Transport: peer registration (synchronous and asynchronous, replace,
 // cancel) and telemetry. The data path's hooks into both stay in
 // transport.cpp; what they call lives here.
+#include <cstring>
 #include <new>
 
 #include "core/transport.h"
@@ -50,6 +51,7 @@ Registrations::Ref Transport::reserve_locked(const std::string &id, uint64_t reg
         if (!replace) fail(KVX_EEXIST, "peer '%s' is already registered", id.c_str());
         *replaced = std::move(it->second);
         (*replaced)->removed = true;  // write_blocks adds nothing to it any more
+        stop_redial_locked(**replaced);
         peers_.erase(it);
         completions_[id].registered = false;  // until the new registration publishes
     }
@@ -90,7 +92,7 @@ void Transport::connect_and_publish(const Registrations::Ref &r, const wire::Age
         called_off = called_off_locked(*r);
         registrations_.finish_locked(r, called_off.code(), called_off.what());
     }
-    peer->link->shutdown();  // never published: nothing of it was used
+    peer->link->shutdown();  // never published: nothing of it was used (no reconnection: it is not in peers_)
     throw called_off;
 }
 
@@ -118,6 +120,213 @@ uint64_t Transport::add_peer_async(const std::string &id, const uint8_t *meta, s
 Registrations::Status Transport::registration_status(uint64_t reg, int timeout_ms) {
     std::unique_lock<std::mutex> lk(mu_);
     return registrations_.wait(lk, reg, timeout_ms);
+}
+
+// ------------------------------------------------------------ reconnection
+//
+// A peer whose link broke stays registered. The watchdog (which looks at
+// every peer each slice anyway) marks it down and, peer_redial_ms later,
+// queues an attempt for a connect worker: the failed link is shut down
+// (nothing of it reports or lands any more), then the peer's metadata is
+// dialled again through the same path choice as an add, authenticating
+// anew. Success swaps the link in under mu_; failure waits twice as long
+// (up to 8 x peer_redial_ms) for the next attempt. Writes meanwhile fail at
+// once (refuse_broken_locked). Remove, replace and close stop it.
+
+namespace {
+
+constexpr uint32_t kRedialMaxFactor = 8;  // the longest wait between attempts, in peer_redial_ms
+
+// Log a failed attempt at warn on attempts 1, 2, 4, 8, ...; at debug otherwise.
+bool worth_a_warning(uint32_t attempt) { return (attempt & (attempt - 1)) == 0; }
+
+int64_t ms_ns(uint64_t ms) { return static_cast<int64_t>(ms) * 1000000; }
+
+}  // namespace
+
+void Transport::went_down_locked(Peer &p, std::string why) {
+    const int64_t now = Peer::now_ns();
+    p.since_ns = now;
+    p.attempts = 0;
+    p.error = p.timed_out.load() ? KVX_ETIMEDOUT : KVX_ECONNRESET;
+    p.reason = std::move(why);
+    if (core_.redial_ms == 0) {
+        p.state = Peer::Link::broken;
+        KVX_LOG(warn, "peer '%s' (%s): %s; it stays broken until removed (peer_redial_ms=0)", p.id.c_str(),
+                p.backend, p.reason.c_str());
+        return;
+    }
+    p.state = Peer::Link::down;
+    p.due_ns = now + ms_ns(core_.redial_ms);
+    down_peers_++;
+    KVX_LOG(warn, "peer '%s' (%s): %s; reconnecting in the background, first attempt in %u ms", p.id.c_str(),
+            p.backend, p.reason.c_str(), core_.redial_ms);
+}
+
+void Transport::stop_redial_locked(Peer &p) {
+    p.redial_off.store(true);
+    if (p.state == Peer::Link::down) down_peers_--;
+    p.state = Peer::Link::broken;
+}
+
+void Transport::start_redials_locked(Clock::time_point *next) {
+    if (down_peers_ == 0) return;
+    const int64_t now = Peer::now_ns();
+    for (auto &[id, p] : peers_) {
+        if (p->state != Peer::Link::down || p->attempting) continue;
+        // Half the connect workers at most: an attempt holds one for up to
+        // connect_timeout_ms, and adds must find one behind a partition too.
+        if (redials_running_ >= Registrations::kMaxWorkers / 2) {
+            *next = std::min(*next, Clock::now() + std::chrono::milliseconds(core_.redial_ms));
+            break;
+        }
+        if (p->due_ns > now) {
+            *next = std::min(*next, Clock::now() + std::chrono::nanoseconds(p->due_ns - now));
+            continue;
+        }
+        p->attempting = true;
+        redials_running_++;
+        std::shared_ptr<Peer> peer = p;
+        registrations_.submit_task_locked(
+            [this, peer] {
+                try {
+                    redial(peer);
+                } catch (...) {  // out of memory on the way: the peer stays down and is tried again
+                    std::lock_guard<std::mutex> lk(mu_);
+                    if (peer->attempting) {
+                        peer->attempting = false;
+                        peer->due_ns = Peer::now_ns() + ms_ns(core_.redial_ms);
+                    }
+                }
+                std::lock_guard<std::mutex> lk(mu_);
+                redials_running_--;
+            },
+            [this, peer] {  // no thread for it (lock held): the next slice tries again
+                peer->attempting = false;
+                peer->due_ns = Peer::now_ns() + ms_ns(core_.redial_ms);
+                redials_running_--;
+            });
+    }
+}
+
+void Transport::redial(const std::shared_ptr<Peer> &p) {
+    std::shared_ptr<BackendPeer> old;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (p->removed || closed_) return;
+        old = p->link;
+    }
+    // The failed link's transfers are reported (failed) and nothing of it
+    // lands once this returns: the new link starts from a clean slate.
+    old->shutdown();
+    std::shared_ptr<BackendPeer> link;
+    const char *backend = "";
+    int code = 0;
+    std::string why;
+    const int64_t t0 = Peer::now_ns();
+    try {
+        link = connect_link(p->id, *p->meta, &p->redial_off, p.get(), &backend);
+    } catch (...) {
+        code = failure_of(std::current_exception(), &why);
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    p->attempting = false;
+    if (p->removed || closed_ || p->state != Peer::Link::down) {
+        lk.unlock();
+        if (link) link->shutdown();  // never used
+        return;
+    }
+    const int64_t now = Peer::now_ns();
+    if (!link) {
+        p->attempts++;
+        p->error = code;
+        p->reason = why;
+        const uint32_t factor = std::min<uint32_t>(1u << std::min<uint32_t>(p->attempts, 3), kRedialMaxFactor);
+        p->due_ns = now + ms_ns(uint64_t{core_.redial_ms} * factor);
+        if (worth_a_warning(p->attempts))
+            KVX_LOG(warn, "peer '%s': reconnection attempt %u failed after %lld ms (%s); next in %llu ms",
+                    p->id.c_str(), p->attempts, (long long)((now - t0) / 1000000), why.c_str(),
+                    (unsigned long long)core_.redial_ms * factor);
+        else
+            KVX_LOG(debug, "peer '%s': reconnection attempt %u failed (%s)", p->id.c_str(), p->attempts, why.c_str());
+        wd_cv_.notify_all();
+        return;
+    }
+    const char *was = p->backend;
+    KVX_LOG(warn, "peer '%s': reconnected on %s%s%s after %lld ms down (%u failed attempts)", p->id.c_str(), backend,
+            strcmp(was, backend) != 0 ? ", was " : "", strcmp(was, backend) != 0 ? was : "",
+            (long long)((now - p->since_ns) / 1000000), p->attempts);
+    p->link = std::move(link);
+    p->backend = backend;
+    p->state = Peer::Link::up;
+    p->since_ns = now;
+    p->attempts = 0;
+    p->error = 0;
+    p->reason.clear();
+    p->reconnects++;
+    down_peers_--;
+    p->progress();
+    p->timed_out.store(false);  // last: write_blocks reads it without mu_
+}
+
+void Transport::refuse_broken_locked(Peer &p) {
+    const int64_t now = Peer::now_ns();
+    const long long ago = (now - p.since_ns) / 1000000;
+    // An application that keeps writing wants the peer back soon: its next
+    // attempt is at most peer_redial_ms away (backoff is for idle peers).
+    if (p.state == Peer::Link::down && !p.attempting && p.due_ns > now + ms_ns(core_.redial_ms)) {
+        p.due_ns = now + ms_ns(core_.redial_ms);
+        wd_cv_.notify_all();
+    }
+    if (p.state == Peer::Link::down)
+        fail(KVX_EPEERBROKEN,
+             "peer '%s': its connection failed %lld ms ago (%s); it is reconnecting in the background (%u attempts so "
+             "far%s; kvx_get_peer_state), or remove and re-add it",
+             p.id.c_str(), ago, p.reason.c_str(), p.attempts, p.attempting ? ", one under way" : "");
+    if (p.state == Peer::Link::broken)
+        fail(KVX_EPEERBROKEN, "peer '%s': its connection failed %lld ms ago (%s); remove and re-add the peer "
+                              "(peer_redial_ms=0: no reconnection)", p.id.c_str(), ago, p.reason.c_str());
+    fail(KVX_EPEERBROKEN, "peer '%s': %s just now; it reconnects in the background%s", p.id.c_str(),
+         p.timed_out.load() ? "a transfer timed out" : "its connection failed",
+         core_.redial_ms ? "" : " only with peer_redial_ms > 0: remove and re-add it");
+}
+
+Transport::PeerState Transport::peer_state(const std::string &id) const {
+    std::shared_ptr<BackendPeer> link;
+    PeerState out;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        const std::shared_ptr<Peer> &p = registered_locked(id);
+        link = p->link;
+        out.backend = p->backend;
+        out.in_flight = p->outstanding.load();
+        out.since_ns = p->since_ns;
+        out.reconnects = p->reconnects;
+        out.attempts = p->attempts;
+        out.error = p->error;
+        out.reason = p->reason;
+        switch (p->state) {
+        case Peer::Link::up:
+            out.link = KVX_PEER_UP;
+            // Broken, and the watchdog has not looked yet (it does within a slice).
+            if (p->timed_out.load() || link->broken()) {
+                out.link = core_.redial_ms ? KVX_PEER_RECONNECTING : KVX_PEER_BROKEN;
+                out.error = p->timed_out.load() ? KVX_ETIMEDOUT : KVX_ECONNRESET;
+                out.reason = p->timed_out.load() ? "a transfer timed out" : "its connection failed";
+                out.since_ns = Peer::now_ns();
+            }
+            break;
+        case Peer::Link::down:
+            out.link = KVX_PEER_RECONNECTING;
+            out.next_attempt_ns = p->attempting ? 0 : p->due_ns;
+            break;
+        case Peer::Link::broken:
+            out.link = KVX_PEER_BROKEN;
+            break;
+        }
+    }
+    out.path = link->path();
+    return out;
 }
 
 void Transport::stats(kvx_stats *out, const char *peer_id) const {

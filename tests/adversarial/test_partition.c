@@ -5,8 +5,11 @@
  * silent peer: no reset, no error, nothing). Every transfer surfaces exactly
  * once; those that fail do so within the stall timeout's grace for a silent
  * network (docs/semantics.md, "Timers": at most 3T for a timeout T; 2T +
- * 500 ms on this idle link) + 10 % of the cut; after the link returns, removing and re-adding the
- * peer works and bytes land intact. A cut shorter than the timeout (1.5 s of
+ * 500 ms on this idle link) + 10 % of the cut. Meanwhile the peer stays
+ * registered, reconnecting: writes fail at once with KVX_EPEERBROKEN. After
+ * the link returns it is up again by itself (link down; no remove, no
+ * re-add), or removing and re-adding it works (nft drop), and bytes land
+ * intact. A cut shorter than the timeout (1.5 s of
  * 2 s), healed, fails nothing: every transfer lands, with no re-add. Only the namespaces and addresses the test made are touched,
  * and it removes them on the way out. Needs root and iproute2 + nftables
  * (exits 77, skipped, without them). */
@@ -49,7 +52,7 @@ static kvx_transport *burst(child_target *c, region *r, uint32_t seed, uint64_t 
     netns_enter(g_ns.a);
     *r = region_new(NB, BL, 0);
     for (uint64_t i = 0; i < NB; i++) fill_block(r->base + i * BL, BL, i, seed);
-    kvx_transport *a = transport_new(r, NULL, test_options("transfer_timeout_ms=2000", NULL));
+    kvx_transport *a = transport_new(r, NULL, test_options("transfer_timeout_ms=2000 peer_redial_ms=500", NULL));
     add_peer(a, "t", &c->meta);
     for (uint64_t i = 0; i < BURST; i++) {
         uint64_t l = i % NB, rm = i % NB;
@@ -61,7 +64,7 @@ static kvx_transport *burst(child_target *c, region *r, uint32_t seed, uint64_t 
 
 /* One cut: a burst in flight, the cut, every id surfaces, failures within the
  * bound; then the link heals and a re-added peer moves verified bytes. */
-static void partition(void (*cut)(void), void (*heal)(void), const char *what) {
+static void partition(void (*cut)(void), void (*heal)(void), int readd, const char *what) {
     child_target c;
     region r;
     static uint64_t ids[BURST];
@@ -75,13 +78,43 @@ static void partition(void (*cut)(void), void (*heal)(void), const char *what) {
                   "grace at most %d ms)\n", what, nf, BURST, (unsigned long long)ms, TIMEOUT_MS, GRACE_MS);
     assert_true(nf > 0);
     assert_true(ms <= GRACE_MS + GRACE_MS / 10);
-    heal();
-    CHECK_OK(kvx_remove_remote_peer(a, "t"));
-    add_peer(a, "t", &c.meta);
+    /* the peer stays registered, down: writes fail at once, saying so */
     uint64_t l = 5, rm = 6, id;
+    CHECK_ERR(kvx_write_blocks(&id, a, "t", &l, &rm, 1), KVX_EPEERBROKEN);
+    assert_true(strstr(kvx_last_error_message(), "reconnecting") != NULL);
+    kvx_peer_state st;
+    CHECK_OK(kvx_get_peer_state(a, "t", &st));
+    assert_int_equal(st.link, KVX_PEER_RECONNECTING);
+    assert_true(st.error != 0 && st.reason[0] != 0);
+    if (!readd) { /* the outage goes on: reconnection attempts fail meanwhile */
+        uint64_t until = now_ms() + 10000;
+        do {
+            usleep(20 * 1000);
+            CHECK_OK(kvx_get_peer_state(a, "t", &st));
+        } while (st.attempts < 2 && now_ms() < until);
+        print_message("%s: %u reconnection attempts failed during the outage (last: %s)\n", what, st.attempts,
+                      st.reason);
+        assert_true(st.attempts >= 2);
+        assert_int_equal(st.link, KVX_PEER_RECONNECTING);
+        CHECK_ERR(kvx_write_blocks(&id, a, "t", &l, &rm, 1), KVX_EPEERBROKEN);
+    }
+    heal();
+    uint64_t t_heal = now_ms();
+    if (readd) { /* removing a reconnecting peer ends its attempts; re-adding works */
+        CHECK_OK(kvx_remove_remote_peer(a, "t"));
+        add_peer(a, "t", &c.meta);
+    } else { /* no remove, no re-add: it reconnects by itself */
+        long up = wait_peer_link(a, "t", KVX_PEER_UP, 30000, &st);
+        print_message("%s: peer up again %ld ms after the heal (peer_redial_ms=500, no write meanwhile)\n", what,
+                      up);
+        assert_true(up >= 0);
+        assert_int_equal(st.reconnects, 1);
+    }
     CHECK_OK(kvx_write_blocks(&id, a, "t", &l, &rm, 1));
     assert_int_equal(wait_ids(a, "t", &id, 1, 30000, &nf, NULL), 1);
     assert_int_equal(nf, 0);
+    print_message("%s: first write after the heal done %llu ms after it\n", what,
+                  (unsigned long long)(now_ms() - t_heal));
     netns_enter(g_ns.a);
     assert_true(child_verify(&c, 6, 5, 3));
     kvx_transport_destroy(a);
@@ -129,12 +162,12 @@ static void test_short_cut(void **state) {
 
 static void test_link_down(void **state) {
     (void)state;
-    partition(cut_link_down, heal_link_down, "link down");
+    partition(cut_link_down, heal_link_down, 0, "link down");
 }
 
 static void test_silent_drop(void **state) {
     (void)state;
-    partition(cut_drop, heal_drop, "nft drop");
+    partition(cut_drop, heal_drop, 1, "nft drop");
 }
 
 int main(void) {

@@ -3,7 +3,8 @@
  *   - a burst of 10,000 x 1 MiB submitted at once on a healthy link with
  *     transfer_timeout_ms=2000: all done, none failed, the peer not broken;
  *   - a SIGSTOPped target: every id fails within the timeout + 10 %, later
- *     writes say KVX_EPEERBROKEN, and re-adding the peer after SIGCONT works;
+ *     writes say KVX_EPEERBROKEN and the peer is reconnecting; after SIGCONT
+ *     it is up again by itself (no remove, no re-add) and moves bytes;
  *   - a SIGSTOPped initiator (stopped 2.4 x its timeout, three times) fails
  *     nothing: the time it did not run is not its healthy peer's stall. */
 #include <sys/wait.h>
@@ -63,7 +64,7 @@ static void test_frozen_target(void **state) {
     child_target c;
     child_start(&c, NB, BL, NULL);
     region r = region_new(NB, BL, 0);
-    kvx_transport *a = transport_new(&r, NULL, test_options("transfer_timeout_ms=1000", NULL));
+    kvx_transport *a = transport_new(&r, NULL, test_options("transfer_timeout_ms=1000 connect_timeout_ms=1000 peer_redial_ms=200", NULL));
     add_peer(a, "t", &c.meta);
     g_frozen = c.pid;
     atexit(kill_frozen);
@@ -85,12 +86,32 @@ static void test_frozen_target(void **state) {
     assert_int_equal(nf, N);
     assert_true(ms >= TIMEOUT);
     assert_true(ms <= TIMEOUT + TIMEOUT / 10);
+    /* the peer is down while frozen: writes fail at once, reconnection
+     * attempts fail (the target does not answer its handshake) */
     uint64_t l = 0, rm = 0, id;
+    CHECK_ERR(kvx_write_blocks(&id, a, "t", &l, &rm, 1), KVX_EPEERBROKEN);
+    kvx_peer_state st;
+    CHECK_OK(kvx_get_peer_state(a, "t", &st));
+    assert_int_equal(st.link, KVX_PEER_RECONNECTING);
+    assert_int_equal(st.error, KVX_ETIMEDOUT);
+    assert_true(strstr(st.reason, "transfer_timeout_ms") != NULL);
+    assert_int_equal(st.in_flight, 0);
+    /* an attempt (peer_redial_ms=200) runs into the frozen target: its
+     * handshake gets no answer within connect_timeout_ms */
+    for (uint64_t until = now_ms() + 20000; st.attempts < 1 && now_ms() < until; usleep(20 * 1000))
+        CHECK_OK(kvx_get_peer_state(a, "t", &st));
+    print_message("frozen target: reconnection attempt %u failed: %s\n", st.attempts, st.reason);
+    assert_true(st.attempts >= 1);
+    assert_int_equal(st.link, KVX_PEER_RECONNECTING);
     CHECK_ERR(kvx_write_blocks(&id, a, "t", &l, &rm, 1), KVX_EPEERBROKEN);
     assert_int_equal(kill(c.pid, SIGCONT), 0);
     g_frozen = 0;
-    CHECK_OK(kvx_remove_remote_peer(a, "t"));
-    add_peer(a, "t", &c.meta);
+    /* resumed: it reconnects by itself, no remove, no re-add */
+    long back = wait_peer_link(a, "t", KVX_PEER_UP, 20000, &st);
+    print_message("frozen target resumed: peer up again %ld ms later\n", back);
+    assert_true(back >= 0);
+    assert_int_equal(st.reconnects, 1);
+    assert_int_equal(st.error, 0);
     fill_block(r.base, BL, 0, 9);
     CHECK_OK(kvx_write_blocks(&id, a, "t", &l, &rm, 1));
     assert_int_equal(wait_ids(a, "t", &id, 1, 60000, &nf, NULL), 1);

@@ -140,6 +140,18 @@ void add_peer(kvx_transport *t, const char *id, const metablob *m) {
     CHECK_OK(kvx_add_remote_peer(t, id, m->bytes, m->len, m->base, m->nb, m->bl));
 }
 
+long wait_peer_link(kvx_transport *t, const char *peer, int link, int timeout_ms, kvx_peer_state *st) {
+    kvx_peer_state s;
+    uint64_t t0 = now_ms();
+    for (;;) {
+        CHECK_OK(kvx_get_peer_state(t, peer, &s));
+        if (st) *st = s;
+        if (s.link == link) return (long)(now_ms() - t0);
+        if (now_ms() - t0 > (uint64_t)timeout_ms) return -1;
+        usleep(10 * 1000);
+    }
+}
+
 size_t wait_ids(kvx_transport *t, const char *peer, const uint64_t *ids, size_t n, int timeout_ms,
                 size_t *n_failed, uint8_t *status) {
     uint8_t *seen = calloc(n ? n : 1, 1);

@@ -77,6 +77,10 @@ void add_peer(kvx_transport *t, const char *id, const metablob *m);
 size_t wait_ids(kvx_transport *t, const char *peer, const uint64_t *ids, size_t n, int timeout_ms,
                 size_t *n_failed, uint8_t *status /* optional: 1 done, 2 failed per id */);
 uint64_t now_ms(void);
+/* Polls kvx_get_peer_state() every 10 ms until the peer's link is `link`
+ * (KVX_PEER_UP, ...) or timeout_ms passed; the ms it took, or -1. *st (may
+ * be NULL) gets the last state read. */
+long wait_peer_link(kvx_transport *t, const char *peer, int link, int timeout_ms, kvx_peer_state *st);
 /* Whole-buffer read/write on a pipe or socket, retrying on EINTR; 0 or -1. */
 int read_full(int fd, void *p, size_t n);
 int write_full(int fd, const void *p, size_t n);

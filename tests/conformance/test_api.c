@@ -667,6 +667,87 @@ static void test_close_target_stops_writes(void **state) {
     pair_down(&p);
 }
 
+/* kvx_get_peer_state through a failure: up after the add (same path as
+ * kvx_peer_backend), then, once the target closed, reconnecting with the
+ * failure's code and reason and attempts that fail (nobody answers); with
+ * peer_redial_ms=0 broken instead, never attempted. Bad arguments: EINVAL,
+ * an unknown peer: ENOENT. */
+static void peer_state_after_close(const char *redial, int want_link) {
+    region ra = region_new(NB, BL, 0x11), rb = region_new(NB, BL, 0x22);
+    kvx_transport *a = transport_new(&ra, CFG, test_options(redial, NULL));
+    kvx_transport *b = transport_new(&rb, CFG, NULL);
+    metablob mb;
+    get_meta(b, &mb);
+    add_peer(a, "b", &mb);
+    kvx_peer_state st;
+    memset(&st, 0xab, sizeof st);
+    CHECK_OK(kvx_get_peer_state(a, "b", &st));
+    const char *backend = NULL, *path = NULL;
+    CHECK_OK(kvx_peer_backend(&backend, &path, a, "b"));
+    assert_int_equal(st.link, KVX_PEER_UP);
+    assert_int_equal(st.error, 0);
+    assert_string_equal(st.backend, backend);
+    assert_string_equal(st.path, path);
+    assert_int_equal(st.in_flight, 0);
+    assert_int_equal(st.reconnects + st.attempts, 0);
+    assert_int_equal(st.next_attempt_ns, 0);
+    assert_string_equal(st.reason, "");
+    for (size_t i = 0; i < sizeof st.reserved / sizeof st.reserved[0]; i++) assert_int_equal(st.reserved[i], 0);
+    assert_true(st.since_ns > 1700000000LL * 1000000000LL); /* CLOCK_REALTIME */
+    CHECK_ERR(kvx_get_peer_state(a, "nobody", &st), KVX_ENOENT);
+    CHECK_ERR(kvx_get_peer_state(a, "b", NULL), KVX_EINVAL);
+    CHECK_ERR(kvx_get_peer_state(NULL, "b", &st), KVX_EINVAL);
+    CHECK_ERR(kvx_get_peer_state(a, NULL, &st), KVX_EINVAL);
+
+    CHECK_OK(kvx_transport_close(b));
+    /* a write notices the break if nothing else did (it fails, or is
+     * accepted and surfaces failed) */
+    uint64_t id, i = 1;
+    if (kvx_write_blocks(&id, a, "b", &i, &i, 1) == 0) {
+        size_t nf = 0;
+        assert_int_equal(wait_ids(a, NULL, &id, 1, 40000, &nf, NULL), 1);
+        assert_int_equal(nf, 1);
+    }
+    assert_true(wait_peer_link(a, "b", want_link, 20000, &st) >= 0);
+    assert_true(st.error != 0);
+    assert_true(st.reason[0] != 0);
+    CHECK_ERR(kvx_write_blocks(&id, a, "b", &i, &i, 1), KVX_EPEERBROKEN);
+    if (want_link == KVX_PEER_RECONNECTING) {
+        uint64_t until = now_ms() + 20000;
+        while (st.attempts < 2 && now_ms() < until) {
+            usleep(20 * 1000);
+            CHECK_OK(kvx_get_peer_state(a, "b", &st));
+        }
+        print_message("closed target: %u failed reconnection attempts, last: %s (%s)\n", st.attempts,
+                      kvx_strerror(st.error), st.reason);
+        assert_true(st.attempts >= 2);
+        assert_int_equal(st.link, KVX_PEER_RECONNECTING);
+        assert_int_equal(st.reconnects, 0);
+    } else {
+        usleep(300 * 1000);
+        CHECK_OK(kvx_get_peer_state(a, "b", &st));
+        assert_int_equal(st.link, KVX_PEER_BROKEN);
+        assert_int_equal(st.attempts, 0);
+        assert_int_equal(st.next_attempt_ns, 0);
+    }
+    CHECK_OK(kvx_remove_remote_peer(a, "b"));
+    CHECK_ERR(kvx_get_peer_state(a, "b", &st), KVX_ENOENT);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    region_free(&ra);
+    region_free(&rb);
+}
+
+static void test_peer_state_reconnecting(void **state) {
+    (void)state;
+    peer_state_after_close("peer_redial_ms=50", KVX_PEER_RECONNECTING);
+}
+
+static void test_peer_state_broken(void **state) {
+    (void)state;
+    peer_state_after_close("peer_redial_ms=0", KVX_PEER_BROKEN);
+}
+
 /* ------------------------------------------------------------ threads */
 
 /* Writers, cancellers and a poller on one transport at once: every id that
@@ -794,6 +875,8 @@ int main(void) {
         cmocka_unit_test(test_wait_woken_by_close),
         cmocka_unit_test(test_completion_fd),
         cmocka_unit_test(test_close_target_stops_writes),
+        cmocka_unit_test(test_peer_state_reconnecting),
+        cmocka_unit_test(test_peer_state_broken),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests_name(test_backend(), tests, NULL, NULL);

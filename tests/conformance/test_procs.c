@@ -49,7 +49,8 @@ static void test_two_process_data(void **state) {
 
 /* SIGKILL the target while transfers are in flight: each surfaces once
  * (failed, or done if it beat the kill) within the timeout; later writes fail
- * fast with KVX_EPEERBROKEN until the peer is removed and added again. */
+ * fast with KVX_EPEERBROKEN while it reconnects in vain (nobody answers);
+ * removing it and adding a new target works. */
 static void test_target_killed(void **state) {
     (void)state;
     child_target c;
@@ -82,6 +83,10 @@ static void test_target_killed(void **state) {
     }
     CHECK_ERR(rc, KVX_EPEERBROKEN);
     assert_int_equal(kvx_error_scope_of(rc), KVX_SCOPE_PEER);
+    /* registered, reconnecting; nothing answers at the target's address */
+    kvx_peer_state st;
+    assert_true(wait_peer_link(a, "target", KVX_PEER_RECONNECTING, 8000, &st) >= 0);
+    assert_true(st.error != 0);
     CHECK_OK(kvx_remove_remote_peer(a, "target"));
 
     child_target c2;

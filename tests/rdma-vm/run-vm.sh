@@ -14,6 +14,8 @@
 # host's current directory, with `ulimit -l unlimited`, stdin /dev/null and
 #   KVX_VM_DEV=rxe0   KVX_VM_NETDEV=kvxnet0   KVX_VM_ADDR=<IPv4 of kvxnet0>
 #   KVX_VM_DEV2=rxe1  KVX_VM_NETDEV2=kvxnet1  KVX_VM_ADDR2=<IPv4 of kvxnet1>
+#   KVX_VM_DEV3=rxe2  KVX_VM_NETDEV3=kvxnet2  KVX_VM_ADDR3=198.18.2.1/24 (a spare
+#                     rail: no address until a test adds this one)
 # plus the host's PATH, HOME, LANG and every exported KVX_* variable.
 # Each rxe sits on its own dummy netdev and subnet: the VM has no NIC, nothing
 # leaves it. Use $KVX_VM_ADDR / $KVX_VM_ADDR2 (not 127.0.0.1) for rdma_cm; the
@@ -141,15 +143,24 @@ done
 # and an rxe device on top of it: kvxnet0/rxe0 and kvxnet1/rxe1
 hostname kvx-vm
 ip link set lo up || die "lo"
-rail() {  # rail N ADDR/PREFIX: kvxnetN + rxeN
+rail() {  # rail N [ADDR/PREFIX]: kvxnetN + rxeN (no address: a spare rail, see below)
     ip link add name kvxnet$1 type dummy && ip link set kvxnet$1 mtu "$NET_MTU" \
-        && ip addr add "$2" dev kvxnet$1 && ip link set kvxnet$1 up || die "cannot set up kvxnet$1"
+        && { [ -z "$2" ] || ip addr add "$2" dev kvxnet$1; } && ip link set kvxnet$1 up || die "cannot set up kvxnet$1"
     # iproute2's rdma tool is not in busybox: use the host's from the new root
     PATH=/usr/sbin:/usr/bin:/sbin:/bin chroot $R rdma link add rxe$1 type rxe netdev kvxnet$1 \
         > /dev/ttyS0 2>&1 || die "rdma link add rxe$1 type rxe netdev kvxnet$1 failed"
 }
 rail 0 "$NET_ADDR"
 rail 1 "$NET_ADDR2"
+# A spare rail without an address: verbs.devices=all leaves it out, so the
+# suites see two rails; a test that takes a rail down for good (Soft-RoCE
+# wedges its rdma_cm, README) gives it an address and uses it alone.
+rail 2 ""
+n=0
+until grep -q ACTIVE /sys/class/infiniband/rxe2/ports/1/state 2>/dev/null; do
+    n=$((n+1)); [ $n -le 100 ] || die "rxe2 port not ACTIVE"
+    sleep 0.1
+done
 for d in rxe0 rxe1; do
     n=0
     until grep -q ACTIVE /sys/class/infiniband/$d/ports/1/state 2>/dev/null \
@@ -290,6 +301,7 @@ printf 'NET_ADDR=%s\nNET_ADDR2=%s\nNET_MTU=%s\n' "$ip_cidr" "$ip2_cidr" "$net_mt
     printf 'export PATH=%q HOME=%q LANG=%q TERM=dumb\n' "$PATH" "${HOME:-/root}" "${LANG:-C.UTF-8}"
     printf 'export KVX_VM_DEV=rxe0 KVX_VM_NETDEV=kvxnet0 KVX_VM_ADDR=%q\n' "${ip_cidr%/*}"
     printf 'export KVX_VM_DEV2=rxe1 KVX_VM_NETDEV2=kvxnet1 KVX_VM_ADDR2=%q\n' "${ip2_cidr%/*}"
+    echo 'export KVX_VM_DEV3=rxe2 KVX_VM_NETDEV3=kvxnet2 KVX_VM_ADDR3=198.18.2.1/24'
     echo 'ulimit -l unlimited'
     printf 'cd %q || { echo "%s: cannot cd to %q in the guest" >&2; exit 125; }\n' "$PWD" "$ME" "$PWD"
     printf '%s\n' "$cmd"

@@ -4,7 +4,8 @@
  * mid-stream (0 failed, each id reported once, every byte verified, the
  * rail shown down); every rail down (every id reported once, failed or
  * done; re-adding works once the rails are back); metadata of a one-rail
- * transport (version 0, as 0.4.6 writes it) accepted.
+ * transport (version 0, as 0.4.6 writes it) accepted; the last rail of a
+ * peer gone (the spare rail, KVX_VM_NETDEV3), the peer continues on tcp.
  *
  * Needs two rails: in tests/rdma-vm, KVX_VM_NETDEV and KVX_VM_NETDEV2 name
  * their netdevs (set down and up again here, as root). Without a second
@@ -189,6 +190,25 @@ static void remote_verify(remote *r) {
     assert_true(child_untouched(&r->c, all, NB)); /* every block written: the guards are what is left */
 }
 
+/* Transfers from..to-1 as remote_submit() makes them, during an outage: each
+ * is accepted (its id goes to ids[k], k from `from` on) or refused at once
+ * with KVX_EPEERBROKEN (counted in *refused). Returns k past the last id. */
+static size_t submit_or_refused(remote *r, uint64_t *ids, size_t from, size_t to, size_t *refused) {
+    size_t k = from;
+    for (size_t i = from; i < to; i++) {
+        uint64_t l[PER];
+        for (int j = 0; j < PER; j++) l[j] = (i * PER + (uint64_t)j) % NB;
+        int rc = kvx_write_blocks(&ids[k], r->a, "b", l, l, PER);
+        if (rc == 0) {
+            k++;
+            continue;
+        }
+        VT_ERR(rc, KVX_EPEERBROKEN);
+        (*refused)++;
+    }
+    return k;
+}
+
 /* Whether rdma_cm still sets up a connection on the device in devvar, to
  * the address in addrvar, for another program (ib_write_bw -R): after its
  * netdev went down under an established connection, Soft-RoCE (kernel 6.1)
@@ -282,18 +302,7 @@ static void test_every_rail_down(void **state) {
     uint64_t t0 = now_ms();
     netdev("KVX_VM_NETDEV2", "down");
     netdev("KVX_VM_NETDEV", "down");
-    size_t refused = 0, k = N / 2;
-    for (size_t i = N / 2; i < N; i++) {
-        uint64_t l[PER];
-        for (int j = 0; j < PER; j++) l[j] = (i * PER + (uint64_t)j) % NB;
-        int rc = kvx_write_blocks(&ids[k], r.a, "b", l, l, PER);
-        if (rc == 0) {
-            k++;
-            continue;
-        }
-        VT_ERR(rc, KVX_EPEERBROKEN);
-        refused++;
-    }
+    size_t refused = 0, k = submit_or_refused(&r, ids, N / 2, N, &refused);
     size_t nf = 0;
     assert_int_equal(wait_ids(r.a, "b", ids, k, 4 * T + 30000, &nf, NULL), k);
     printf("# every rail down: %zu of %zu failed, %zu refused at once; the last reported %llu ms after the fault "
@@ -316,6 +325,75 @@ static void test_every_rail_down(void **state) {
     assert_int_equal(wait_ids(r.a, "b", ids, N / 4, 60000, &nf, NULL), N / 4);
     assert_int_equal(nf, 0);
     remote_down(&r);
+}
+
+/* Runs "ip addr VERB ADDR dev NETDEV" for the spare rail (KVX_VM_NETDEV3). */
+static int spare_addr(const char *verb) {
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "ip addr %s %s dev %s", verb, getenv("KVX_VM_ADDR3"), getenv("KVX_VM_NETDEV3"));
+    int rc = system(cmd);
+    printf("# %s: %d\n", cmd, rc);
+    return rc;
+}
+
+/* The last rail of a peer goes, both sides serve tcp too: the peer goes down
+ * (its transfers in flight are reported once; writes meanwhile fail at once)
+ * and reconnects by itself on tcp, where writes land again, verified at the
+ * target. On the spare rail (rxe2, used by nothing else): its netdev stays
+ * down, and Soft-RoCE would not connect on it again anyway. */
+static void test_last_rail_to_tcp(void **state) {
+    (void)state;
+    if (!getenv("KVX_VM_NETDEV3")) {
+        printf("# no spare rail (KVX_VM_NETDEV3): skipped\n");
+        skip();
+    }
+    enum { N = 256 };
+    assert_int_equal(spare_addr("add"), 0);
+    usleep(500 * 1000); /* the address's GID */
+    const char *devs = "verbs.devices=rxe2";
+    const char *opts[] = {devs, "backend=verbs,tcp", "tcp.listen=127.0.0.1:0", "transfer_timeout_ms=3000", NULL};
+    remote r;
+    child_start_exec(&r.c, NB, BL, NULL, opts);
+    kvx_options *o = vt_options(devs, "backend=verbs,tcp tcp.listen=127.0.0.1:0 transfer_timeout_ms=3000",
+                                "peer_redial_ms=200", NULL);
+    r.ra = region_new(NB, BL, 0x11);
+    for (uint64_t i = 0; i < NB; i++) fill_block(r.ra.base + i * BL, BL, i, 5);
+    r.a = vt_transport(&r.ra, NULL, o);
+    kvx_options_destroy(o);
+    CHECK_OK(vt_add(r.a, "b", &r.c.meta));
+    kvx_peer_state st;
+    CHECK_OK(kvx_get_peer_state(r.a, "b", &st));
+    assert_string_equal(st.backend, "verbs");
+    kvx_rail_stats rs[4];
+    assert_int_equal(rails_of(r.a, "b", rs, 4), 1);
+    assert_non_null(strstr(rs[0].name, "rxe2"));
+
+    static uint64_t ids[N];
+    remote_submit(&r, ids, 0, N / 2);
+    uint64_t t0 = now_ms();
+    netdev("KVX_VM_NETDEV3", "down");
+    size_t refused = 0, k = submit_or_refused(&r, ids, N / 2, N, &refused);
+    size_t nf = 0;
+    assert_int_equal(wait_ids(r.a, "b", ids, k, 60000, &nf, NULL), k);
+    printf("# last rail down: %zu of %zu failed, %zu refused at once\n", nf, k, refused);
+    long up = wait_peer_link(r.a, "b", KVX_PEER_UP, 60000, &st);
+    printf("# up again on %s %llu ms after the fault (%u reconnects)\n", st.backend,
+           (unsigned long long)(now_ms() - t0), st.reconnects);
+    assert_true(up >= 0);
+    assert_string_equal(st.backend, "tcp");
+    assert_int_equal(st.reconnects, 1);
+    const char *backend = NULL, *path = NULL;
+    CHECK_OK(kvx_peer_backend(&backend, &path, r.a, "b"));
+    assert_string_equal(backend, "tcp");
+    assert_int_equal(rails_of(r.a, "b", rs, 4), 0); /* tcp has no rails */
+    /* every block again, on tcp: all land, verified at the target */
+    remote_submit(&r, ids, 0, NB / PER);
+    assert_int_equal(wait_ids(r.a, "b", ids, NB / PER, 60000, &nf, NULL), NB / PER);
+    assert_int_equal(nf, 0);
+    remote_verify(&r);
+    remote_down(&r);
+    netdev("KVX_VM_NETDEV3", "up");
+    assert_int_equal(spare_addr("del"), 0);
 }
 
 /* A transport before 0.7 advertises one rail in a version 0 section: it
@@ -348,6 +426,7 @@ int main(int argc, char **argv) {
     require_two_rails();
     atexit(links_up);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_last_rail_to_tcp),
         cmocka_unit_test(test_both_rails_carry),
         cmocka_unit_test(test_one_rail_metadata),
         cmocka_unit_test(test_rail_down_midstream),
