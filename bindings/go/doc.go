@@ -25,7 +25,9 @@
 // tcp. WithBackend("shm,tcp") serves on exactly the backends listed.
 // PeerBackend says which path a peer got; Backends lists the backends built
 // into the library. PeerRails lists the rails (RDMA port pairs) a verbs
-// peer's transfers are striped over.
+// peer's transfers are striped over. PeerState says whether a peer is up,
+// or reconnecting in the background after its connection failed (option
+// peer_redial_ms), or broken (peer_redial_ms=0: remove and re-add it).
 //
 // Memory: remote peers write into a Region at any time while its transport
 // is open, so it cannot be Go-heap memory (cgo forbids C from keeping such

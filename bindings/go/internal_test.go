@@ -88,6 +88,24 @@ func TestRailStatsLayout(t *testing.T) {
 	}
 }
 
+// PeerState copies kvx_peer_state through kvx_go_peer_state: two names of
+// KVX_GO_NAME_LEN bytes, a reason of PeerReasonLen bytes and seven numbers.
+func TestPeerStateLayout(t *testing.T) {
+	if PeerReasonLen != 160 || capi.KVX_GO_PEER_STATE_FIELDS != 7 {
+		t.Fatalf("KVX_PEER_REASON_LEN %d, KVX_GO_PEER_STATE_FIELDS %d: PeerState assumes 160 and 7",
+			PeerReasonLen, capi.KVX_GO_PEER_STATE_FIELDS)
+	}
+	if int(PeerUp) != int(capi.KVX_PEER_UP) || int(PeerReconnecting) != int(capi.KVX_PEER_RECONNECTING) ||
+		int(PeerBroken) != int(capi.KVX_PEER_BROKEN) {
+		t.Error("peer links differ from the header")
+	}
+	f := []uint64{7, 7, 7, 7, 7, 7, 7}
+	rc := capi.Kvx_go_peer_state(nil, nil, nil, f, 0, "p")
+	if rc != int(capi.KVX_EINVAL) || f[0] != 7 {
+		t.Errorf("NULL transport: rc %d, fields %v; want KVX_EINVAL, fields untouched", rc, f)
+	}
+}
+
 // Stats maps kvx_stats by position: its layout must be what it assumes.
 func TestStatsLayout(t *testing.T) {
 	if capi.KVX_GO_STATS_SIZE != int64(8*(statsScalars+LatencyBuckets)) {

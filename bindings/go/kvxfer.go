@@ -327,7 +327,8 @@ func (t *Transport) RemoveRemotePeer(id string) error {
 //
 // Errors: ErrInvalid (lists of different lengths, a remote index repeated,
 // bad peer id), ErrOutOfRange (an index >= the number of blocks on either
-// side), ErrUnknownPeer, ErrPeerBroken (remove and re-add the peer),
+// side), ErrUnknownPeer, ErrPeerBroken (the peer's connection failed: it
+// reconnects in the background, see PeerState, or remove and re-add it),
 // ErrClosed. The seed API's "None" result maps to any error here.
 func (t *Transport) WriteBlocks(peer string, local, remote []uint64) (uint64, error) {
 	const op = "WriteBlocks"

@@ -676,21 +676,120 @@ func TestPeerRails(t *testing.T) {
 	if len(rails) != 0 {
 		t.Errorf("PeerRails of a tcp peer = %+v, want none", rails)
 	}
-	// An unknown peer fails as in PeerBackend.
-	_, err = a.PeerRails("nobody")
+	failsAsPeerBackend(t, a, "PeerRails", func(id string) error { _, err := a.PeerRails(id); return err })
+}
+
+// failsAsPeerBackend checks that query, a per-peer call named name, fails as
+// PeerBackend does: for an unknown peer (the same code and scope), an empty
+// id, and (last: it closes a) a closed transport. a has a peer "b".
+func failsAsPeerBackend(t *testing.T, a *kvxfer.Transport, name string, query func(string) error) {
+	t.Helper()
+	err := query("nobody")
 	isErr(t, err, kvxfer.ErrUnknownPeer, kvxfer.ScopeRequest, "nobody")
 	_, _, backendErr := a.PeerBackend("nobody")
 	var ke, be *kvxfer.Error
 	if !errors.As(err, &ke) || !errors.As(backendErr, &be) || ke.Code != be.Code || ke.Scope != be.Scope {
-		t.Errorf("PeerRails error %v, PeerBackend error %v: want the same code and scope", err, backendErr)
+		t.Errorf("%s error %v, PeerBackend error %v: want the same code and scope", name, err, backendErr)
 	}
-	_, err = a.PeerRails("")
-	isErr(t, err, kvxfer.ErrInvalid, kvxfer.ScopeRequest, "PeerRails")
+	isErr(t, query(""), kvxfer.ErrInvalid, kvxfer.ScopeRequest, name)
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = a.PeerRails("b")
-	isErr(t, err, kvxfer.ErrClosed, kvxfer.ScopeTransport, "PeerRails")
+	isErr(t, query("b"), kvxfer.ErrClosed, kvxfer.ScopeTransport, name)
+}
+
+func TestPeerState(t *testing.T) {
+	a := newTransport(t, testBlocks, 0)
+	b := newTransport(t, testBlocks, canary)
+	connect(t, a, "b", b)
+	st, err := a.PeerState("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend, path, err := a.PeerBackend("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Link != kvxfer.PeerUp || st.Backend != backend || st.Path != path || backend != "tcp" {
+		t.Errorf("PeerState = %+v; want up on PeerBackend's path %q %q", st, backend, path)
+	}
+	if st.Error != kvxfer.CodeOK || st.Reason != "" || st.InFlight != 0 || st.Reconnects != 0 ||
+		st.Attempts != 0 || st.NextAttemptNs != 0 {
+		t.Errorf("PeerState of a peer just added = %+v", st)
+	}
+	if d := time.Since(time.Unix(0, st.SinceNs)); d < -time.Minute || d > 10*time.Minute {
+		t.Errorf("SinceNs %d is %v from now: want CLOCK_REALTIME of the add", st.SinceNs, d)
+	}
+	if kvxfer.PeerUp.String() != "up" || kvxfer.PeerReconnecting.String() != "reconnecting" ||
+		kvxfer.PeerBroken.String() != "broken" {
+		t.Error("PeerLink.String")
+	}
+	failsAsPeerBackend(t, a, "PeerState", func(id string) error { _, err := a.PeerState(id); return err })
+}
+
+// Once the target is gone, the peer stays registered and reconnects in the
+// background (attempts that fail: nobody answers); with peer_redial_ms=0 it
+// is broken instead, never attempted.
+func TestPeerStateAfterTargetClosed(t *testing.T) {
+	for _, tc := range []struct {
+		redial string
+		want   kvxfer.PeerLink
+	}{{"50", kvxfer.PeerReconnecting}, {"0", kvxfer.PeerBroken}} {
+		t.Run("peer_redial_ms="+tc.redial, func(t *testing.T) {
+			a := newTransport(t, testBlocks, 0, kvxfer.WithOption("peer_redial_ms", tc.redial))
+			b := newTransport(t, testBlocks, canary)
+			connect(t, a, "b", b)
+			if st, err := a.PeerState("b"); err != nil || st.Link != kvxfer.PeerUp {
+				t.Fatalf("PeerState = %+v, %v; want up", st, err)
+			}
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			// A write notices the break if nothing else did (it fails, or
+			// is accepted and surfaces failed).
+			if id, err := a.WriteBlocks("b", []uint64{1}, []uint64{1}); err == nil {
+				if failed := waitAll(t, a, "", id); len(failed) != 1 {
+					t.Fatalf("write to a closed target: id %d not failed", id)
+				}
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			st, err := a.PeerState("b")
+			for err == nil && st.Link != tc.want && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+				st, err = a.PeerState("b")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Link != tc.want || st.Error == kvxfer.CodeOK || st.Reason == "" || st.Backend != "tcp" ||
+				st.Reconnects != 0 {
+				t.Fatalf("PeerState = %+v; want %v with the failure's code and reason", st, tc.want)
+			}
+			_, werr := a.WriteBlocks("b", []uint64{1}, []uint64{1})
+			isErr(t, werr, kvxfer.ErrPeerBroken, kvxfer.ScopePeer, "")
+			if tc.want == kvxfer.PeerReconnecting {
+				for err == nil && st.Attempts < 2 && time.Now().Before(deadline) {
+					time.Sleep(20 * time.Millisecond)
+					st, err = a.PeerState("b")
+				}
+				if err != nil || st.Attempts < 2 || st.Link != kvxfer.PeerReconnecting {
+					t.Fatalf("PeerState = %+v, %v; want reconnecting, 2 failed attempts or more", st, err)
+				}
+				t.Logf("closed target: %d failed reconnection attempts, last: %v (%s)", st.Attempts, st.Error, st.Reason)
+			} else {
+				time.Sleep(300 * time.Millisecond)
+				st, err = a.PeerState("b")
+				if err != nil || st.Link != kvxfer.PeerBroken || st.Attempts != 0 || st.NextAttemptNs != 0 {
+					t.Fatalf("PeerState = %+v, %v; want broken, never attempted", st, err)
+				}
+			}
+			if err := a.RemoveRemotePeer("b"); err != nil {
+				t.Fatal(err)
+			}
+			_, err = a.PeerState("b")
+			isErr(t, err, kvxfer.ErrUnknownPeer, kvxfer.ScopeRequest, "b")
+		})
+	}
 }
 
 func TestWaitAndCompletionFD(t *testing.T) {

@@ -3,6 +3,7 @@
 import array
 import collections
 import concurrent.futures
+import enum
 import hashlib
 import json
 import operator
@@ -14,9 +15,10 @@ from collections.abc import Mapping
 from typing import Iterable, NamedTuple, Optional, Sequence
 
 from . import _native
-from ._errors import ArgumentError, ClosedError, Error, ErrorInfo, last_error, make_error
+from ._errors import ArgumentError, ClosedError, Error, ErrorCode, ErrorInfo, last_error, make_error
 
-__all__ = ["Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds", "backends"]
+__all__ = ["Transport", "PollResult", "PeerLink", "PeerState", "config_fingerprint", "CANCEL_MODES",
+           "latency_bucket_bounds", "backends"]
 
 _U64_MAX = (1 << 64) - 1
 _POLL_CAP = 256
@@ -41,6 +43,51 @@ class PollResult(NamedTuple):
 
     done: Sequence[int]
     failed: Sequence[int]
+
+
+class PeerLink(enum.IntEnum):
+    """Where a registered peer's connection stands (kvx_peer_link)."""
+
+    UP = _native.KVX_PEER_UP                      # connected: writes go out on peer_backend()'s path
+    RECONNECTING = _native.KVX_PEER_RECONNECTING  # failed; reconnects in the background (peer_redial_ms)
+    BROKEN = _native.KVX_PEER_BROKEN              # failed, no reconnection (peer_redial_ms=0): remove and re-add
+
+
+class PeerState(NamedTuple):
+    """A registered peer's state (Transport.peer_state, kvx_get_peer_state(3)).
+
+    link: a PeerLink (UP, RECONNECTING, BROKEN).
+    error: the ErrorCode of what took the connection down (ETIMEDOUT: the
+        stall timeout; ECONNRESET: the connection failed), then of the last
+        failed reconnection attempt; ErrorCode.OK (0) while it never failed.
+    backend, path: its path, as peer_backend() says ("tcp", "").
+    in_flight: its transfers submitted and not yet reported by poll().
+    since_ns: when it entered this state (ns since the epoch).
+    next_attempt_ns: RECONNECTING: when the next attempt starts (ns since
+        the epoch); 0 while one runs, and in the other states.
+    reconnects: times it reconnected since it was added.
+    attempts: failed attempts since it went down (0 when up).
+    reason: why it is not up ("" when up): the message of error.
+    """
+
+    link: PeerLink
+    error: int
+    backend: str
+    path: str
+    in_flight: int
+    since_ns: int
+    next_attempt_ns: int
+    reconnects: int
+    attempts: int
+    reason: str
+
+
+def _enum_or_int(cls, value):
+    """cls(value), or the int itself for a value a newer library added."""
+    try:
+        return cls(value)
+    except ValueError:
+        return value
 
 
 # ------------------------------------------------------------------ arguments
@@ -588,6 +635,26 @@ class Transport:
             raise self._error(rc)
         return rails
 
+    def peer_state(self, peer_id: str) -> PeerState:
+        """The state of a registered peer's connection (kvx_get_peer_state(3))
+        as a PeerState: link UP, RECONNECTING (its connection failed; it
+        reconnects in the background, option peer_redial_ms, and write_blocks
+        returns None with KVX_EPEERBROKEN meanwhile) or BROKEN (failed, no
+        reconnection: peer_redial_ms=0; remove and re-add it), the error and
+        reason of the failure, since when, the attempts and the next one, its
+        transfers in flight and its path. A peer stays registered through a
+        failure; a reconnection may take another path (peer_backend()). A
+        snapshot: the state may change right after. Raises the library's
+        error, as peer_backend (e.g. KVX_ENOENT for an unknown or
+        still-connecting peer, KVX_ECLOSED)."""
+        h = self._handle()
+        rc, d = _native.kvxpy_peer_state(h, _peer_arg(peer_id))
+        if rc:
+            raise self._error(rc)
+        d["link"] = _enum_or_int(PeerLink, d["link"])
+        d["error"] = _enum_or_int(ErrorCode, d["error"])
+        return PeerState(**d)
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -726,7 +793,8 @@ class Transport:
         Returns the transfer id (an int > 0, reported once by poll()), or
         None for every problem with the peer or the indexes, with last_error
         saying why: peer not registered (or still connecting), its
-        connection failed earlier (remove and re-add it), an index out of
+        connection failed earlier (KVX_EPEERBROKEN: it reconnects in the
+        background, see peer_state(), or remove and re-add it), an index out of
         range on either side or negative, a remote index repeated in one
         call, lists of different lengths, the transport closed. Raises only
         TypeError (an argument of the wrong type). Index lists: sequences of

@@ -273,6 +273,10 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 /* kvxpy_peer_rails() returns a list of dicts instead of the caller's array. */
 %ignore kvx_peer_rails;
 %ignore kvx_rail_stats;
+/* kvxpy_peer_state() returns a dict instead of filling the caller's struct
+ * (its backend and path are static C strings). */
+%ignore kvx_get_peer_state;
+%ignore kvx_peer_state;
 /* Raw memory has no safe Python owner here; Python regions are buffers
  * (an mmap of a /dev/shm file takes the shm backend's mapped path). */
 %ignore kvx_region_alloc;
@@ -290,6 +294,7 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 %nothread kvxpy_holds_region;
 %nothread kvxpy_stats;
 %nothread kvxpy_peer_rails;
+%nothread kvxpy_peer_state;
 /* Never blocks (it only checks and queues), so the GIL stays with the
  * caller: no hand-off to another thread in the middle of a call that
  * vLLM's scheduler makes on its hot path. */
@@ -320,6 +325,29 @@ static PyObject *kvxpy_rail_dict(const kvx_rail_stats *r) {
         kvxpy_set_item(d, "parts", PyLong_FromUnsignedLongLong(r->parts)) != 0 ||
         kvxpy_set_item(d, "failures", PyLong_FromUnsignedLong(r->failures)) != 0 ||
         kvxpy_set_item(d, "changed_ns", PyLong_FromLongLong(r->changed_ns)) != 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* A kvx_peer_state as a dict: link, error (the KVX_E* code, 0 while it never
+ * failed), backend and path (str), in_flight, since_ns, next_attempt_ns,
+ * reconnects, attempts, reason (str; the reserved fields are left out). */
+static PyObject *kvxpy_peer_state_dict(const kvx_peer_state *s) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    if (kvxpy_set_item(d, "link", PyLong_FromLong(s->link)) != 0 ||
+        kvxpy_set_item(d, "error", PyLong_FromLong(s->error)) != 0 ||
+        kvxpy_set_item(d, "backend", PyUnicode_FromString(s->backend ? s->backend : "")) != 0 ||
+        kvxpy_set_item(d, "path", PyUnicode_FromString(s->path ? s->path : "")) != 0 ||
+        kvxpy_set_item(d, "in_flight", PyLong_FromUnsignedLongLong(s->in_flight)) != 0 ||
+        kvxpy_set_item(d, "since_ns", PyLong_FromLongLong(s->since_ns)) != 0 ||
+        kvxpy_set_item(d, "next_attempt_ns", PyLong_FromLongLong(s->next_attempt_ns)) != 0 ||
+        kvxpy_set_item(d, "reconnects", PyLong_FromUnsignedLong(s->reconnects)) != 0 ||
+        kvxpy_set_item(d, "attempts", PyLong_FromUnsignedLong(s->attempts)) != 0 ||
+        kvxpy_set_item(d, "reason", PyUnicode_DecodeUTF8(s->reason, (Py_ssize_t)strnlen(s->reason, sizeof s->reason),
+                                                         "replace")) != 0) {
         Py_DECREF(d);
         return NULL;
     }
@@ -518,6 +546,24 @@ PyObject *kvxpy_peer_rails(PyObject *handle, const char *peer_id) {
     }
     PyMem_Free(rails);
     return Py_BuildValue("(iN)", 0, list);
+}
+
+/* kvx_get_peer_state as (rc, dict (kvxpy_peer_state_dict) or None). */
+PyObject *kvxpy_peer_state(PyObject *handle, const char *peer_id) {
+    kvxpy_handle *h = kvxpy_from_capsule(handle, 0);
+    kvx_transport *t;
+    kvx_peer_state s;
+    PyObject *d;
+    int rc;
+    if (!h) return NULL;
+    t = h->t;
+    memset(&s, 0, sizeof s);
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvx_get_peer_state(t, peer_id, &s);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return Py_BuildValue("(iO)", rc, Py_None);
+    if (!(d = kvxpy_peer_state_dict(&s))) return NULL;
+    return Py_BuildValue("(iN)", 0, d);
 }
 %}
 

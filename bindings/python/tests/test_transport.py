@@ -515,20 +515,80 @@ def test_peer_backend_names_the_path():
         assert ei.value.code == kvxfer.ErrorCode.ENOENT
 
 
+def fails_as_peer_backend(t, query):
+    """query(peer_id) of a per-peer call fails as peer_backend does: an
+    unknown peer (the same error class, ENOENT, last_error), an empty id, and
+    (last: it closes t) a closed transport. t has a peer "dst"."""
+    with pytest.raises(kvxfer.Error) as backend_ei:
+        t.peer_backend("nobody")
+    with pytest.raises(kvxfer.Error) as ei:
+        query("nobody")
+    assert type(ei.value) is type(backend_ei.value) and isinstance(ei.value, kvxfer.RequestError)
+    assert ei.value.code == kvxfer.ErrorCode.ENOENT and t.last_error.code == kvxfer.ErrorCode.ENOENT
+    with pytest.raises(kvxfer.ArgumentError):
+        query("")
+    t.close()
+    with pytest.raises(kvxfer.ClosedError):
+        query("dst")
+
+
 def test_peer_rails_only_verbs_has_rails(pair):
     assert pair.src.peer_backend("dst") == ("tcp", "")
     assert pair.src.peer_rails("dst") == []
-    with pytest.raises(kvxfer.Error) as backend_ei:
-        pair.src.peer_backend("nobody")
-    with pytest.raises(kvxfer.Error) as ei:
-        pair.src.peer_rails("nobody")
-    assert type(ei.value) is type(backend_ei.value) and isinstance(ei.value, kvxfer.RequestError)
-    assert ei.value.code == kvxfer.ErrorCode.ENOENT and pair.src.last_error.code == kvxfer.ErrorCode.ENOENT
-    with pytest.raises(kvxfer.ArgumentError):
-        pair.src.peer_rails("")
-    pair.src.close()
-    with pytest.raises(kvxfer.ClosedError):
-        pair.src.peer_rails("dst")
+    fails_as_peer_backend(pair.src, pair.src.peer_rails)
+
+
+def test_peer_state_up(pair):
+    st = pair.src.peer_state("dst")
+    assert isinstance(st, kvxfer.PeerState) and st.link is kvxfer.PeerLink.UP
+    assert (st.backend, st.path) == pair.src.peer_backend("dst") == ("tcp", "")
+    assert st.error == kvxfer.ErrorCode.OK == 0 and st.reason == ""
+    assert (st.in_flight, st.reconnects, st.attempts, st.next_attempt_ns) == (0, 0, 0, 0)
+    assert abs(st.since_ns - time.time_ns()) < 600 * 10**9  # CLOCK_REALTIME, since the add
+    with pytest.raises(AttributeError):
+        st.link = kvxfer.PeerLink.BROKEN  # immutable
+    with pytest.raises(TypeError):
+        pair.src.peer_state(None)
+    fails_as_peer_backend(pair.src, pair.src.peer_state)
+
+
+@pytest.mark.parametrize("redial_ms, link", [(50, kvxfer.PeerLink.RECONNECTING), (0, kvxfer.PeerLink.BROKEN)],
+                         ids=["redial_50ms", "redial_off"])
+def test_peer_state_after_the_target_closed(redial_ms, link):
+    """The target goes away: the peer stays registered and goes RECONNECTING
+    (attempts that fail: nobody answers) or, with peer_redial_ms=0, BROKEN."""
+    smem, sview = region(4, 256)
+    dmem, dview = region(4, 256)
+    with kvxfer.Transport(sview, **TCP, peer_redial_ms=redial_ms) as src, kvxfer.Transport(dview, **TCP) as dst:
+        connect(src, dst)
+        assert src.peer_state("dst").link is kvxfer.PeerLink.UP
+        dst.close()
+        # a write notices the break if nothing else did (refused, or accepted and reported failed)
+        tid = src.write_blocks("dst", [1], [1])
+        if tid is not None:
+            assert wait_for(src, [tid], timeout=40)[0] == {tid: "failed"}
+        deadline = time.monotonic() + 20
+        st = src.peer_state("dst")
+        while st.link is not link and time.monotonic() < deadline:
+            time.sleep(0.01)
+            st = src.peer_state("dst")
+        assert st.link is link, st
+        assert st.error != 0 and isinstance(st.error, kvxfer.ErrorCode) and st.reason
+        assert st.backend == "tcp" and st.reconnects == 0
+        assert src.write_blocks("dst", [1], [1]) is None
+        assert src.last_error.code == kvxfer.ErrorCode.EPEERBROKEN
+        if link is kvxfer.PeerLink.RECONNECTING:
+            while st.attempts < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+                st = src.peer_state("dst")
+            assert st.attempts >= 2 and st.link is kvxfer.PeerLink.RECONNECTING, st
+        else:
+            time.sleep(0.3)
+            st = src.peer_state("dst")
+            assert st.link is kvxfer.PeerLink.BROKEN and st.attempts == 0 and st.next_attempt_ns == 0, st
+        src.remove_remote_peer("dst")
+        with pytest.raises(kvxfer.RequestError):
+            src.peer_state("dst")
 
 
 # ------------------------------------------------------------------ lifecycle

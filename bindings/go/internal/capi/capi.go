@@ -41,144 +41,153 @@ typedef _goslice_ swig_type_9;
 typedef _goslice_ swig_type_10;
 typedef _gostring_ swig_type_11;
 typedef long long swig_type_12;
-typedef _gostring_ swig_type_13;
-typedef _gostring_ swig_type_14;
-typedef _gostring_ swig_type_15;
+typedef _goslice_ swig_type_13;
+typedef _goslice_ swig_type_14;
+typedef _goslice_ swig_type_15;
 typedef _goslice_ swig_type_16;
 typedef _gostring_ swig_type_17;
 typedef _gostring_ swig_type_18;
 typedef _gostring_ swig_type_19;
-typedef _goslice_ swig_type_20;
-typedef long long swig_type_21;
-typedef long long swig_type_22;
+typedef _gostring_ swig_type_20;
+typedef _goslice_ swig_type_21;
+typedef _gostring_ swig_type_22;
 typedef _gostring_ swig_type_23;
-typedef _goslice_ swig_type_24;
+typedef _gostring_ swig_type_24;
 typedef _goslice_ swig_type_25;
-typedef _goslice_ swig_type_26;
-typedef _goslice_ swig_type_27;
+typedef long long swig_type_26;
+typedef long long swig_type_27;
 typedef _gostring_ swig_type_28;
 typedef _goslice_ swig_type_29;
 typedef _goslice_ swig_type_30;
-typedef long long swig_type_31;
-typedef _gostring_ swig_type_32;
-typedef _goslice_ swig_type_33;
-typedef long long swig_type_34;
-typedef long long swig_type_35;
+typedef _goslice_ swig_type_31;
+typedef _goslice_ swig_type_32;
+typedef _gostring_ swig_type_33;
+typedef _goslice_ swig_type_34;
+typedef _goslice_ swig_type_35;
 typedef long long swig_type_36;
-typedef long long swig_type_37;
-typedef _gostring_ swig_type_38;
-typedef _goslice_ swig_type_39;
-typedef _gostring_ swig_type_40;
-typedef _goslice_ swig_type_41;
+typedef _gostring_ swig_type_37;
+typedef _goslice_ swig_type_38;
+typedef long long swig_type_39;
+typedef long long swig_type_40;
+typedef long long swig_type_41;
 typedef long long swig_type_42;
-typedef long long swig_type_43;
-typedef long long swig_type_44;
-typedef long long swig_type_45;
+typedef _gostring_ swig_type_43;
+typedef _goslice_ swig_type_44;
+typedef _gostring_ swig_type_45;
 typedef _goslice_ swig_type_46;
-typedef _goslice_ swig_type_47;
+typedef long long swig_type_47;
 typedef long long swig_type_48;
-typedef _goslice_ swig_type_49;
-typedef _gostring_ swig_type_50;
+typedef long long swig_type_49;
+typedef long long swig_type_50;
 typedef _goslice_ swig_type_51;
 typedef _goslice_ swig_type_52;
 typedef long long swig_type_53;
 typedef _goslice_ swig_type_54;
-typedef _goslice_ swig_type_55;
-typedef _gostring_ swig_type_56;
+typedef _gostring_ swig_type_55;
+typedef _goslice_ swig_type_56;
 typedef _goslice_ swig_type_57;
 typedef long long swig_type_58;
 typedef _goslice_ swig_type_59;
-typedef long long swig_type_60;
-typedef _goslice_ swig_type_61;
+typedef _goslice_ swig_type_60;
+typedef _gostring_ swig_type_61;
 typedef _goslice_ swig_type_62;
 typedef long long swig_type_63;
 typedef _goslice_ swig_type_64;
-typedef _goslice_ swig_type_65;
+typedef long long swig_type_65;
 typedef _goslice_ swig_type_66;
 typedef _goslice_ swig_type_67;
-typedef _gostring_ swig_type_68;
-typedef long long swig_type_69;
-typedef long long swig_type_70;
+typedef long long swig_type_68;
+typedef _goslice_ swig_type_69;
+typedef _goslice_ swig_type_70;
 typedef _goslice_ swig_type_71;
-typedef _gostring_ swig_type_72;
+typedef _goslice_ swig_type_72;
 typedef _gostring_ swig_type_73;
-extern void _wrap_Swig_free_capi_1b82838ac17e45ce(uintptr_t arg1);
-extern uintptr_t _wrap_Swig_malloc_capi_1b82838ac17e45ce(swig_intgo arg1);
-extern swig_type_1 _wrap_KVX_GO_STATS_SIZE_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_kvx_go_peer_backend_capi_1b82838ac17e45ce(swig_type_2 arg1, swig_type_3 arg2, uintptr_t arg3, swig_type_4 arg4);
-extern swig_intgo _wrap_kvx_go_region_alloc_capi_1b82838ac17e45ce(swig_type_5 arg1, swig_type_6 arg2, swig_intgo arg3);
-extern void _wrap_kvx_go_region_free_capi_1b82838ac17e45ce(swig_type_7 arg1);
-extern swig_intgo _wrap_kvx_go_peer_rails_capi_1b82838ac17e45ce(swig_type_8 arg1, swig_type_9 arg2, swig_type_10 arg3, uintptr_t arg4, swig_type_11 arg5, swig_type_12 arg6);
-extern swig_intgo _wrap_KVX_VERSION_NUMBER_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_kvx_version_number_capi_1b82838ac17e45ce(void);
-extern swig_type_13 _wrap_kvx_version_string_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_OK_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EPERM_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ENOENT_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ENOMEM_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EBUSY_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EEXIST_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EINVAL_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ERANGE_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ENOBUFS_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ENOTSUP_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EOVERFLOW_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ECONNREFUSED_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ETIMEDOUT_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ECONNRESET_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EHOSTUNREACH_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ECANCELED_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ERRNO_OFFSET_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ECLOSED_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EBADMETA_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EVERSION_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EFINGERPRINT_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EGEOMETRY_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EPEERBROKEN_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EAUTH_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_ECONFIG_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EBACKEND_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_EINTERNAL_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_SCOPE_NONE_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_SCOPE_REQUEST_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_SCOPE_PEER_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_SCOPE_TRANSPORT_capi_1b82838ac17e45ce(void);
-extern swig_type_14 _wrap_kvx_strerror_capi_1b82838ac17e45ce(swig_intgo arg1);
-extern swig_intgo _wrap_kvx_error_scope_of_capi_1b82838ac17e45ce(swig_intgo arg1);
-extern swig_type_15 _wrap_kvx_last_error_message_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_kvx_options_create_capi_1b82838ac17e45ce(swig_type_16 arg1);
-extern void _wrap_kvx_options_destroy_capi_1b82838ac17e45ce(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_options_set_capi_1b82838ac17e45ce(uintptr_t arg1, swig_type_17 arg2, swig_type_18 arg3);
-extern swig_intgo _wrap_kvx_options_parse_capi_1b82838ac17e45ce(uintptr_t arg1, swig_type_19 arg2);
-extern swig_intgo _wrap_kvx_transport_create_capi_1b82838ac17e45ce(swig_type_20 arg1, uintptr_t arg2, swig_type_21 arg3, swig_type_22 arg4, swig_type_23 arg5, uintptr_t arg6);
-extern swig_intgo _wrap_kvx_transport_close_capi_1b82838ac17e45ce(uintptr_t arg1);
-extern void _wrap_kvx_transport_destroy_capi_1b82838ac17e45ce(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_transport_base_addr_capi_1b82838ac17e45ce(swig_type_24 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_num_blocks_capi_1b82838ac17e45ce(swig_type_25 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_block_len_capi_1b82838ac17e45ce(swig_type_26 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_config_fingerprint_capi_1b82838ac17e45ce(swig_type_27 arg1, uintptr_t arg2);
-extern swig_type_28 _wrap_kvx_transport_backend_capi_1b82838ac17e45ce(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_get_agent_metadata_capi_1b82838ac17e45ce(swig_type_29 arg1, uintptr_t arg2, swig_type_30 arg3, swig_type_31 arg4);
-extern swig_intgo _wrap_kvx_add_remote_peer_capi_1b82838ac17e45ce(uintptr_t arg1, swig_type_32 arg2, swig_type_33 arg3, swig_type_34 arg4, swig_type_35 arg5, swig_type_36 arg6, swig_type_37 arg7);
-extern swig_intgo _wrap_kvx_remove_remote_peer_capi_1b82838ac17e45ce(uintptr_t arg1, swig_type_38 arg2);
-extern swig_intgo _wrap_KVX_PEER_REPLACE_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_PENDING_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_DONE_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_FAILED_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_1b82838ac17e45ce(swig_type_39 arg1, uintptr_t arg2, swig_type_40 arg3, swig_type_41 arg4, swig_type_42 arg5, swig_type_43 arg6, swig_type_44 arg7, swig_type_45 arg8, swig_intgo arg9);
-extern swig_intgo _wrap_kvx_registration_status_capi_1b82838ac17e45ce(swig_type_46 arg1, swig_type_47 arg2, uintptr_t arg3, swig_type_48 arg4, swig_intgo arg5);
-extern swig_intgo _wrap_kvx_write_blocks_capi_1b82838ac17e45ce(swig_type_49 arg1, uintptr_t arg2, swig_type_50 arg3, swig_type_51 arg4, swig_type_52 arg5, swig_type_53 arg6);
-extern swig_intgo _wrap_kvx_poll_capi_1b82838ac17e45ce(swig_type_54 arg1, swig_type_55 arg2, uintptr_t arg3, swig_type_56 arg4, swig_type_57 arg5, swig_type_58 arg6, swig_type_59 arg7, swig_type_60 arg8);
-extern swig_intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_KVX_CANCEL_WAIT_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_kvx_cancel_capi_1b82838ac17e45ce(swig_type_61 arg1, uintptr_t arg2, swig_type_62 arg3, swig_type_63 arg4, swig_intgo arg5, swig_type_64 arg6);
-extern swig_intgo _wrap_kvx_wait_capi_1b82838ac17e45ce(swig_type_65 arg1, uintptr_t arg2, swig_intgo arg3);
-extern swig_intgo _wrap_kvx_completion_fd_capi_1b82838ac17e45ce(swig_type_66 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_get_stats_capi_1b82838ac17e45ce(swig_type_67 arg1, uintptr_t arg2, swig_type_68 arg3);
-extern swig_type_69 _wrap_kvx_stats_bucket_lower_ns_capi_1b82838ac17e45ce(swig_type_70 arg1);
-extern swig_intgo _wrap_KVX_REGION_HUGE_PAGES_capi_1b82838ac17e45ce(void);
-extern swig_intgo _wrap_kvx_config_fingerprint_capi_1b82838ac17e45ce(swig_type_71 arg1, swig_type_72 arg2);
-extern swig_type_73 _wrap_kvx_backends_capi_1b82838ac17e45ce(void);
+typedef long long swig_type_74;
+typedef long long swig_type_75;
+typedef _goslice_ swig_type_76;
+typedef _gostring_ swig_type_77;
+typedef _gostring_ swig_type_78;
+extern void _wrap_Swig_free_capi_082c1b48933b1fcf(uintptr_t arg1);
+extern uintptr_t _wrap_Swig_malloc_capi_082c1b48933b1fcf(swig_intgo arg1);
+extern swig_type_1 _wrap_KVX_GO_STATS_SIZE_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_kvx_go_peer_backend_capi_082c1b48933b1fcf(swig_type_2 arg1, swig_type_3 arg2, uintptr_t arg3, swig_type_4 arg4);
+extern swig_intgo _wrap_kvx_go_region_alloc_capi_082c1b48933b1fcf(swig_type_5 arg1, swig_type_6 arg2, swig_intgo arg3);
+extern void _wrap_kvx_go_region_free_capi_082c1b48933b1fcf(swig_type_7 arg1);
+extern swig_intgo _wrap_kvx_go_peer_rails_capi_082c1b48933b1fcf(swig_type_8 arg1, swig_type_9 arg2, swig_type_10 arg3, uintptr_t arg4, swig_type_11 arg5, swig_type_12 arg6);
+extern swig_intgo _wrap_kvx_go_peer_state_capi_082c1b48933b1fcf(swig_type_13 arg1, swig_type_14 arg2, swig_type_15 arg3, swig_type_16 arg4, uintptr_t arg5, swig_type_17 arg6);
+extern swig_intgo _wrap_KVX_VERSION_NUMBER_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_kvx_version_number_capi_082c1b48933b1fcf(void);
+extern swig_type_18 _wrap_kvx_version_string_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_OK_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EPERM_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ENOENT_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ENOMEM_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EBUSY_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EEXIST_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EINVAL_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ERANGE_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ENOBUFS_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ENOTSUP_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EOVERFLOW_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ECONNREFUSED_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ETIMEDOUT_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ECONNRESET_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EHOSTUNREACH_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ECANCELED_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ERRNO_OFFSET_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ECLOSED_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EBADMETA_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EVERSION_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EFINGERPRINT_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EGEOMETRY_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EPEERBROKEN_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EAUTH_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_ECONFIG_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EBACKEND_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_EINTERNAL_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_SCOPE_NONE_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_SCOPE_REQUEST_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_SCOPE_PEER_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_SCOPE_TRANSPORT_capi_082c1b48933b1fcf(void);
+extern swig_type_19 _wrap_kvx_strerror_capi_082c1b48933b1fcf(swig_intgo arg1);
+extern swig_intgo _wrap_kvx_error_scope_of_capi_082c1b48933b1fcf(swig_intgo arg1);
+extern swig_type_20 _wrap_kvx_last_error_message_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_kvx_options_create_capi_082c1b48933b1fcf(swig_type_21 arg1);
+extern void _wrap_kvx_options_destroy_capi_082c1b48933b1fcf(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_options_set_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_22 arg2, swig_type_23 arg3);
+extern swig_intgo _wrap_kvx_options_parse_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_24 arg2);
+extern swig_intgo _wrap_kvx_transport_create_capi_082c1b48933b1fcf(swig_type_25 arg1, uintptr_t arg2, swig_type_26 arg3, swig_type_27 arg4, swig_type_28 arg5, uintptr_t arg6);
+extern swig_intgo _wrap_kvx_transport_close_capi_082c1b48933b1fcf(uintptr_t arg1);
+extern void _wrap_kvx_transport_destroy_capi_082c1b48933b1fcf(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_transport_base_addr_capi_082c1b48933b1fcf(swig_type_29 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_num_blocks_capi_082c1b48933b1fcf(swig_type_30 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_block_len_capi_082c1b48933b1fcf(swig_type_31 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_config_fingerprint_capi_082c1b48933b1fcf(swig_type_32 arg1, uintptr_t arg2);
+extern swig_type_33 _wrap_kvx_transport_backend_capi_082c1b48933b1fcf(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(swig_type_34 arg1, uintptr_t arg2, swig_type_35 arg3, swig_type_36 arg4);
+extern swig_intgo _wrap_kvx_add_remote_peer_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_37 arg2, swig_type_38 arg3, swig_type_39 arg4, swig_type_40 arg5, swig_type_41 arg6, swig_type_42 arg7);
+extern swig_intgo _wrap_kvx_remove_remote_peer_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_43 arg2);
+extern swig_intgo _wrap_KVX_PEER_UP_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_PEER_RECONNECTING_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_PEER_BROKEN_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_PEER_REPLACE_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_PENDING_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_DONE_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_FAILED_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_082c1b48933b1fcf(swig_type_44 arg1, uintptr_t arg2, swig_type_45 arg3, swig_type_46 arg4, swig_type_47 arg5, swig_type_48 arg6, swig_type_49 arg7, swig_type_50 arg8, swig_intgo arg9);
+extern swig_intgo _wrap_kvx_registration_status_capi_082c1b48933b1fcf(swig_type_51 arg1, swig_type_52 arg2, uintptr_t arg3, swig_type_53 arg4, swig_intgo arg5);
+extern swig_intgo _wrap_kvx_write_blocks_capi_082c1b48933b1fcf(swig_type_54 arg1, uintptr_t arg2, swig_type_55 arg3, swig_type_56 arg4, swig_type_57 arg5, swig_type_58 arg6);
+extern swig_intgo _wrap_kvx_poll_capi_082c1b48933b1fcf(swig_type_59 arg1, swig_type_60 arg2, uintptr_t arg3, swig_type_61 arg4, swig_type_62 arg5, swig_type_63 arg6, swig_type_64 arg7, swig_type_65 arg8);
+extern swig_intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_KVX_CANCEL_WAIT_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_kvx_cancel_capi_082c1b48933b1fcf(swig_type_66 arg1, uintptr_t arg2, swig_type_67 arg3, swig_type_68 arg4, swig_intgo arg5, swig_type_69 arg6);
+extern swig_intgo _wrap_kvx_wait_capi_082c1b48933b1fcf(swig_type_70 arg1, uintptr_t arg2, swig_intgo arg3);
+extern swig_intgo _wrap_kvx_completion_fd_capi_082c1b48933b1fcf(swig_type_71 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_get_stats_capi_082c1b48933b1fcf(swig_type_72 arg1, uintptr_t arg2, swig_type_73 arg3);
+extern swig_type_74 _wrap_kvx_stats_bucket_lower_ns_capi_082c1b48933b1fcf(swig_type_75 arg1);
+extern swig_intgo _wrap_KVX_REGION_HUGE_PAGES_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_kvx_config_fingerprint_capi_082c1b48933b1fcf(swig_type_76 arg1, swig_type_77 arg2);
+extern swig_type_78 _wrap_kvx_backends_capi_082c1b48933b1fcf(void);
 #undef intgo
 */
 import "C"
@@ -204,8 +213,8 @@ func getSwigcptr(v interface{ Swigcptr() uintptr }) uintptr {
 
 type _ sync.Mutex
 
-//export cgo_panic__capi_1b82838ac17e45ce
-func cgo_panic__capi_1b82838ac17e45ce(p *byte) {
+//export cgo_panic__capi_082c1b48933b1fcf
+func cgo_panic__capi_082c1b48933b1fcf(p *byte) {
 	s := (*[1024]byte)(unsafe.Pointer(p))[:]
 	for i, b := range s {
 		if b == 0 {
@@ -229,19 +238,19 @@ func swigCopyString(s string) string {
 
 func Swig_free(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_Swig_free_capi_1b82838ac17e45ce(C.uintptr_t(_swig_i_0))
+	C._wrap_Swig_free_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0))
 }
 
 func Swig_malloc(arg1 int) (_swig_ret uintptr) {
 	var swig_r uintptr
 	_swig_i_0 := arg1
-	swig_r = (uintptr)(C._wrap_Swig_malloc_capi_1b82838ac17e45ce(C.swig_intgo(_swig_i_0)))
+	swig_r = (uintptr)(C._wrap_Swig_malloc_capi_082c1b48933b1fcf(C.swig_intgo(_swig_i_0)))
 	return swig_r
 }
 
 func _swig_getKVX_GO_STATS_SIZE() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_KVX_GO_STATS_SIZE_capi_1b82838ac17e45ce())
+	swig_r = (int64)(C._wrap_KVX_GO_STATS_SIZE_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -255,7 +264,7 @@ func Kvx_go_peer_backend(arg1 []byte, arg2 []byte, arg3 uintptr, arg4 string) (_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int)(C._wrap_kvx_go_peer_backend_capi_1b82838ac17e45ce(*(*C.swig_type_2)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_3)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_4)(unsafe.Pointer(&_swig_i_3))))
+	swig_r = (int)(C._wrap_kvx_go_peer_backend_capi_082c1b48933b1fcf(*(*C.swig_type_2)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_3)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_4)(unsafe.Pointer(&_swig_i_3))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -273,7 +282,7 @@ func Kvx_go_region_alloc(arg1 []uint64, arg2 uint64, arg3 uint) (_swig_ret int) 
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_go_region_alloc_capi_1b82838ac17e45ce(*(*C.swig_type_5)(unsafe.Pointer(&_swig_i_0)), C.swig_type_6(_swig_i_1), C.swig_intgo(_swig_i_2)))
+	swig_r = (int)(C._wrap_kvx_go_region_alloc_capi_082c1b48933b1fcf(*(*C.swig_type_5)(unsafe.Pointer(&_swig_i_0)), C.swig_type_6(_swig_i_1), C.swig_intgo(_swig_i_2)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -282,7 +291,7 @@ func Kvx_go_region_alloc(arg1 []uint64, arg2 uint64, arg3 uint) (_swig_ret int) 
 
 func Kvx_go_region_free(arg1 uint64) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_go_region_free_capi_1b82838ac17e45ce(C.swig_type_7(_swig_i_0))
+	C._wrap_kvx_go_region_free_capi_082c1b48933b1fcf(C.swig_type_7(_swig_i_0))
 }
 
 const KVX_GO_RAIL_FIELDS int64 = 5
@@ -295,7 +304,7 @@ func Kvx_go_peer_rails(arg1 []byte, arg2 []uint64, arg3 []uint64, arg4 uintptr, 
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_go_peer_rails_capi_1b82838ac17e45ce(*(*C.swig_type_8)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_9)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_10)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), *(*C.swig_type_11)(unsafe.Pointer(&_swig_i_4)), C.swig_type_12(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_go_peer_rails_capi_082c1b48933b1fcf(*(*C.swig_type_8)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_9)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_10)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), *(*C.swig_type_11)(unsafe.Pointer(&_swig_i_4)), C.swig_type_12(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -311,13 +320,42 @@ func Kvx_go_peer_rails(arg1 []byte, arg2 []uint64, arg3 []uint64, arg4 uintptr, 
 	return swig_r
 }
 
+const KVX_GO_PEER_STATE_FIELDS int64 = 7
+
+func Kvx_go_peer_state(arg1 []byte, arg2 []byte, arg3 []byte, arg4 []uint64, arg5 uintptr, arg6 string) (_swig_ret int) {
+	var swig_r int
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	_swig_i_2 := arg3
+	_swig_i_3 := arg4
+	_swig_i_4 := arg5
+	_swig_i_5 := arg6
+	swig_r = (int)(C._wrap_kvx_go_peer_state_capi_082c1b48933b1fcf(*(*C.swig_type_13)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_14)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_15)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_16)(unsafe.Pointer(&_swig_i_3)), C.uintptr_t(_swig_i_4), *(*C.swig_type_17)(unsafe.Pointer(&_swig_i_5))))
+	if Swig_escape_always_false {
+		Swig_escape_val = arg1
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg2
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg3
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg4
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg6
+	}
+	return swig_r
+}
+
 const KVX_VERSION_MAJOR int = 0
 const KVX_VERSION_MINOR int = 7
 const KVX_VERSION_PATCH int = 0
 
 func _swig_getKVX_VERSION_NUMBER() (_swig_ret int) {
 	var swig_r int
-	swig_r = (int)(C._wrap_KVX_VERSION_NUMBER_capi_1b82838ac17e45ce())
+	swig_r = (int)(C._wrap_KVX_VERSION_NUMBER_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -325,13 +363,13 @@ var KVX_VERSION_NUMBER int = _swig_getKVX_VERSION_NUMBER()
 
 func Kvx_version_number() (_swig_ret uint) {
 	var swig_r uint
-	swig_r = (uint)(C._wrap_kvx_version_number_capi_1b82838ac17e45ce())
+	swig_r = (uint)(C._wrap_kvx_version_number_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
 func Kvx_version_string() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_kvx_version_string_capi_1b82838ac17e45ce()
+	swig_r_p := C._wrap_kvx_version_string_capi_082c1b48933b1fcf()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -342,7 +380,7 @@ type Enum_SS_kvx_error int
 
 func _swig_getKVX_OK() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_OK_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_OK_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -350,7 +388,7 @@ var KVX_OK Enum_SS_kvx_error = _swig_getKVX_OK()
 
 func _swig_getKVX_EPERM() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPERM_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPERM_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -358,7 +396,7 @@ var KVX_EPERM Enum_SS_kvx_error = _swig_getKVX_EPERM()
 
 func _swig_getKVX_ENOENT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOENT_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOENT_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -366,7 +404,7 @@ var KVX_ENOENT Enum_SS_kvx_error = _swig_getKVX_ENOENT()
 
 func _swig_getKVX_ENOMEM() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOMEM_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOMEM_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -374,7 +412,7 @@ var KVX_ENOMEM Enum_SS_kvx_error = _swig_getKVX_ENOMEM()
 
 func _swig_getKVX_EBUSY() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBUSY_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBUSY_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -382,7 +420,7 @@ var KVX_EBUSY Enum_SS_kvx_error = _swig_getKVX_EBUSY()
 
 func _swig_getKVX_EEXIST() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EEXIST_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EEXIST_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -390,7 +428,7 @@ var KVX_EEXIST Enum_SS_kvx_error = _swig_getKVX_EEXIST()
 
 func _swig_getKVX_EINVAL() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINVAL_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINVAL_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -398,7 +436,7 @@ var KVX_EINVAL Enum_SS_kvx_error = _swig_getKVX_EINVAL()
 
 func _swig_getKVX_ERANGE() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERANGE_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERANGE_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -406,7 +444,7 @@ var KVX_ERANGE Enum_SS_kvx_error = _swig_getKVX_ERANGE()
 
 func _swig_getKVX_ENOBUFS() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOBUFS_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOBUFS_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -414,7 +452,7 @@ var KVX_ENOBUFS Enum_SS_kvx_error = _swig_getKVX_ENOBUFS()
 
 func _swig_getKVX_ENOTSUP() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOTSUP_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOTSUP_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -422,7 +460,7 @@ var KVX_ENOTSUP Enum_SS_kvx_error = _swig_getKVX_ENOTSUP()
 
 func _swig_getKVX_EOVERFLOW() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EOVERFLOW_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EOVERFLOW_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -430,7 +468,7 @@ var KVX_EOVERFLOW Enum_SS_kvx_error = _swig_getKVX_EOVERFLOW()
 
 func _swig_getKVX_ECONNREFUSED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNREFUSED_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNREFUSED_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -438,7 +476,7 @@ var KVX_ECONNREFUSED Enum_SS_kvx_error = _swig_getKVX_ECONNREFUSED()
 
 func _swig_getKVX_ETIMEDOUT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ETIMEDOUT_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ETIMEDOUT_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -446,7 +484,7 @@ var KVX_ETIMEDOUT Enum_SS_kvx_error = _swig_getKVX_ETIMEDOUT()
 
 func _swig_getKVX_ECONNRESET() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNRESET_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNRESET_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -454,7 +492,7 @@ var KVX_ECONNRESET Enum_SS_kvx_error = _swig_getKVX_ECONNRESET()
 
 func _swig_getKVX_EHOSTUNREACH() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EHOSTUNREACH_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EHOSTUNREACH_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -462,7 +500,7 @@ var KVX_EHOSTUNREACH Enum_SS_kvx_error = _swig_getKVX_EHOSTUNREACH()
 
 func _swig_getKVX_ECANCELED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECANCELED_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECANCELED_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -470,7 +508,7 @@ var KVX_ECANCELED Enum_SS_kvx_error = _swig_getKVX_ECANCELED()
 
 func _swig_getKVX_ERRNO_OFFSET() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERRNO_OFFSET_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERRNO_OFFSET_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -478,7 +516,7 @@ var KVX_ERRNO_OFFSET Enum_SS_kvx_error = _swig_getKVX_ERRNO_OFFSET()
 
 func _swig_getKVX_ECLOSED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECLOSED_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECLOSED_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -486,7 +524,7 @@ var KVX_ECLOSED Enum_SS_kvx_error = _swig_getKVX_ECLOSED()
 
 func _swig_getKVX_EBADMETA() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBADMETA_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBADMETA_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -494,7 +532,7 @@ var KVX_EBADMETA Enum_SS_kvx_error = _swig_getKVX_EBADMETA()
 
 func _swig_getKVX_EVERSION() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EVERSION_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EVERSION_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -502,7 +540,7 @@ var KVX_EVERSION Enum_SS_kvx_error = _swig_getKVX_EVERSION()
 
 func _swig_getKVX_EFINGERPRINT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EFINGERPRINT_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EFINGERPRINT_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -510,7 +548,7 @@ var KVX_EFINGERPRINT Enum_SS_kvx_error = _swig_getKVX_EFINGERPRINT()
 
 func _swig_getKVX_EGEOMETRY() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EGEOMETRY_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EGEOMETRY_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -518,7 +556,7 @@ var KVX_EGEOMETRY Enum_SS_kvx_error = _swig_getKVX_EGEOMETRY()
 
 func _swig_getKVX_EPEERBROKEN() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPEERBROKEN_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPEERBROKEN_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -526,7 +564,7 @@ var KVX_EPEERBROKEN Enum_SS_kvx_error = _swig_getKVX_EPEERBROKEN()
 
 func _swig_getKVX_EAUTH() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EAUTH_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EAUTH_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -534,7 +572,7 @@ var KVX_EAUTH Enum_SS_kvx_error = _swig_getKVX_EAUTH()
 
 func _swig_getKVX_ECONFIG() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONFIG_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONFIG_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -542,7 +580,7 @@ var KVX_ECONFIG Enum_SS_kvx_error = _swig_getKVX_ECONFIG()
 
 func _swig_getKVX_EBACKEND() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBACKEND_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBACKEND_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -550,7 +588,7 @@ var KVX_EBACKEND Enum_SS_kvx_error = _swig_getKVX_EBACKEND()
 
 func _swig_getKVX_EINTERNAL() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINTERNAL_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINTERNAL_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -560,7 +598,7 @@ type Enum_SS_kvx_error_scope int
 
 func _swig_getKVX_SCOPE_NONE() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_NONE_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_NONE_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -568,7 +606,7 @@ var KVX_SCOPE_NONE Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_NONE()
 
 func _swig_getKVX_SCOPE_REQUEST() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_REQUEST_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_REQUEST_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -576,7 +614,7 @@ var KVX_SCOPE_REQUEST Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_REQUEST()
 
 func _swig_getKVX_SCOPE_PEER() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_PEER_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_PEER_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -584,7 +622,7 @@ var KVX_SCOPE_PEER Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_PEER()
 
 func _swig_getKVX_SCOPE_TRANSPORT() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_TRANSPORT_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_TRANSPORT_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -593,7 +631,7 @@ var KVX_SCOPE_TRANSPORT Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_TRANSPORT()
 func Kvx_strerror(arg1 int) (_swig_ret string) {
 	var swig_r string
 	_swig_i_0 := arg1
-	swig_r_p := C._wrap_kvx_strerror_capi_1b82838ac17e45ce(C.swig_intgo(_swig_i_0))
+	swig_r_p := C._wrap_kvx_strerror_capi_082c1b48933b1fcf(C.swig_intgo(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -603,13 +641,13 @@ func Kvx_strerror(arg1 int) (_swig_ret string) {
 func Kvx_error_scope_of(arg1 int) (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
 	_swig_i_0 := arg1
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_kvx_error_scope_of_capi_1b82838ac17e45ce(C.swig_intgo(_swig_i_0)))
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_kvx_error_scope_of_capi_082c1b48933b1fcf(C.swig_intgo(_swig_i_0)))
 	return swig_r
 }
 
 func Kvx_last_error_message() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_kvx_last_error_message_capi_1b82838ac17e45ce()
+	swig_r_p := C._wrap_kvx_last_error_message_capi_082c1b48933b1fcf()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -622,7 +660,7 @@ const KVX_FINGERPRINT_LEN int = 16
 func Kvx_options_create(arg1 []uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
-	swig_r = (int)(C._wrap_kvx_options_create_capi_1b82838ac17e45ce(*(*C.swig_type_16)(unsafe.Pointer(&_swig_i_0))))
+	swig_r = (int)(C._wrap_kvx_options_create_capi_082c1b48933b1fcf(*(*C.swig_type_21)(unsafe.Pointer(&_swig_i_0))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -631,7 +669,7 @@ func Kvx_options_create(arg1 []uintptr) (_swig_ret int) {
 
 func Kvx_options_destroy(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_options_destroy_capi_1b82838ac17e45ce(C.uintptr_t(_swig_i_0))
+	C._wrap_kvx_options_destroy_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0))
 }
 
 func Kvx_options_set(arg1 uintptr, arg2 string, arg3 string) (_swig_ret int) {
@@ -639,7 +677,7 @@ func Kvx_options_set(arg1 uintptr, arg2 string, arg3 string) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_options_set_capi_1b82838ac17e45ce(C.uintptr_t(_swig_i_0), *(*C.swig_type_17)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_18)(unsafe.Pointer(&_swig_i_2))))
+	swig_r = (int)(C._wrap_kvx_options_set_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_22)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_23)(unsafe.Pointer(&_swig_i_2))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -653,7 +691,7 @@ func Kvx_options_parse(arg1 uintptr, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_options_parse_capi_1b82838ac17e45ce(C.uintptr_t(_swig_i_0), *(*C.swig_type_19)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_options_parse_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_24)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -668,7 +706,7 @@ func Kvx_transport_create(arg1 []uintptr, arg2 uintptr, arg3 uint64, arg4 uint64
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_transport_create_capi_1b82838ac17e45ce(*(*C.swig_type_20)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_type_21(_swig_i_2), C.swig_type_22(_swig_i_3), *(*C.swig_type_23)(unsafe.Pointer(&_swig_i_4)), C.uintptr_t(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_transport_create_capi_082c1b48933b1fcf(*(*C.swig_type_25)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_type_26(_swig_i_2), C.swig_type_27(_swig_i_3), *(*C.swig_type_28)(unsafe.Pointer(&_swig_i_4)), C.uintptr_t(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -681,20 +719,20 @@ func Kvx_transport_create(arg1 []uintptr, arg2 uintptr, arg3 uint64, arg4 uint64
 func Kvx_transport_close(arg1 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
-	swig_r = (int)(C._wrap_kvx_transport_close_capi_1b82838ac17e45ce(C.uintptr_t(_swig_i_0)))
+	swig_r = (int)(C._wrap_kvx_transport_close_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0)))
 	return swig_r
 }
 
 func Kvx_transport_destroy(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_transport_destroy_capi_1b82838ac17e45ce(C.uintptr_t(_swig_i_0))
+	C._wrap_kvx_transport_destroy_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0))
 }
 
 func Kvx_transport_base_addr(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_base_addr_capi_1b82838ac17e45ce(*(*C.swig_type_24)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_base_addr_capi_082c1b48933b1fcf(*(*C.swig_type_29)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -705,7 +743,7 @@ func Kvx_transport_num_blocks(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_num_blocks_capi_1b82838ac17e45ce(*(*C.swig_type_25)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_num_blocks_capi_082c1b48933b1fcf(*(*C.swig_type_30)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -716,7 +754,7 @@ func Kvx_transport_block_len(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_block_len_capi_1b82838ac17e45ce(*(*C.swig_type_26)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_block_len_capi_082c1b48933b1fcf(*(*C.swig_type_31)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -727,7 +765,7 @@ func Kvx_transport_config_fingerprint(arg1 []byte, arg2 uintptr) (_swig_ret int)
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_config_fingerprint_capi_1b82838ac17e45ce(*(*C.swig_type_27)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_config_fingerprint_capi_082c1b48933b1fcf(*(*C.swig_type_32)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -737,7 +775,7 @@ func Kvx_transport_config_fingerprint(arg1 []byte, arg2 uintptr) (_swig_ret int)
 func Kvx_transport_backend(arg1 uintptr) (_swig_ret string) {
 	var swig_r string
 	_swig_i_0 := arg1
-	swig_r_p := C._wrap_kvx_transport_backend_capi_1b82838ac17e45ce(C.uintptr_t(_swig_i_0))
+	swig_r_p := C._wrap_kvx_transport_backend_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -750,7 +788,7 @@ func Kvx_get_agent_metadata(arg1 []uint64, arg2 uintptr, arg3 []byte, arg4 int64
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_1b82838ac17e45ce(*(*C.swig_type_29)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_30)(unsafe.Pointer(&_swig_i_2)), C.swig_type_31(_swig_i_3)))
+	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(*(*C.swig_type_34)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_35)(unsafe.Pointer(&_swig_i_2)), C.swig_type_36(_swig_i_3)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -769,7 +807,7 @@ func Kvx_add_remote_peer(arg1 uintptr, arg2 string, arg3 []byte, arg4 int64, arg
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_1b82838ac17e45ce(C.uintptr_t(_swig_i_0), *(*C.swig_type_32)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_33)(unsafe.Pointer(&_swig_i_2)), C.swig_type_34(_swig_i_3), C.swig_type_35(_swig_i_4), C.swig_type_36(_swig_i_5), C.swig_type_37(_swig_i_6)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_37)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_38)(unsafe.Pointer(&_swig_i_2)), C.swig_type_39(_swig_i_3), C.swig_type_40(_swig_i_4), C.swig_type_41(_swig_i_5), C.swig_type_42(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -783,7 +821,7 @@ func Kvx_remove_remote_peer(arg1 uintptr, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_1b82838ac17e45ce(C.uintptr_t(_swig_i_0), *(*C.swig_type_38)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_43)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -792,11 +830,39 @@ func Kvx_remove_remote_peer(arg1 uintptr, arg2 string) (_swig_ret int) {
 
 const KVX_RAIL_NAME_LEN int = 96
 
+type Enum_SS_kvx_peer_link int
+
+func _swig_getKVX_PEER_UP() (_swig_ret Enum_SS_kvx_peer_link) {
+	var swig_r Enum_SS_kvx_peer_link
+	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_UP_capi_082c1b48933b1fcf())
+	return swig_r
+}
+
+var KVX_PEER_UP Enum_SS_kvx_peer_link = _swig_getKVX_PEER_UP()
+
+func _swig_getKVX_PEER_RECONNECTING() (_swig_ret Enum_SS_kvx_peer_link) {
+	var swig_r Enum_SS_kvx_peer_link
+	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_RECONNECTING_capi_082c1b48933b1fcf())
+	return swig_r
+}
+
+var KVX_PEER_RECONNECTING Enum_SS_kvx_peer_link = _swig_getKVX_PEER_RECONNECTING()
+
+func _swig_getKVX_PEER_BROKEN() (_swig_ret Enum_SS_kvx_peer_link) {
+	var swig_r Enum_SS_kvx_peer_link
+	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_BROKEN_capi_082c1b48933b1fcf())
+	return swig_r
+}
+
+var KVX_PEER_BROKEN Enum_SS_kvx_peer_link = _swig_getKVX_PEER_BROKEN()
+
+const KVX_PEER_REASON_LEN int = 160
+
 type Enum_SS_kvx_add_peer_flag int
 
 func _swig_getKVX_PEER_REPLACE() (_swig_ret Enum_SS_kvx_add_peer_flag) {
 	var swig_r Enum_SS_kvx_add_peer_flag
-	swig_r = (Enum_SS_kvx_add_peer_flag)(C._wrap_KVX_PEER_REPLACE_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_add_peer_flag)(C._wrap_KVX_PEER_REPLACE_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -806,7 +872,7 @@ type Enum_SS_kvx_registration_state int
 
 func _swig_getKVX_REGISTRATION_PENDING() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_PENDING_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_PENDING_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -814,7 +880,7 @@ var KVX_REGISTRATION_PENDING Enum_SS_kvx_registration_state = _swig_getKVX_REGIS
 
 func _swig_getKVX_REGISTRATION_DONE() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_DONE_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_DONE_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -822,7 +888,7 @@ var KVX_REGISTRATION_DONE Enum_SS_kvx_registration_state = _swig_getKVX_REGISTRA
 
 func _swig_getKVX_REGISTRATION_FAILED() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_FAILED_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_FAILED_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -839,7 +905,7 @@ func Kvx_add_remote_peer_async(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := arg9
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_1b82838ac17e45ce(*(*C.swig_type_39)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_40)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_41)(unsafe.Pointer(&_swig_i_3)), C.swig_type_42(_swig_i_4), C.swig_type_43(_swig_i_5), C.swig_type_44(_swig_i_6), C.swig_type_45(_swig_i_7), C.swig_intgo(_swig_i_8)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_082c1b48933b1fcf(*(*C.swig_type_44)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_45)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_46)(unsafe.Pointer(&_swig_i_3)), C.swig_type_47(_swig_i_4), C.swig_type_48(_swig_i_5), C.swig_type_49(_swig_i_6), C.swig_type_50(_swig_i_7), C.swig_intgo(_swig_i_8)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -859,7 +925,7 @@ func Kvx_registration_status(arg1 []int32, arg2 []int32, arg3 uintptr, arg4 uint
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int)(C._wrap_kvx_registration_status_capi_1b82838ac17e45ce(*(*C.swig_type_46)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_47)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_48(_swig_i_3), C.swig_intgo(_swig_i_4)))
+	swig_r = (int)(C._wrap_kvx_registration_status_capi_082c1b48933b1fcf(*(*C.swig_type_51)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_52)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_53(_swig_i_3), C.swig_intgo(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -877,7 +943,7 @@ func Kvx_write_blocks(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []uint64, a
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_write_blocks_capi_1b82838ac17e45ce(*(*C.swig_type_49)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_50)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_51)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_52)(unsafe.Pointer(&_swig_i_4)), C.swig_type_53(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_write_blocks_capi_082c1b48933b1fcf(*(*C.swig_type_54)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_55)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_56)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_57)(unsafe.Pointer(&_swig_i_4)), C.swig_type_58(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -903,7 +969,7 @@ func Kvx_poll(arg1 []uint64, arg2 []uint64, arg3 uintptr, arg4 string, arg5 []ui
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
-	swig_r = (int)(C._wrap_kvx_poll_capi_1b82838ac17e45ce(*(*C.swig_type_54)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_55)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_56)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_57)(unsafe.Pointer(&_swig_i_4)), C.swig_type_58(_swig_i_5), *(*C.swig_type_59)(unsafe.Pointer(&_swig_i_6)), C.swig_type_60(_swig_i_7)))
+	swig_r = (int)(C._wrap_kvx_poll_capi_082c1b48933b1fcf(*(*C.swig_type_59)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_60)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_61)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_62)(unsafe.Pointer(&_swig_i_4)), C.swig_type_63(_swig_i_5), *(*C.swig_type_64)(unsafe.Pointer(&_swig_i_6)), C.swig_type_65(_swig_i_7)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -926,7 +992,7 @@ type Enum_SS_kvx_cancel_mode int
 
 func _swig_getKVX_CANCEL_IMMEDIATE() (_swig_ret Enum_SS_kvx_cancel_mode) {
 	var swig_r Enum_SS_kvx_cancel_mode
-	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_IMMEDIATE_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_IMMEDIATE_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -934,7 +1000,7 @@ var KVX_CANCEL_IMMEDIATE Enum_SS_kvx_cancel_mode = _swig_getKVX_CANCEL_IMMEDIATE
 
 func _swig_getKVX_CANCEL_WAIT() (_swig_ret Enum_SS_kvx_cancel_mode) {
 	var swig_r Enum_SS_kvx_cancel_mode
-	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_WAIT_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_WAIT_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -948,7 +1014,7 @@ func Kvx_cancel(arg1 []uint64, arg2 uintptr, arg3 []uint64, arg4 int64, arg5 int
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_cancel_capi_1b82838ac17e45ce(*(*C.swig_type_61)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_62)(unsafe.Pointer(&_swig_i_2)), C.swig_type_63(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_64)(unsafe.Pointer(&_swig_i_5))))
+	swig_r = (int)(C._wrap_kvx_cancel_capi_082c1b48933b1fcf(*(*C.swig_type_66)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_67)(unsafe.Pointer(&_swig_i_2)), C.swig_type_68(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_69)(unsafe.Pointer(&_swig_i_5))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -966,7 +1032,7 @@ func Kvx_wait(arg1 []uint64, arg2 uintptr, arg3 int) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_wait_capi_1b82838ac17e45ce(*(*C.swig_type_65)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
+	swig_r = (int)(C._wrap_kvx_wait_capi_082c1b48933b1fcf(*(*C.swig_type_70)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -977,7 +1043,7 @@ func Kvx_completion_fd(arg1 []int32, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_completion_fd_capi_1b82838ac17e45ce(*(*C.swig_type_66)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_completion_fd_capi_082c1b48933b1fcf(*(*C.swig_type_71)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -991,7 +1057,7 @@ func Kvx_get_stats(arg1 []uint64, arg2 uintptr, arg3 string) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_get_stats_capi_1b82838ac17e45ce(*(*C.swig_type_67)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_68)(unsafe.Pointer(&_swig_i_2))))
+	swig_r = (int)(C._wrap_kvx_get_stats_capi_082c1b48933b1fcf(*(*C.swig_type_72)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_73)(unsafe.Pointer(&_swig_i_2))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1004,7 +1070,7 @@ func Kvx_get_stats(arg1 []uint64, arg2 uintptr, arg3 string) (_swig_ret int) {
 func Kvx_stats_bucket_lower_ns(arg1 int64) (_swig_ret uint64) {
 	var swig_r uint64
 	_swig_i_0 := arg1
-	swig_r = (uint64)(C._wrap_kvx_stats_bucket_lower_ns_capi_1b82838ac17e45ce(C.swig_type_70(_swig_i_0)))
+	swig_r = (uint64)(C._wrap_kvx_stats_bucket_lower_ns_capi_082c1b48933b1fcf(C.swig_type_75(_swig_i_0)))
 	return swig_r
 }
 
@@ -1012,7 +1078,7 @@ type Enum_SS_kvx_region_flag int
 
 func _swig_getKVX_REGION_HUGE_PAGES() (_swig_ret Enum_SS_kvx_region_flag) {
 	var swig_r Enum_SS_kvx_region_flag
-	swig_r = (Enum_SS_kvx_region_flag)(C._wrap_KVX_REGION_HUGE_PAGES_capi_1b82838ac17e45ce())
+	swig_r = (Enum_SS_kvx_region_flag)(C._wrap_KVX_REGION_HUGE_PAGES_capi_082c1b48933b1fcf())
 	return swig_r
 }
 
@@ -1022,7 +1088,7 @@ func Kvx_config_fingerprint(arg1 []byte, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_1b82838ac17e45ce(*(*C.swig_type_71)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_72)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_082c1b48933b1fcf(*(*C.swig_type_76)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_77)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1034,7 +1100,7 @@ func Kvx_config_fingerprint(arg1 []byte, arg2 string) (_swig_ret int) {
 
 func Kvx_backends() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_kvx_backends_capi_1b82838ac17e45ce()
+	swig_r_p := C._wrap_kvx_backends_capi_082c1b48933b1fcf()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)

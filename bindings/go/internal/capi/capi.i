@@ -145,4 +145,39 @@ int kvx_go_peer_rails(char *out_names, uint64_t *out_fields, uint64_t *out_n, kv
 }
 %}
 
+/* kvx_get_peer_state fills a kvx_peer_state (two static C strings, a char
+ * array, integers of three widths): this wrapper copies its backend and path
+ * into out_backend and out_path (KVX_GO_NAME_LEN bytes each), its reason into
+ * out_reason (KVX_PEER_REASON_LEN bytes), all NUL-terminated, and its numbers
+ * into out_fields (KVX_GO_PEER_STATE_FIELDS uint64: link, error as int64
+ * bits, in_flight, since_ns and next_attempt_ns as int64 bits, reconnects,
+ * attempts). The caller sizes the slices. */
+%ignore kvx_get_peer_state;
+%ignore kvx_peer_state;
+%apply char *KVX_SLICE { char *out_reason };
+%constant size_t KVX_GO_PEER_STATE_FIELDS = 7;
+%inline %{
+int kvx_go_peer_state(char *out_backend, char *out_path, char *out_reason, uint64_t *out_fields,
+                      kvx_transport *t, const char *peer_id) {
+    kvx_peer_state s;
+    int rc;
+    memset(&s, 0, sizeof s);
+    rc = kvx_get_peer_state(t, peer_id, &s);
+    if (rc == 0) {
+        snprintf(out_backend, 32, "%s", s.backend ? s.backend : "");
+        snprintf(out_path, 32, "%s", s.path ? s.path : "");
+        memcpy(out_reason, s.reason, KVX_PEER_REASON_LEN);
+        out_reason[KVX_PEER_REASON_LEN - 1] = '\0';
+        out_fields[0] = (uint64_t)(int64_t)s.link;
+        out_fields[1] = (uint64_t)(int64_t)s.error;
+        out_fields[2] = s.in_flight;
+        out_fields[3] = (uint64_t)s.since_ns;
+        out_fields[4] = (uint64_t)s.next_attempt_ns;
+        out_fields[5] = s.reconnects;
+        out_fields[6] = s.attempts;
+    }
+    return rc;
+}
+%}
+
 %include "kvxfer.h"

@@ -13,9 +13,9 @@ extern
 #ifdef __cplusplus
   "C"
 #endif
-  void cgo_panic__capi_1b82838ac17e45ce(const char*);
+  void cgo_panic__capi_082c1b48933b1fcf(const char*);
 static void _swig_gopanic(const char *p) {
-  cgo_panic__capi_1b82838ac17e45ce(p);
+  cgo_panic__capi_082c1b48933b1fcf(p);
 }
 
 
@@ -243,11 +243,34 @@ int kvx_go_peer_rails(char *out_names, uint64_t *out_fields, uint64_t *out_n, kv
     return rc;
 }
 
+
+int kvx_go_peer_state(char *out_backend, char *out_path, char *out_reason, uint64_t *out_fields,
+                      kvx_transport *t, const char *peer_id) {
+    kvx_peer_state s;
+    int rc;
+    memset(&s, 0, sizeof s);
+    rc = kvx_get_peer_state(t, peer_id, &s);
+    if (rc == 0) {
+        snprintf(out_backend, 32, "%s", s.backend ? s.backend : "");
+        snprintf(out_path, 32, "%s", s.path ? s.path : "");
+        memcpy(out_reason, s.reason, KVX_PEER_REASON_LEN);
+        out_reason[KVX_PEER_REASON_LEN - 1] = '\0';
+        out_fields[0] = (uint64_t)(int64_t)s.link;
+        out_fields[1] = (uint64_t)(int64_t)s.error;
+        out_fields[2] = s.in_flight;
+        out_fields[3] = (uint64_t)s.since_ns;
+        out_fields[4] = (uint64_t)s.next_attempt_ns;
+        out_fields[5] = s.reconnects;
+        out_fields[6] = s.attempts;
+    }
+    return rc;
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-void _wrap_Swig_free_capi_1b82838ac17e45ce(void *_swig_go_0) {
+void _wrap_Swig_free_capi_082c1b48933b1fcf(void *_swig_go_0) {
   void *arg1 = (void *) 0 ;
   
   arg1 = *(void **)&_swig_go_0; 
@@ -257,7 +280,7 @@ void _wrap_Swig_free_capi_1b82838ac17e45ce(void *_swig_go_0) {
 }
 
 
-void *_wrap_Swig_malloc_capi_1b82838ac17e45ce(intgo _swig_go_0) {
+void *_wrap_Swig_malloc_capi_082c1b48933b1fcf(intgo _swig_go_0) {
   int arg1 ;
   void *result = 0 ;
   void *_swig_go_result;
@@ -270,7 +293,7 @@ void *_wrap_Swig_malloc_capi_1b82838ac17e45ce(intgo _swig_go_0) {
 }
 
 
-long long _wrap_KVX_GO_STATS_SIZE_capi_1b82838ac17e45ce() {
+long long _wrap_KVX_GO_STATS_SIZE_capi_082c1b48933b1fcf() {
   size_t result;
   long long _swig_go_result;
   
@@ -281,7 +304,7 @@ long long _wrap_KVX_GO_STATS_SIZE_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_kvx_go_peer_backend_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3) {
+intgo _wrap_kvx_go_peer_backend_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -315,7 +338,7 @@ intgo _wrap_kvx_go_peer_backend_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _gos
 }
 
 
-intgo _wrap_kvx_go_region_alloc_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, long long _swig_go_1, intgo _swig_go_2) {
+intgo _wrap_kvx_go_region_alloc_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, long long _swig_go_1, intgo _swig_go_2) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   uint64_t arg2 ;
   unsigned int arg3 ;
@@ -334,7 +357,7 @@ intgo _wrap_kvx_go_region_alloc_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, long
 }
 
 
-void _wrap_kvx_go_region_free_capi_1b82838ac17e45ce(long long _swig_go_0) {
+void _wrap_kvx_go_region_free_capi_082c1b48933b1fcf(long long _swig_go_0) {
   uint64_t arg1 ;
   
   arg1 = (uint64_t)_swig_go_0; 
@@ -344,7 +367,7 @@ void _wrap_kvx_go_region_free_capi_1b82838ac17e45ce(long long _swig_go_0) {
 }
 
 
-intgo _wrap_kvx_go_peer_rails_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, kvx_transport *_swig_go_3, _gostring_ _swig_go_4, long long _swig_go_5) {
+intgo _wrap_kvx_go_peer_rails_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, kvx_transport *_swig_go_3, _gostring_ _swig_go_4, long long _swig_go_5) {
   char *arg1 = (char *) 0 ;
   uint64_t *arg2 = (uint64_t *) 0 ;
   uint64_t *arg3 = (uint64_t *) 0 ;
@@ -384,7 +407,49 @@ intgo _wrap_kvx_go_peer_rails_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _gosli
 }
 
 
-intgo _wrap_KVX_VERSION_NUMBER_capi_1b82838ac17e45ce() {
+intgo _wrap_kvx_go_peer_state_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, _goslice_ _swig_go_3, kvx_transport *_swig_go_4, _gostring_ _swig_go_5) {
+  char *arg1 = (char *) 0 ;
+  char *arg2 = (char *) 0 ;
+  char *arg3 = (char *) 0 ;
+  uint64_t *arg4 = (uint64_t *) 0 ;
+  kvx_transport *arg5 = (kvx_transport *) 0 ;
+  char *arg6 = (char *) 0 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (char *)(_swig_go_0.len ? _swig_go_0.array : NULL); 
+  arg2 = (char *)(_swig_go_1.len ? _swig_go_1.array : NULL); 
+  arg3 = (char *)(_swig_go_2.len ? _swig_go_2.array : NULL); 
+  arg4 = (uint64_t *)(_swig_go_3.len ? _swig_go_3.array : NULL); 
+  arg5 = (kvx_transport *)_swig_go_4; 
+  
+  arg6 = NULL;
+  if (_swig_go_5.n > 0) {
+    arg6 = (char *)malloc(_swig_go_5.n + 1);
+    if (!arg6) {
+      _swig_gopanic("kvxfer: out of memory copying a string argument");
+    }
+    memcpy(arg6, _swig_go_5.p, _swig_go_5.n);
+    arg6[_swig_go_5.n] = '\0';
+  }
+  
+  
+  result = (int)kvx_go_peer_state(arg1,arg2,arg3,arg4,arg5,(char const *)arg6);
+  _swig_go_result = result; 
+  
+  
+  
+  
+  
+  
+  
+  
+  free(arg6); 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_VERSION_NUMBER_capi_082c1b48933b1fcf() {
   int result;
   intgo _swig_go_result;
   
@@ -395,7 +460,7 @@ intgo _wrap_KVX_VERSION_NUMBER_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_kvx_version_number_capi_1b82838ac17e45ce() {
+intgo _wrap_kvx_version_number_capi_082c1b48933b1fcf() {
   unsigned int result;
   intgo _swig_go_result;
   
@@ -406,7 +471,7 @@ intgo _wrap_kvx_version_number_capi_1b82838ac17e45ce() {
 }
 
 
-_gostring_ _wrap_kvx_version_string_capi_1b82838ac17e45ce() {
+_gostring_ _wrap_kvx_version_string_capi_082c1b48933b1fcf() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -417,7 +482,7 @@ _gostring_ _wrap_kvx_version_string_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_OK_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_OK_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -429,7 +494,7 @@ intgo _wrap_KVX_OK_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EPERM_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EPERM_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -441,7 +506,7 @@ intgo _wrap_KVX_EPERM_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ENOENT_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ENOENT_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -453,7 +518,7 @@ intgo _wrap_KVX_ENOENT_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ENOMEM_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ENOMEM_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -465,7 +530,7 @@ intgo _wrap_KVX_ENOMEM_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EBUSY_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EBUSY_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -477,7 +542,7 @@ intgo _wrap_KVX_EBUSY_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EEXIST_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EEXIST_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -489,7 +554,7 @@ intgo _wrap_KVX_EEXIST_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EINVAL_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EINVAL_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -501,7 +566,7 @@ intgo _wrap_KVX_EINVAL_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ERANGE_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ERANGE_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -513,7 +578,7 @@ intgo _wrap_KVX_ERANGE_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ENOBUFS_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ENOBUFS_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -525,7 +590,7 @@ intgo _wrap_KVX_ENOBUFS_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ENOTSUP_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ENOTSUP_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -537,7 +602,7 @@ intgo _wrap_KVX_ENOTSUP_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EOVERFLOW_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EOVERFLOW_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -549,7 +614,7 @@ intgo _wrap_KVX_EOVERFLOW_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ECONNREFUSED_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ECONNREFUSED_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -561,7 +626,7 @@ intgo _wrap_KVX_ECONNREFUSED_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ETIMEDOUT_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ETIMEDOUT_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -573,7 +638,7 @@ intgo _wrap_KVX_ETIMEDOUT_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ECONNRESET_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ECONNRESET_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -585,7 +650,7 @@ intgo _wrap_KVX_ECONNRESET_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EHOSTUNREACH_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EHOSTUNREACH_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -597,7 +662,7 @@ intgo _wrap_KVX_EHOSTUNREACH_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ECANCELED_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ECANCELED_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -609,7 +674,7 @@ intgo _wrap_KVX_ECANCELED_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ERRNO_OFFSET_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ERRNO_OFFSET_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -621,7 +686,7 @@ intgo _wrap_KVX_ERRNO_OFFSET_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ECLOSED_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ECLOSED_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -633,7 +698,7 @@ intgo _wrap_KVX_ECLOSED_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EBADMETA_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EBADMETA_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -645,7 +710,7 @@ intgo _wrap_KVX_EBADMETA_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EVERSION_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EVERSION_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -657,7 +722,7 @@ intgo _wrap_KVX_EVERSION_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EFINGERPRINT_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EFINGERPRINT_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -669,7 +734,7 @@ intgo _wrap_KVX_EFINGERPRINT_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EGEOMETRY_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EGEOMETRY_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -681,7 +746,7 @@ intgo _wrap_KVX_EGEOMETRY_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EPEERBROKEN_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EPEERBROKEN_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -693,7 +758,7 @@ intgo _wrap_KVX_EPEERBROKEN_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EAUTH_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EAUTH_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -705,7 +770,7 @@ intgo _wrap_KVX_EAUTH_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_ECONFIG_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_ECONFIG_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -717,7 +782,7 @@ intgo _wrap_KVX_ECONFIG_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EBACKEND_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EBACKEND_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -729,7 +794,7 @@ intgo _wrap_KVX_EBACKEND_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_EINTERNAL_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_EINTERNAL_capi_082c1b48933b1fcf() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -741,7 +806,7 @@ intgo _wrap_KVX_EINTERNAL_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_SCOPE_NONE_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_SCOPE_NONE_capi_082c1b48933b1fcf() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -753,7 +818,7 @@ intgo _wrap_KVX_SCOPE_NONE_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_SCOPE_REQUEST_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_SCOPE_REQUEST_capi_082c1b48933b1fcf() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -765,7 +830,7 @@ intgo _wrap_KVX_SCOPE_REQUEST_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_SCOPE_PEER_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_SCOPE_PEER_capi_082c1b48933b1fcf() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -777,7 +842,7 @@ intgo _wrap_KVX_SCOPE_PEER_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_SCOPE_TRANSPORT_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_SCOPE_TRANSPORT_capi_082c1b48933b1fcf() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -789,7 +854,7 @@ intgo _wrap_KVX_SCOPE_TRANSPORT_capi_1b82838ac17e45ce() {
 }
 
 
-_gostring_ _wrap_kvx_strerror_capi_1b82838ac17e45ce(intgo _swig_go_0) {
+_gostring_ _wrap_kvx_strerror_capi_082c1b48933b1fcf(intgo _swig_go_0) {
   int arg1 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -802,7 +867,7 @@ _gostring_ _wrap_kvx_strerror_capi_1b82838ac17e45ce(intgo _swig_go_0) {
 }
 
 
-intgo _wrap_kvx_error_scope_of_capi_1b82838ac17e45ce(intgo _swig_go_0) {
+intgo _wrap_kvx_error_scope_of_capi_082c1b48933b1fcf(intgo _swig_go_0) {
   int arg1 ;
   kvx_error_scope result;
   intgo _swig_go_result;
@@ -815,7 +880,7 @@ intgo _wrap_kvx_error_scope_of_capi_1b82838ac17e45ce(intgo _swig_go_0) {
 }
 
 
-_gostring_ _wrap_kvx_last_error_message_capi_1b82838ac17e45ce() {
+_gostring_ _wrap_kvx_last_error_message_capi_082c1b48933b1fcf() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -826,7 +891,7 @@ _gostring_ _wrap_kvx_last_error_message_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_kvx_options_create_capi_1b82838ac17e45ce(_goslice_ _swig_go_0) {
+intgo _wrap_kvx_options_create_capi_082c1b48933b1fcf(_goslice_ _swig_go_0) {
   kvx_options **arg1 = (kvx_options **) 0 ;
   int result;
   intgo _swig_go_result;
@@ -841,7 +906,7 @@ intgo _wrap_kvx_options_create_capi_1b82838ac17e45ce(_goslice_ _swig_go_0) {
 }
 
 
-void _wrap_kvx_options_destroy_capi_1b82838ac17e45ce(kvx_options *_swig_go_0) {
+void _wrap_kvx_options_destroy_capi_082c1b48933b1fcf(kvx_options *_swig_go_0) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   
   arg1 = (kvx_options *)_swig_go_0; 
@@ -851,7 +916,7 @@ void _wrap_kvx_options_destroy_capi_1b82838ac17e45ce(kvx_options *_swig_go_0) {
 }
 
 
-intgo _wrap_kvx_options_set_capi_1b82838ac17e45ce(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_options_set_capi_082c1b48933b1fcf(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   char *arg2 = (char *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -878,7 +943,7 @@ intgo _wrap_kvx_options_set_capi_1b82838ac17e45ce(kvx_options *_swig_go_0, _gost
 }
 
 
-intgo _wrap_kvx_options_parse_capi_1b82838ac17e45ce(kvx_options *_swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_options_parse_capi_082c1b48933b1fcf(kvx_options *_swig_go_0, _gostring_ _swig_go_1) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -898,7 +963,7 @@ intgo _wrap_kvx_options_parse_capi_1b82838ac17e45ce(kvx_options *_swig_go_0, _go
 }
 
 
-intgo _wrap_kvx_transport_create_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
+intgo _wrap_kvx_transport_create_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
   kvx_transport **arg1 = (kvx_transport **) 0 ;
   void *arg2 = (void *) 0 ;
   uint64_t arg3 ;
@@ -934,7 +999,7 @@ intgo _wrap_kvx_transport_create_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, voi
 }
 
 
-intgo _wrap_kvx_transport_close_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0) {
+intgo _wrap_kvx_transport_close_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   int result;
   intgo _swig_go_result;
@@ -947,7 +1012,7 @@ intgo _wrap_kvx_transport_close_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0)
 }
 
 
-void _wrap_kvx_transport_destroy_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0) {
+void _wrap_kvx_transport_destroy_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   
   arg1 = (kvx_transport *)_swig_go_0; 
@@ -957,7 +1022,7 @@ void _wrap_kvx_transport_destroy_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0
 }
 
 
-intgo _wrap_kvx_transport_base_addr_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_base_addr_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -974,7 +1039,7 @@ intgo _wrap_kvx_transport_base_addr_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_num_blocks_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_num_blocks_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -991,7 +1056,7 @@ intgo _wrap_kvx_transport_num_blocks_capi_1b82838ac17e45ce(_goslice_ _swig_go_0,
 }
 
 
-intgo _wrap_kvx_transport_block_len_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_block_len_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1008,7 +1073,7 @@ intgo _wrap_kvx_transport_block_len_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_config_fingerprint_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_config_fingerprint_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   char *arg1 = (char *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1025,7 +1090,7 @@ intgo _wrap_kvx_transport_config_fingerprint_capi_1b82838ac17e45ce(_goslice_ _sw
 }
 
 
-_gostring_ _wrap_kvx_transport_backend_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0) {
+_gostring_ _wrap_kvx_transport_backend_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -1038,7 +1103,7 @@ _gostring_ _wrap_kvx_transport_backend_capi_1b82838ac17e45ce(kvx_transport *_swi
 }
 
 
-intgo _wrap_kvx_get_agent_metadata_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
+intgo _wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1061,7 +1126,7 @@ intgo _wrap_kvx_get_agent_metadata_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, k
 }
 
 
-intgo _wrap_kvx_add_remote_peer_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
+intgo _wrap_kvx_add_remote_peer_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1099,7 +1164,7 @@ intgo _wrap_kvx_add_remote_peer_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0,
 }
 
 
-intgo _wrap_kvx_remove_remote_peer_capi_1b82838ac17e45ce(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_remove_remote_peer_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -1125,7 +1190,43 @@ intgo _wrap_kvx_remove_remote_peer_capi_1b82838ac17e45ce(kvx_transport *_swig_go
 }
 
 
-intgo _wrap_KVX_PEER_REPLACE_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_PEER_UP_capi_082c1b48933b1fcf() {
+  enum kvx_peer_link result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_PEER_UP;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_PEER_RECONNECTING_capi_082c1b48933b1fcf() {
+  enum kvx_peer_link result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_PEER_RECONNECTING;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_PEER_BROKEN_capi_082c1b48933b1fcf() {
+  enum kvx_peer_link result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_PEER_BROKEN;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_PEER_REPLACE_capi_082c1b48933b1fcf() {
   enum kvx_add_peer_flag result;
   intgo _swig_go_result;
   
@@ -1137,7 +1238,7 @@ intgo _wrap_KVX_PEER_REPLACE_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_PENDING_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_REGISTRATION_PENDING_capi_082c1b48933b1fcf() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1149,7 +1250,7 @@ intgo _wrap_KVX_REGISTRATION_PENDING_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_DONE_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_REGISTRATION_DONE_capi_082c1b48933b1fcf() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1161,7 +1262,7 @@ intgo _wrap_KVX_REGISTRATION_DONE_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_FAILED_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_REGISTRATION_FAILED_capi_082c1b48933b1fcf() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1173,7 +1274,7 @@ intgo _wrap_KVX_REGISTRATION_FAILED_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_kvx_add_remote_peer_async_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
+intgo _wrap_kvx_add_remote_peer_async_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1217,7 +1318,7 @@ intgo _wrap_kvx_add_remote_peer_async_capi_1b82838ac17e45ce(_goslice_ _swig_go_0
 }
 
 
-intgo _wrap_kvx_registration_status_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
+intgo _wrap_kvx_registration_status_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
   int *arg1 = (int *) 0 ;
   int *arg2 = (int *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1242,7 +1343,7 @@ intgo _wrap_kvx_registration_status_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_write_blocks_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
+intgo _wrap_kvx_write_blocks_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1282,7 +1383,7 @@ intgo _wrap_kvx_write_blocks_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_tra
 }
 
 
-intgo _wrap_kvx_poll_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
+intgo _wrap_kvx_poll_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
   size_t *arg1 = (size_t *) 0 ;
   size_t *arg2 = (size_t *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1328,7 +1429,7 @@ intgo _wrap_kvx_poll_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _goslice_ _swig
 }
 
 
-intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_082c1b48933b1fcf() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1340,7 +1441,7 @@ intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_KVX_CANCEL_WAIT_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_CANCEL_WAIT_capi_082c1b48933b1fcf() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1352,7 +1453,7 @@ intgo _wrap_KVX_CANCEL_WAIT_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_kvx_cancel_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
+intgo _wrap_kvx_cancel_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   uint64_t *arg3 = (uint64_t *) 0 ;
@@ -1381,7 +1482,7 @@ intgo _wrap_kvx_cancel_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport
 }
 
 
-intgo _wrap_kvx_wait_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, intgo _swig_go_2) {
+intgo _wrap_kvx_wait_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, intgo _swig_go_2) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int arg3 ;
@@ -1400,7 +1501,7 @@ intgo _wrap_kvx_wait_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *
 }
 
 
-intgo _wrap_kvx_completion_fd_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_completion_fd_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   int *arg1 = (int *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1417,7 +1518,7 @@ intgo _wrap_kvx_completion_fd_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_tr
 }
 
 
-intgo _wrap_kvx_get_stats_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_get_stats_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
   kvx_stats *arg1 = (kvx_stats *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1447,7 +1548,7 @@ intgo _wrap_kvx_get_stats_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, kvx_transp
 }
 
 
-long long _wrap_kvx_stats_bucket_lower_ns_capi_1b82838ac17e45ce(long long _swig_go_0) {
+long long _wrap_kvx_stats_bucket_lower_ns_capi_082c1b48933b1fcf(long long _swig_go_0) {
   size_t arg1 ;
   uint64_t result;
   long long _swig_go_result;
@@ -1460,7 +1561,7 @@ long long _wrap_kvx_stats_bucket_lower_ns_capi_1b82838ac17e45ce(long long _swig_
 }
 
 
-intgo _wrap_KVX_REGION_HUGE_PAGES_capi_1b82838ac17e45ce() {
+intgo _wrap_KVX_REGION_HUGE_PAGES_capi_082c1b48933b1fcf() {
   enum kvx_region_flag result;
   intgo _swig_go_result;
   
@@ -1472,7 +1573,7 @@ intgo _wrap_KVX_REGION_HUGE_PAGES_capi_1b82838ac17e45ce() {
 }
 
 
-intgo _wrap_kvx_config_fingerprint_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_config_fingerprint_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -1500,7 +1601,7 @@ intgo _wrap_kvx_config_fingerprint_capi_1b82838ac17e45ce(_goslice_ _swig_go_0, _
 }
 
 
-_gostring_ _wrap_kvx_backends_capi_1b82838ac17e45ce() {
+_gostring_ _wrap_kvx_backends_capi_082c1b48933b1fcf() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   

@@ -7,7 +7,9 @@ pub const KVX_VERSION_NUMBER: u32 = 700;
 pub const KVX_PEER_ID_MAX: u32 = 255;
 pub const KVX_FINGERPRINT_LEN: u32 = 16;
 pub const KVX_RAIL_NAME_LEN: u32 = 96;
+pub const KVX_PEER_REASON_LEN: u32 = 160;
 pub const KVX_STATS_LATENCY_BUCKETS: u32 = 304;
+pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
 pub type __int64_t = ::std::os::raw::c_long;
 pub type __uint64_t = ::std::os::raw::c_ulong;
@@ -179,6 +181,32 @@ extern "C" {
         out: *mut kvx_rail_stats,
         cap: usize,
         n: *mut usize,
+    ) -> ::std::os::raw::c_int;
+}
+pub const KVX_PEER_UP: kvx_peer_link = 0;
+pub const KVX_PEER_RECONNECTING: kvx_peer_link = 1;
+pub const KVX_PEER_BROKEN: kvx_peer_link = 2;
+pub type kvx_peer_link = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvx_peer_state {
+    pub link: i32,
+    pub error: i32,
+    pub backend: *const ::std::os::raw::c_char,
+    pub path: *const ::std::os::raw::c_char,
+    pub in_flight: u64,
+    pub since_ns: i64,
+    pub next_attempt_ns: i64,
+    pub reconnects: u32,
+    pub attempts: u32,
+    pub reason: [::std::os::raw::c_char; 160usize],
+    pub reserved: [u64; 5usize],
+}
+extern "C" {
+    pub fn kvx_get_peer_state(
+        t: *mut kvx_transport,
+        peer_id: *const ::std::os::raw::c_char,
+        out: *mut kvx_peer_state,
     ) -> ::std::os::raw::c_int;
 }
 pub const KVX_PEER_REPLACE: kvx_add_peer_flag = 1;

@@ -5,7 +5,7 @@ use std::ffi::CStr;
 
 #[test]
 fn every_function_links() {
-    let fns: [*const (); 27] = [
+    let fns: [*const (); 28] = [
         sys::kvx_version_number as *const (),
         sys::kvx_version_string as *const (),
         sys::kvx_strerror as *const (),
@@ -31,6 +31,7 @@ fn every_function_links() {
         sys::kvx_config_fingerprint as *const (),
         sys::kvx_peer_backend as *const (),
         sys::kvx_peer_rails as *const (),
+        sys::kvx_get_peer_state as *const (),
         sys::kvx_region_alloc as *const (),
         sys::kvx_region_free as *const (),
     ];

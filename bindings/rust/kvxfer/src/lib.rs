@@ -37,6 +37,7 @@
 
 mod error;
 mod options;
+mod peer;
 mod region;
 mod registration;
 mod stats;
@@ -44,6 +45,7 @@ mod transport;
 
 pub use error::{strerror, Error, ErrorKind, Result, Scope};
 pub use options::Options;
+pub use peer::{PeerLink, PeerState, PEER_REASON_LEN};
 pub use region::SharedRegion;
 pub use registration::PendingPeer;
 pub use stats::{latency_bucket_bounds, RailStats, Stats, LATENCY_BUCKETS, RAIL_NAME_LEN};
@@ -112,5 +114,6 @@ const _: () = {
         send_sync::<PendingPeer<'static, 'static>>();
         send_sync::<Stats>();
         send_sync::<RailStats>();
+        send_sync::<PeerState>();
     }
 };

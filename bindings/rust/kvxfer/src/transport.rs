@@ -1,6 +1,7 @@
 //! `Transport`: one local region, its peers and its transfers.
 use crate::error::{check, Error, Result};
 use crate::options::{cstring, Options};
+use crate::peer::PeerState;
 use crate::registration::PendingPeer;
 use crate::stats::{RailStats, Stats};
 use kvxfer_sys as sys;
@@ -464,6 +465,20 @@ impl<'r> Transport<'r> {
     /// Errors: `UnknownPeer` (not registered, or still connecting), `Closed`.
     pub fn peer_rails(&self, peer_id: &str) -> Result<Vec<RailStats>> {
         crate::stats::rails(self, peer_id)
+    }
+
+    /// The state of a registered peer's connection (`kvx_get_peer_state`):
+    /// up, or reconnecting in the background after a failure (option
+    /// `peer_redial_ms`; `write_blocks` fails with `PeerBroken` meanwhile),
+    /// or broken (`peer_redial_ms=0`: remove and re-add it), with the
+    /// failure's error and reason, since when, the attempts and the next one,
+    /// its transfers in flight and its path. A peer stays registered through
+    /// a failure; a reconnection may take another path
+    /// ([`peer_backend`](Self::peer_backend)). A snapshot: the state may
+    /// change right after.
+    /// Errors: `UnknownPeer` (not registered, or still connecting), `Closed`.
+    pub fn peer_state(&self, peer_id: &str) -> Result<PeerState> {
+        crate::peer::state(self, peer_id)
     }
 
     // ------------------------------------------------------------ transfers

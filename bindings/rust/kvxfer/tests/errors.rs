@@ -1,13 +1,39 @@
 //! Error codes, kinds, scopes and messages through the safe API.
 mod common;
 use common::*;
-use kvxfer::{CancelMode, Error, ErrorKind, Options, Scope, Transport};
+use kvxfer::{CancelMode, Error, ErrorKind, Options, PeerLink, Scope, Transport};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 fn pair() -> (Transport<'static>, Transport<'static>) {
     let opts = tcp_opts();
     let a = Transport::new(vec![1; 8 * 64], 8, 64, Some(r#"{"m":1}"#), &opts).unwrap();
     let b = Transport::new(vec![2; 4 * 64], 4, 64, Some(r#"{"m":1}"#), &opts).unwrap();
     (a, b)
+}
+
+/// A query of a registered peer fails as peer_backend does: for an unknown
+/// peer (same kind, scope and code), an empty id, and (last: it closes `a`)
+/// a closed transport; `a` has a peer "b".
+fn fails_as_peer_backend<T: std::fmt::Debug>(
+    a: &Transport,
+    query: impl Fn(&Transport, &str) -> kvxfer::Result<T>,
+) {
+    let e = assert_err(
+        query(a, "ghost"),
+        ErrorKind::UnknownPeer,
+        Scope::Request,
+        "ghost",
+    );
+    let be = a
+        .peer_backend("ghost")
+        .expect_err("peer_backend of an unknown peer");
+    assert_eq!(
+        (e.kind(), e.scope(), e.code()),
+        (be.kind(), be.scope(), be.code())
+    );
+    assert_err(query(a, ""), ErrorKind::InvalidArgument, Scope::Request, "");
+    a.close().unwrap();
+    assert_err(query(a, "b"), ErrorKind::Closed, Scope::Transport, "");
 }
 
 fn assert_err<T: std::fmt::Debug>(
@@ -61,28 +87,102 @@ fn peer_rails_only_verbs_has_rails() {
     assert_eq!(a.peer_backend("b").unwrap(), ("tcp", ""));
     // A tcp peer has no rails, and that is no error.
     assert_eq!(a.peer_rails("b").unwrap(), Vec::<kvxfer::RailStats>::new());
-    // An unknown peer fails as in peer_backend.
-    let e = assert_err(
-        a.peer_rails("ghost"),
-        ErrorKind::UnknownPeer,
-        Scope::Request,
-        "ghost",
-    );
-    let be = a
-        .peer_backend("ghost")
-        .expect_err("peer_backend of an unknown peer");
+    fails_as_peer_backend(&a, |t, id| t.peer_rails(id));
+}
+
+#[test]
+fn peer_state_up() {
+    let (a, b) = pair();
+    connect(&a, "b", &b).unwrap();
+    let st = a.peer_state("b").unwrap();
+    assert_eq!(st.link, PeerLink::Up, "{:?}", st);
+    assert_eq!((st.backend, st.path), a.peer_backend("b").unwrap());
+    assert_eq!((st.backend, st.path), ("tcp", ""));
+    assert_eq!((st.error.clone(), st.reason.as_str()), (None, ""));
     assert_eq!(
-        (e.kind(), e.scope(), e.code()),
-        (be.kind(), be.scope(), be.code())
+        (st.in_flight, st.reconnects, st.attempts, st.next_attempt_ns),
+        (0, 0, 0, 0)
     );
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    assert!(
+        (st.since_ns - now).abs() < 600_000_000_000,
+        "since_ns {} is not CLOCK_REALTIME near {}",
+        st.since_ns,
+        now
+    );
+    fails_as_peer_backend(&a, |t, id| t.peer_state(id));
+}
+
+/// The target goes away: the peer stays registered and goes reconnecting
+/// (attempts that fail: nobody answers) or, with peer_redial_ms=0, broken.
+fn peer_state_after_target_closed(redial_ms: &str, want: PeerLink) {
+    let opts = tcp_opts().set("peer_redial_ms", redial_ms);
+    let a = Transport::new(vec![1; 8 * 64], 8, 64, Some(r#"{"m":1}"#), &opts).unwrap();
+    let b = Transport::new(vec![2; 4 * 64], 4, 64, Some(r#"{"m":1}"#), &tcp_opts()).unwrap();
+    connect(&a, "b", &b).unwrap();
+    assert_eq!(a.peer_state("b").unwrap().link, PeerLink::Up);
+    b.close().unwrap();
+    // A write notices the break if nothing else did (it fails, or is
+    // accepted and surfaces failed).
+    if let Ok(id) = a.write_blocks("b", &[1], &[1]) {
+        assert_eq!(wait_all(&a, None, &[id]).failed, vec![id]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut st = a.peer_state("b").unwrap();
+    while st.link != want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        st = a.peer_state("b").unwrap();
+    }
+    assert_eq!(st.link, want, "{:?}", st);
+    let err = st.error.clone().expect("the failure's error");
+    assert!(err.code() < 0 && err.message() == st.reason && !st.reason.is_empty());
+    assert_eq!((st.backend, st.reconnects), ("tcp", 0));
     assert_err(
-        a.peer_rails(""),
-        ErrorKind::InvalidArgument,
-        Scope::Request,
+        a.write_blocks("b", &[1], &[1]),
+        ErrorKind::PeerBroken,
+        Scope::Peer,
         "",
     );
-    a.close().unwrap();
-    assert_err(a.peer_rails("b"), ErrorKind::Closed, Scope::Transport, "");
+    if want == PeerLink::Reconnecting {
+        while st.attempts < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            st = a.peer_state("b").unwrap();
+        }
+        assert!(
+            st.attempts >= 2 && st.link == PeerLink::Reconnecting,
+            "{:?}",
+            st
+        );
+    } else {
+        std::thread::sleep(Duration::from_millis(300));
+        st = a.peer_state("b").unwrap();
+        assert_eq!(
+            (st.link, st.attempts, st.next_attempt_ns),
+            (PeerLink::Broken, 0, 0),
+            "{:?}",
+            st
+        );
+    }
+    a.remove_remote_peer("b").unwrap();
+    assert_err(
+        a.peer_state("b"),
+        ErrorKind::UnknownPeer,
+        Scope::Request,
+        "b",
+    );
+}
+
+#[test]
+fn peer_state_reconnecting_after_target_closed() {
+    peer_state_after_target_closed("50", PeerLink::Reconnecting);
+}
+
+#[test]
+fn peer_state_broken_without_redial() {
+    peer_state_after_target_closed("0", PeerLink::Broken);
 }
 
 #[test]

@@ -1,0 +1,102 @@
+package kvxfer
+
+import (
+	"fmt"
+
+	"kvxfer.dev/kvxfer/internal/capi"
+)
+
+// PeerLink says where a registered peer's connection stands (kvx_peer_link).
+type PeerLink int
+
+const (
+	// PeerUp: connected; writes go out on PeerBackend's path.
+	PeerUp PeerLink = 0
+	// PeerReconnecting: its connection failed and it reconnects in the
+	// background (option peer_redial_ms). WriteBlocks fails at once with
+	// ErrPeerBroken meanwhile.
+	PeerReconnecting PeerLink = 1
+	// PeerBroken: its connection failed and it does not reconnect
+	// (peer_redial_ms=0): remove and re-add it.
+	PeerBroken PeerLink = 2
+)
+
+// String returns "up", "reconnecting" or "broken".
+func (l PeerLink) String() string {
+	switch l {
+	case PeerUp:
+		return "up"
+	case PeerReconnecting:
+		return "reconnecting"
+	case PeerBroken:
+		return "broken"
+	}
+	return fmt.Sprintf("PeerLink(%d)", int(l))
+}
+
+// PeerReasonLen is the most bytes of PeerState.Reason, with the C string's
+// NUL.
+const PeerReasonLen = capi.KVX_PEER_REASON_LEN
+
+// PeerState is the state of a registered peer's connection
+// (kvx_get_peer_state).
+type PeerState struct {
+	// Link is PeerUp, PeerReconnecting or PeerBroken.
+	Link PeerLink
+	// Error is the code of what took the connection down (CodeTimeout: the
+	// stall timeout; CodeConnReset: the connection failed), then of the
+	// last failed reconnection attempt; CodeOK while it never failed.
+	Error Code
+	// Backend and Path are its path, as PeerBackend says.
+	Backend, Path string
+	// InFlight counts its transfers submitted and not yet reported by Poll.
+	InFlight uint64
+	// SinceNs is when it entered this state, in ns since the epoch
+	// (CLOCK_REALTIME).
+	SinceNs int64
+	// NextAttemptNs is, while PeerReconnecting, when the next attempt
+	// starts (ns since the epoch); 0 while one runs, and in the other states.
+	NextAttemptNs int64
+	// Reconnects counts the times it reconnected since it was added.
+	Reconnects uint32
+	// Attempts counts the failed attempts since it went down (0 when up).
+	Attempts uint32
+	// Reason says why it is not up ("" when up): the message of Error (at
+	// most PeerReasonLen-1 bytes).
+	Reason string
+}
+
+// PeerState returns the state of a registered peer's connection: up, or
+// reconnecting after a failure (option peer_redial_ms), or broken. A peer
+// stays registered through a failure: only RemoveRemotePeer (or a replacing
+// add) ends it. A reconnection authenticates anew and takes the first path
+// both sides offer that connects, so PeerBackend may name another backend
+// afterwards. The state is a snapshot: it may change right after.
+//
+// Errors: ErrUnknownPeer (not registered, or still connecting), ErrInvalid,
+// ErrClosed.
+func (t *Transport) PeerState(id string) (PeerState, error) {
+	const op = "PeerState"
+	if err := checkPeerID(op, id, false); err != nil {
+		return PeerState{}, err
+	}
+	b := make([]byte, capi.KVX_GO_NAME_LEN)
+	p := make([]byte, capi.KVX_GO_NAME_LEN)
+	reason := make([]byte, PeerReasonLen)
+	f := make([]uint64, capi.KVX_GO_PEER_STATE_FIELDS)
+	if err := t.do(op, func(h uintptr) int { return capi.Kvx_go_peer_state(b, p, reason, f, h, id) }); err != nil {
+		return PeerState{}, err
+	}
+	return PeerState{
+		Link:          PeerLink(int64(f[0])),
+		Error:         Code(int64(f[1])), // the bits of kvx_peer_state.error
+		Backend:       cString(b),
+		Path:          cString(p),
+		InFlight:      f[2],
+		SinceNs:       int64(f[3]),
+		NextAttemptNs: int64(f[4]),
+		Reconnects:    uint32(f[5]),
+		Attempts:      uint32(f[6]),
+		Reason:        cString(reason),
+	}, nil
+}
