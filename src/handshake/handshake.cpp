@@ -67,10 +67,6 @@ std::array<uint8_t, kProofLen> client_proof(const wire::Secret &s, const Challen
     return proof(s, "kvxfer handshake v1 client proof", c, a, 0);
 }
 
-std::array<uint8_t, kProofLen> server_proof(const wire::Secret &s, const Challenge &c, const Auth &a,
-                                            uint32_t flags) {
-    return proof(s, "kvxfer handshake v1 server proof", c, a, flags);
-}
 
 void decode_body(Message &m, const uint8_t *p) {
     switch (m.kind) {
@@ -101,6 +97,11 @@ void decode_body(Message &m, const uint8_t *p) {
 }
 
 }  // namespace
+
+std::array<uint8_t, kProofLen> server_proof(const wire::Secret &s, const Challenge &c, const Auth &a,
+                                            uint32_t flags) {
+    return proof(s, "kvxfer handshake v1 server proof", c, a, flags);
+}
 
 size_t encode(const Hello &m, uint8_t *out) {
     put_header(out, Kind::hello);
@@ -213,7 +214,7 @@ int verify(const Identity &me, const DataPathOptions &opts, const Challenge &iss
         *why = strfmt("flags 0x%x this side does not know", a.flags);
         return KVX_EVERSION;
     }
-    if (a.flags != opts.flags) {
+    if ((a.flags & ~opts.optional) != (opts.flags & ~opts.optional)) {
         *why = strfmt("it offers %s, this side requires %s", opts.describe(a.flags).c_str(),
                       opts.describe(opts.flags).c_str());
         return KVX_ENOTSUP;
@@ -318,10 +319,12 @@ Message expect_answer(const void *p, size_t n, const DataPathOptions &opts, cons
 
 void expect_accept(const Accept &acc, const Challenge &c, const Auth &a, const wire::Secret &secret,
                    const char *where) {
-    if (acc.flags != a.flags)
-        fail(KVX_EVERSION, "%s accepted with flags 0x%x, we offered 0x%x", where, acc.flags, a.flags);
+    // The proof first: it covers the flags, so flags changed on the way are
+    // a failed proof (KVX_EAUTH), never taken for another version.
     if (CRYPTO_memcmp(server_proof(secret, c, a, acc.flags).data(), acc.proof.data(), kProofLen) != 0)
         fail(KVX_EAUTH, "%s could not prove it holds the metadata's secret", where);
+    if (acc.flags != a.flags)
+        fail(KVX_EVERSION, "%s accepted with flags 0x%x, we offered 0x%x", where, acc.flags, a.flags);
 }
 
 Keys derive_keys(const wire::Secret &secret, const Challenge &c, const Auth &a, const Accept &acc) {

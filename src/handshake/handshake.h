@@ -45,10 +45,15 @@ constexpr size_t kKeyLen = 16;  // AES-128-GCM
 // (tcp defines its protection there, docs/wire-format.md); this layer only
 // requires that both sides offer exactly the same ones.
 struct DataPathOptions {
-    uint32_t flags = 0;    // what this side offers and requires, exactly
+    uint32_t flags = 0;    // what this side offers and requires, exactly (but optional bits)
     uint32_t defined = 0;  // the bits this backend defines; any other one is KVX_EVERSION
     // Names a set of flags for a message ("tcp.protection=aead"); null: hex.
     std::string (*name)(uint32_t flags) = nullptr;
+    // Of flags, the bits a target takes or leaves: an AUTH agrees when it
+    // matches flags outside them (ACCEPT echoes the AUTH's). An initiator
+    // refused with KVX_EVERSION (a target that does not define them) tries
+    // again without them.
+    uint32_t optional = 0;
     std::string describe(uint32_t f) const;
 };
 
@@ -203,9 +208,14 @@ Auth answer(const Challenge &c, uint64_t instance_id, const wire::Secret &secret
 // the peer for the message, to the message it answers.
 Message expect_answer(const void *p, size_t n, const DataPathOptions &opts, const char *where, const char *to);
 
+// The target's proof in an ACCEPT that chooses flags for AUTH a (exposed
+// for tests of the initiator's checks).
+std::array<uint8_t, kProofLen> server_proof(const wire::Secret &s, const Challenge &c, const Auth &a, uint32_t flags);
+
 // An ACCEPT answering a, checked: its proof shows the target holds the
-// secret. Throws Error(KVX_EAUTH) naming where; Error(KVX_EVERSION) when it
-// chose flags other than a.flags.
+// secret (checked first: the proof covers the flags). Throws
+// Error(KVX_EAUTH) naming where; Error(KVX_EVERSION) when, with a valid
+// proof, it chose flags other than a.flags.
 void expect_accept(const Accept &acc, const Challenge &c, const Auth &a, const wire::Secret &secret,
                    const char *where);
 

@@ -2,10 +2,14 @@
 // relay on loopback that lets the real handshake through and then, per mode,
 // flips payload bytes, flips header bytes (segment offset 0 -> blocks 8-11),
 // injects a frame, replays a frame, reorders two frames, or drops a frame and
-// forges its acknowledgement. With tcp.protection=aead: no transfer is
-// reported done unless its bytes landed intact, no block outside the
-// transfers changes, a forged ack completes nothing. With none: the same
-// relay does corrupt (the opt-out is really off).
+// forges its acknowledgement. With tcp.protection=aead, on each AEAD code
+// (KVX_TEST_OPTIONS): no transfer is reported done unless
+// its bytes landed intact, a transfer that is not keeps its blocks' previous
+// content or has them all intact (a record lands whole or not at all: never
+// ciphertext, never unauthenticated bytes; a flipped payload byte leaves the
+// whole record's blocks as they were), no block outside the transfers
+// changes, a forged ack completes nothing. With none: the same relay does
+// corrupt (the opt-out is really off).
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -157,6 +161,7 @@ struct Relay {
 struct Outcome {
     bool done[2] = {false, false};
     bool intact[2] = {false, false};  // the transfer's remote blocks hold its source bytes
+    bool before[2] = {false, false};  // they hold what they held before (the target's fill)
     bool canaries = true;             // every block outside the transfers is untouched
 };
 
@@ -168,7 +173,8 @@ Outcome attack(Mode mode, bool sealed) {
         fill_block(ir.base + i * kBL, kBL, i, kSrc);
     }
     kvx_transport *t = transport_new(&tr, NULL, test_options("backend=tcp", prot, NULL));
-    kvx_transport *in = transport_new(&ir, NULL, test_options("backend=tcp", prot, "transfer_timeout_ms=3000", NULL));
+    kvx_transport *in =
+        transport_new(&ir, NULL, test_options("backend=tcp", prot, "transfer_timeout_ms=3000 peer_redial_ms=0", NULL));
     metablob m;
     get_meta(t, &m);
     kvx::wire::AgentMetadata meta = kvx::wire::decode_metadata(m.bytes, m.len);
@@ -181,7 +187,7 @@ Outcome attack(Mode mode, bool sealed) {
         relay.target_port = kvx::tcp::decode_section(s).back().port;
         kvx::net::Endpoint ep = kvx::tcp::decode_section(s).back();
         ep.port = relay.port;
-        s = kvx::tcp::encode_section({ep});
+        s = kvx::tcp::encode_section({ep}, kvx::tcp::section_flags(s));
     }
     std::vector<uint8_t> bytes = kvx::wire::encode_metadata(meta);
     memcpy(m.bytes, bytes.data(), bytes.size());
@@ -211,8 +217,11 @@ Outcome attack(Mode mode, bool sealed) {
     Outcome o;
     for (int k = 0; k < 2; k++) {
         o.done[k] = st[k] == 1;
-        o.intact[k] = true;
-        for (uint64_t i = 0; i < 4; i++) o.intact[k] &= block_matches(tr.base + r[k][i] * kBL, kBL, l[k][i], kSrc) != 0;
+        o.intact[k] = o.before[k] = true;
+        for (uint64_t i = 0; i < 4; i++) {
+            o.intact[k] &= block_matches(tr.base + r[k][i] * kBL, kBL, l[k][i], kSrc) != 0;
+            o.before[k] &= block_matches(tr.base + r[k][i] * kBL, kBL, r[k][i], kTarget) != 0;
+        }
     }
     for (uint64_t b = 8; b < kNB; b++) o.canaries &= block_matches(tr.base + b * kBL, kBL, b, kTarget) != 0;
     o.canaries &= region_guards_ok(&tr) != 0;
@@ -226,15 +235,25 @@ Outcome attack(Mode mode, bool sealed) {
     return o;
 }
 
+// The code that opens the records is KVX_TEST_OPTIONS' (tcp_relay_openssl,
+// tcp_relay_ipsec-mb in CMakeLists.txt).
 void test_protected(void **) {
+    const char *impl = getenv("KVX_TEST_OPTIONS") ? getenv("KVX_TEST_OPTIONS") : "tcp.aead_impl=auto";
     for (int mode = 0; mode < kModes; mode++) {
         Outcome o = attack(static_cast<Mode>(mode), true);
-        print_message("aead, %-15s: A %s%s, B %s%s, canaries %s\n", kNames[mode], o.done[0] ? "done" : "failed",
-                      o.intact[0] ? " intact" : "", o.done[1] ? "done" : "failed", o.intact[1] ? " intact" : "",
+        print_message("aead (%s), %-15s: A %s%s%s, B %s%s%s, canaries %s\n", impl, kNames[mode],
+                      o.done[0] ? "done" : "failed", o.intact[0] ? " intact" : "", o.before[0] ? " as before" : "",
+                      o.done[1] ? "done" : "failed", o.intact[1] ? " intact" : "", o.before[1] ? " as before" : "",
                       o.canaries ? "ok" : "CHANGED");
         // replay: B overwrote A's blocks, so only B's are checked
-        for (int k = mode == replay ? 1 : 0; k < 2; k++)
+        for (int k = mode == replay ? 1 : 0; k < 2; k++) {
             if (o.done[k] && !o.intact[k]) fail_msg("%s: transfer %d reported done, bytes not intact", kNames[mode], k);
+            // one record per transfer here: it lands whole or not at all
+            if (!o.done[k] && !o.intact[k] && !o.before[k])
+                fail_msg("%s: failed transfer %d left its blocks neither as before nor intact", kNames[mode], k);
+        }
+        if (mode == flip_payload && !(!o.done[0] && o.before[0]))
+            fail_msg("flip payload: the corrupted record's blocks changed (unauthenticated bytes landed)");
         if (!o.canaries) fail_msg("%s: a block outside the transfers changed", kNames[mode]);
         if (mode == drop_forge && o.done[0]) fail_msg("a forged ack completed a dropped transfer");
     }
@@ -250,9 +269,79 @@ void test_unprotected(void **) {
     }
 }
 
+// Someone on the path answers the initiator's AUTH with a forged REFUSE
+// (KVX_EVERSION), as a target before 0.8 answers the staged-records flag: the
+// initiator must not take it for an older target and connect again without
+// the flag (the target's metadata says it takes staged records), which would
+// bring back in-place decryption. The add fails with KVX_EAUTH, after one
+// connection.
+void test_no_downgrade(void **) {
+    region tr = region_new(kNB, kBL, 0), ir = region_new(kNB, kBL, 0);
+    kvx_transport *t = transport_new(&tr, NULL, test_options("backend=tcp tcp.protection=aead", NULL));
+    kvx_transport *in = transport_new(&ir, NULL, test_options("backend=tcp tcp.protection=aead connect_timeout_ms=3000", NULL));
+    metablob m;
+    get_meta(t, &m);
+    kvx::wire::AgentMetadata meta = kvx::wire::decode_metadata(m.bytes, m.len);
+    Relay relay;  // its listener only
+    relay.start();
+    uint16_t target_port = 0;
+    for (auto &s : meta.sections) {
+        if (s.type != 2) continue;
+        assert_true(kvx::tcp::section_flags(s) & kvx::tcp::kSectionRecords);  // a 0.8 target says so
+        kvx::net::Endpoint ep = kvx::tcp::decode_section(s).back();
+        target_port = ep.port;
+        ep.port = relay.port;
+        s = kvx::tcp::encode_section({ep}, kvx::tcp::section_flags(s));
+    }
+    std::vector<uint8_t> bytes = kvx::wire::encode_metadata(meta);
+    memcpy(m.bytes, bytes.data(), bytes.size());
+    m.len = bytes.size();
+    std::atomic<int> connections{0};
+    std::thread th([&] {
+        for (uint64_t end = now_ms() + 6000; now_ms() < end;) {
+            pollfd p{relay.lfd, POLLIN, 0};
+            if (::poll(&p, 1, 50) <= 0) continue;
+            int cfd = ::accept(relay.lfd, nullptr, nullptr);
+            if (cfd < 0) continue;
+            connections++;
+            int tfd = ::socket(AF_INET, SOCK_STREAM, 0);
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            a.sin_port = htons(target_port);
+            uint8_t buf[64];
+            bool ok = ::connect(tfd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+                      read_full(cfd, buf, 16) == 0 && write_full(tfd, buf, 16) == 0 &&  // HELLO
+                      read_full(tfd, buf, 28) == 0 && write_full(cfd, buf, 28) == 0 &&  // CHALLENGE
+                      read_full(cfd, buf, 56) == 0 && write_full(tfd, buf, 56) == 0 &&  // AUTH
+                      read_full(tfd, buf, 28) == 0;                                      // ACCEPT, kept
+            if (ok) {
+                uint8_t refuse[kvx::handshake::kRefuseLen];
+                kvx::handshake::encode(kvx::handshake::Refuse{KVX_EVERSION}, refuse);
+                (void)write_full(cfd, refuse, sizeof refuse);
+            }
+            usleep(100 * 1000);
+            ::close(cfd);
+            ::close(tfd);
+        }
+    });
+    int rc = kvx_add_remote_peer(in, "t", m.bytes, m.len, m.base, m.nb, m.bl);
+    th.join();
+    print_message("forged REFUSE(EVERSION): add -> %d (%s), %d connection(s) through the relay\n", rc, kvx_strerror(rc),
+                  connections.load());
+    CHECK_ERR(rc, KVX_EAUTH);
+    assert_int_equal(connections.load(), 1);
+    ::close(relay.lfd);
+    kvx_transport_destroy(in);
+    kvx_transport_destroy(t);
+    region_free(&tr);
+    region_free(&ir);
+}
+
 }  // namespace
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_protected), cmocka_unit_test(test_unprotected)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_protected), cmocka_unit_test(test_unprotected),
+                                       cmocka_unit_test(test_no_downgrade)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

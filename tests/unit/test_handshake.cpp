@@ -220,14 +220,42 @@ void test_flags(void **) {
     assert_int_equal(acc.flags, kAead);
     assert_int_equal(accept_code(bytes_of(acc), c, aead, id.secret), kNoError);
 
-    // an accept choosing other flags than offered, even with a valid proof
+    // an accept choosing other flags than offered: its proof (of another
+    // AUTH) fails first, so it is never taken for another version (an
+    // initiator of 0.8 would retry without its optional flags on
+    // KVX_EVERSION); with a proof of these flags it is KVX_EVERSION
     Accept acc0;
     assert_int_equal(verify(id, tcp_opts(0), c, none, &acc0, &why), 0);
-    assert_int_equal(accept_code(bytes_of(acc0), c, aead, id.secret), KVX_EVERSION);
-    assert_int_equal(code_of([&] { expect_accept(acc0, c, aead, id.secret, "p"); }), KVX_EVERSION);
+    assert_int_equal(accept_code(bytes_of(acc0), c, aead, id.secret), KVX_EAUTH);
+    assert_int_equal(code_of([&] { expect_accept(acc0, c, aead, id.secret, "p"); }), KVX_EAUTH);
+    Accept chosen0;
+    chosen0.flags = 0;
+    chosen0.proof = server_proof(id.secret, c, aead, 0);
+    assert_int_equal(code_of([&] { expect_accept(chosen0, c, aead, id.secret, "p"); }), KVX_EVERSION);
     Accept widened = acc;  // flags changed on the way: the proof covers them
     widened.flags = 0;
     assert_int_equal(code_of([&] { expect_accept(widened, c, none, id.secret, "p"); }), KVX_EAUTH);
+
+    // An optional bit (tcp's staged records, 0.8): a target that defines it
+    // takes an AUTH with or without it and echoes what was offered; one that
+    // does not define it (0.7) refuses it with KVX_EVERSION, so the
+    // initiator can tell and try again without it; the required bits still
+    // must match.
+    constexpr uint32_t kRecords = 2;
+    DataPathOptions v8{kAead | kRecords, kAead | kRecords, tcp_name, kRecords};
+    Auth both = answer(c, id.instance_id, id.secret, id.fingerprint, kAead | kRecords);
+    assert_int_equal(verify(id, v8, c, both, &acc, &why), 0);
+    assert_int_equal(acc.flags, kAead | kRecords);
+    assert_int_equal(accept_code(bytes_of(acc), c, both, id.secret), kNoError);
+    assert_int_equal(verify(id, v8, c, aead, &acc, &why), 0);  // a 0.7 initiator
+    assert_int_equal(acc.flags, kAead);
+    assert_int_equal(verify(id, on, c, both, &acc, &why), KVX_EVERSION);  // a 0.7 target
+    assert_int_equal(verify(id, v8, c, none, &acc, &why), KVX_ENOTSUP);   // aead still required
+    assert_int_equal(verify(id, v8, c, answer(c, id.instance_id, id.secret, id.fingerprint, kRecords), &acc, &why),
+                     KVX_ENOTSUP);
+    DataPathOptions v8none{0, kAead | kRecords, tcp_name, kRecords};  // tcp.protection=none
+    assert_int_equal(verify(id, v8none, c, both, &acc, &why), KVX_ENOTSUP);
+    assert_int_equal(verify(id, v8none, c, none, &acc, &why), 0);
 
     std::string msg;
     std::vector<uint8_t> r = bytes_of(Refuse{KVX_ENOTSUP});

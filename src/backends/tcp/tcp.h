@@ -12,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <list>
 #include <memory>
@@ -82,6 +83,16 @@ private:
     const uint8_t *open_head();
     void start_payload(const uint8_t *segs);
     Next read_payload();
+    // Staged records (kFlagAeadRecords): one record is read aside into
+    // stage_, opened there, and only then lands, by a kernel copy.
+    Next read_record();
+    Next land_record();
+    Next probe_record();
+    Next start_probe();
+    ssize_t recv_stamped(iovec *v, size_t n);
+    enum class Landing { done, stopped, failed };
+    Landing land_kernel(const uint8_t *src, size_t n, Clock::time_point since);
+    void start_staging();
     bool decrypt_chunk(const iovec *chunk, size_t n);
     Next payload_landed(size_t r, size_t want);
     Next drained();
@@ -138,6 +149,19 @@ private:
     std::array<iovec, 64> probe_iov_{};  // a chunk's iovecs (at most kChunkIovs)
     uint64_t probe_timer_ = 0;
     int lowat_ = 1;  // SO_RCVLOWAT: wake for a payload only once this much has arrived
+    // Staged records: the record being read (its ciphertext and tag), then
+    // its plaintext until it lands; the pipe the landing goes through.
+    bool staged_ = false;
+    struct FreeAligned {
+        void operator()(uint8_t *p) const { std::free(p); }
+    };
+    std::unique_ptr<uint8_t, FreeAligned> stage_;  // page-aligned: its pages are spliced whole
+    size_t stage_have_ = 0, record_len_ = 0;
+    size_t record_at_ = 0;  // of the opened record, bytes landed
+    // When the bytes read last arrived (CLOCK_REALTIME ns, the kernel's
+    // receive timestamp): a record lands at once only while they are fresh.
+    int64_t arrived_ns_ = 0;
+    net::Fd pipe_r_, pipe_w_;
     void wake_at(size_t bytes);
 };
 
@@ -196,8 +220,9 @@ private:
 class FrameWriter {
 public:
     explicit FrameWriter(const Region &r) : region_(r) {}
-    // From now on every frame leaves as sealed records (tcp.protection=aead).
-    void protect(const std::array<uint8_t, handshake::kKeyLen> &key, AeadImpl impl);
+    // From now on every frame leaves as sealed records (tcp.protection=aead);
+    // staged: payload records of at most kSealedRecordMax (kFlagAeadRecords).
+    void protect(const std::array<uint8_t, handshake::kKeyLen> &key, AeadImpl impl, bool staged);
     bool idle() const { return parts_.empty(); }
     // Adds a part to the next batch (only while idle, before write()).
     void add(Part p, uint64_t seq);
@@ -229,12 +254,15 @@ private:
     std::unique_ptr<uint8_t[]> stage_;  // uninitialised: pages are touched on the first sealed send
     size_t stage_len_ = 0, stage_at_ = 0, next_head_ = 0;
     bool in_payload_ = false;  // a payload record is open
+    bool staged_ = false;      // kFlagAeadRecords: records of at most kSealedRecordMax
+    size_t record_bytes_ = 0;  // in the open payload record
 };
 
 // An authenticated outbound connection and, when protected, its keys.
 struct Authenticated {
     net::Fd fd;
     std::optional<handshake::Keys> keys;
+    uint32_t flags = 0;  // agreed in the handshake (kFlagAead, kFlagAeadRecords)
 };
 
 // A part sent on a stream, waiting for its acknowledgement.

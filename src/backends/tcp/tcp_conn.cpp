@@ -1,10 +1,14 @@
 // One accepted connection of the tcp target, driven by readiness events on
 // the loop thread: bytes land in the region from here, with no call from the
 // application.
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include <algorithm>
 #include <cerrno>
@@ -42,6 +46,30 @@ ssize_t readv_into_region(int fd, const iovec *iov, size_t cnt) {
 }
 // The same for bytes read aside first (stale_landing); also in tests/tsan.supp.
 __attribute__((noinline)) void copy_into_region(uint8_t *dst, const uint8_t *src, size_t n) { memcpy(dst, src, n); }
+// Staged records land by the kernel: the plaintext goes into a pipe, then
+// the pipe into the region (TcpConn::land_kernel). The readv is the landing;
+// named in tests/tsan.supp as the other calls that write the region.
+__attribute__((noinline)) ssize_t read_region_from_pipe(int fd, const iovec *region, size_t cnt) {
+    return ::readv(fd, region, static_cast<int>(cnt));
+}
+
+int64_t realtime_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+// The kernel's receive timestamp (SO_TIMESTAMPNS) in a received message's
+// control data, CLOCK_REALTIME ns; 0 when there is none.
+int64_t rx_stamp_ns(msghdr &m) {
+    for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
+        timespec ts;
+        memcpy(&ts, CMSG_DATA(c), sizeof ts);
+        return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+    }
+    return 0;
+}
 
 // At most kChunk bytes in at most kChunkIovs iovecs from the front of iov:
 // one readv() lands no more than that (the late-write bound).
@@ -188,6 +216,7 @@ bool TcpConn::on_authenticated(const handshake::Step &accepted) {
         rx_ = std::make_unique<Aead>(k.to_target, false, impl);
         tx_ = std::make_unique<Aead>(k.to_initiator, true, impl);
         plain_.resize(kMaxHead);
+        staged_ = (accepted.accept.flags & kFlagAeadRecords) != 0;
     }
     if (!server_.authenticated(*this)) {
         KVX_LOG(warn, "tcp: closing an authenticated connection: tcp.max_connections are open");
@@ -267,7 +296,7 @@ void TcpConn::start_payload(const uint8_t *seg_table) {
     const size_t expect = std::min<size_t>(frame_.nseg, 1 + rg.block_len / kSegLen);
     tail_ = kFrameHeaderLen + expect * kSegLen + (rx_ ? 4 + 2 * kTagLen : 0);
     state_ = State::payload;
-    if (rx_) {
+    if (rx_ && !staged_) {
         const uint8_t aad[1] = {kRecordPayload};
         rx_->begin(aad, sizeof aad);
     }
@@ -283,6 +312,7 @@ void TcpConn::start_payload(const uint8_t *seg_table) {
 // whose sequence number is not exact, and rate-limits the challenge that
 // would fix it): they land only after a probe (stale_landing).
 TcpConn::Next TcpConn::read_payload() {
+    if (staged_) return read_record();
     if (ahead() > 0) return land_ahead();
     iovec chunk[kChunkIovs + 1];
     size_t cnt = take_chunk(iov_.data() + iov_at_, iov_.size() - iov_at_, chunk);
@@ -395,17 +425,23 @@ bool TcpConn::waited_since(Clock::time_point since) {
     m.msg_control = ctl;
     m.msg_controllen = sizeof ctl;
     if (::recvmsg(fd_.get(), &m, MSG_PEEK | MSG_DONTWAIT) <= 0) return false;
-    for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
-        timespec ts;
-        memcpy(&ts, CMSG_DATA(c), sizeof ts);
-        timespec real;
-        clock_gettime(CLOCK_REALTIME, &real);
-        const auto age = std::chrono::seconds(real.tv_sec - ts.tv_sec) +
-                         std::chrono::nanoseconds(real.tv_nsec - ts.tv_nsec);
-        return Clock::now() - age < since;
-    }
-    return true;  // no timestamp: assume the worst
+    const int64_t stamp = rx_stamp_ns(m);
+    if (stamp == 0) return true;  // no timestamp: assume the worst
+    return Clock::now() - std::chrono::nanoseconds(realtime_ns() - stamp) < since;
+}
+
+// The probe's wait: a few round trips (four times the smoothed RTT, at
+// least 2 ms, at most 200 ms) on this connection's own timer (State::probe:
+// it reads nothing meanwhile); probe_over() decides.
+TcpConn::Next TcpConn::start_probe() {
+    tcp_info ti{};
+    socklen_t len = sizeof ti;
+    const int rtt_us = ::getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 ? int(ti.tcpi_rtt) : 0;
+    const auto wait = std::chrono::milliseconds(std::clamp(4 * rtt_us / 1000 + 1, 2, 200));
+    probe_timer_ = ctx_.loop->add_timer(Clock::now() + wait, this, kProbe);
+    if (probe_timer_ == 0) return Next::close;  // the loop is stopping
+    state_ = State::probe;
+    return Next::wait;
 }
 
 // Stale bytes: the chunk is read aside (which opens the receive window, so
@@ -421,14 +457,7 @@ TcpConn::Next TcpConn::stale_landing(const iovec *chunk, size_t cnt) {
     if (r <= 0) return r < 0 ? Next::close : drained();
     aside_len_ = static_cast<size_t>(r);
     std::copy(chunk, chunk + cnt, probe_iov_.begin());
-    tcp_info ti{};
-    socklen_t len = sizeof ti;
-    const int rtt_us = ::getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 ? int(ti.tcpi_rtt) : 0;
-    const auto wait = std::chrono::milliseconds(std::clamp(4 * rtt_us / 1000 + 1, 2, 200));
-    probe_timer_ = ctx_.loop->add_timer(Clock::now() + wait, this, kProbe);
-    if (probe_timer_ == 0) return Next::close;  // the loop is stopping
-    state_ = State::probe;
-    return Next::wait;
+    return start_probe();
 }
 
 // The probe's wait is over (its timer, or an error or hang-up before it):
@@ -439,8 +468,14 @@ void TcpConn::probe_over() {
     probe_timer_ = 0;
     if (int err = net::pending_error(fd_.get())) {
         KVX_LOG(info, "tcp: dropped %zu bytes that waited in the socket: the initiator reset the connection (%s)",
-                aside_len_, strerror(err));
+                staged_ ? record_len_ : aside_len_, strerror(err));
         return server_.close(*this);  // frees this
+    }
+    if (staged_) {
+        state_ = State::payload;
+        arrived_ns_ = realtime_ns();  // alive as of now: the record (and what the probe read aside) is fresh
+        if (land_record() == Next::close) return server_.close(*this);
+        return on_event(0, EPOLLIN);  // what arrived meanwhile; may free this
     }
     state_ = State::payload;
     unchecked_ = aside_len_;
@@ -466,6 +501,208 @@ bool TcpConn::decrypt_chunk(const iovec *chunk, size_t n) {
         n -= take;
     }
     return true;
+}
+
+// Staged records (kFlagAeadRecords, docs/wire-format.md): each record of
+// the payload (kSealedRecordMax bytes, the last one less) and its tag are
+// read aside into stage_ and opened there; a record that fails its tag
+// closes the connection with nothing of it in the region. An opened record
+// lands only if the connection was not reset meanwhile (the initiator
+// resets before it reports the transfer failed), and by one kernel copy
+// (land_kernel): a stop signal cannot cut it in half, so a target frozen
+// at any instruction lands all of a record or none of it after its
+// initiator gave up. Payload that waited in the socket is probed first, as
+// in read_payload. The region is written once per byte, with plaintext.
+TcpConn::Next TcpConn::read_record() {
+    if (stage_have_ == 0) {
+        record_len_ = std::min<size_t>(payload_left_, kSealedRecordMax);
+        if (!stage_) start_staging();
+        else if (ahead() == 0 && ahead_.size() > kAheadMax) {  // a probe grew it: back to its usual size
+            ahead_.resize(kAheadMax);
+            ahead_.shrink_to_fit();
+        }
+    }
+    const size_t want = record_len_ + kTagLen, missing = want - stage_have_;
+    size_t got = 0;
+    if (ahead() > 0) {
+        got = std::min(ahead(), missing);
+        memcpy(stage_.get() + stage_have_, ahead_.data() + ahead_at_, got);
+        ahead_at_ += got;
+    } else {
+        // The frame's last record: the next head is read ahead with it.
+        const bool last = record_len_ == payload_left_;
+        iovec v[2] = {{stage_.get() + stage_have_, missing}, {ahead_.data(), last ? tail_ : 0}};
+        const ssize_t r = recv_stamped(v, last ? 2 : 1);
+        if (r < 0) return Next::close;
+        got = std::min(static_cast<size_t>(r), missing);
+        ahead_at_ = 0;
+        ahead_len_ = static_cast<size_t>(r) - got;
+    }
+    stage_have_ += got;
+    if (stage_have_ < want) {
+        wake_at(want - stage_have_);
+        return got == missing ? Next::more : Next::wait;
+    }
+    const uint8_t aad[1] = {kRecordPayload};
+    if (!rx_->open(aad, sizeof aad, stage_.get(), record_len_, stage_.get())) {
+        KVX_LOG(warn, "tcp: closing a connection: a payload record fails authentication (nothing of it landed)");
+        return Next::close;
+    }
+    return land_record();
+}
+
+// recvmsg into v, noting in arrived_ns_ when the last bytes it took arrived
+// (the kernel's receive timestamp, SO_TIMESTAMPNS; none: long ago, so that
+// the record is probed). Returns as outcome() does.
+ssize_t TcpConn::recv_stamped(iovec *v, size_t n) {
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(timespec))];
+    msghdr m{};
+    m.msg_iov = v;
+    m.msg_iovlen = n;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    const ssize_t r = outcome(::recvmsg(fd_.get(), &m, MSG_DONTWAIT));
+    if (r <= 0) return r;
+    arrived_ns_ = rx_stamp_ns(m);
+    return r;
+}
+
+// The opened record in stage_ lands, unless the connection was reset. A
+// record whose last bytes arrived more than kStaleAfter ago (they waited in
+// the socket, or here after they were read: this thread did not run, a
+// freeze, a long preemption) is probed first: the initiator may have reset the connection meanwhile, and a reset
+// that met a full receive window is dropped (RFC 5961). Reading what waits
+// in the socket aside (into ahead_, up to a chunk) opens the window; the
+// acknowledgement of that draws a reset whose sequence number is exact from
+// a dead initiator's kernel; the record lands only if none came within a few
+// round trips. After the look at the clock, only the look for a reset and
+// the kernel copy remain: a freeze there is the window cleartext has too
+// (between its look and its readv).
+TcpConn::Next TcpConn::land_record() {
+    // The look for a reset first, then the clock: a thread stopped on its way
+    // out of that getsockopt (where a stop signal takes effect) sees the time
+    // it was stopped and probes.
+    if (int err = net::pending_error(fd_.get())) {
+        KVX_LOG(debug, "tcp: dropping an opened record: the connection was %s",
+                err == ECONNRESET ? "reset by the initiator" : strerror(err));
+        return Next::close;
+    }
+    const int64_t stale_ns = std::chrono::nanoseconds(kStaleAfter).count();
+    if (realtime_ns() - arrived_ns_ > stale_ns) return probe_record();
+    switch (land_kernel(stage_.get() + record_at_, record_len_ - record_at_, Clock::now())) {
+    case Landing::failed: return Next::close;
+    case Landing::stopped: return probe_record();  // the rest lands after a probe
+    case Landing::done: break;
+    }
+    stage_have_ = record_at_ = 0;
+    payload_left_ -= record_len_;
+    if (payload_left_ > 0) return Next::more;
+    wake_at(1);
+    return frame_done();
+}
+
+// The record waited (or this thread was stopped): read what waits in the
+// socket aside (into ahead_, up to a chunk), which opens the receive window;
+// the acknowledgement of that draws a reset whose sequence number is exact
+// from a dead initiator's kernel; the rest of the record lands only if none
+// came within a few round trips (probe_over).
+TcpConn::Next TcpConn::probe_record() {
+    const size_t keep = ahead();
+    if (keep > 0 && ahead_at_ > 0) memmove(ahead_.data(), ahead_.data() + ahead_at_, keep);
+    ahead_at_ = 0;
+    ahead_len_ = keep;
+    // Up to a chunk aside in all: enough to open the window, and what a
+    // row of probes keeps here stays bounded.
+    const size_t room = keep < kChunk ? kChunk - keep : 0;
+    if (ahead_.size() < keep + room) ahead_.resize(keep + room);
+    iovec v{ahead_.data() + keep, room};
+    const ssize_t r = room > 0 ? recv_stamped(&v, 1) : 0;
+    if (r < 0) return Next::close;  // reset (the read took the error: SO_ERROR has none now), or closed
+    ahead_len_ += static_cast<size_t>(r);
+    return start_probe();
+}
+
+// The first record of a connection: its buffer (page-aligned: vmsplice
+// takes whole pages) and the pipe its landings go through.
+void TcpConn::start_staging() {
+    const size_t page = static_cast<size_t>(std::max(4096L, ::sysconf(_SC_PAGESIZE)));
+    const size_t bytes = (kSealedRecordMax + kTagLen + page - 1) / page * page;
+    stage_.reset(static_cast<uint8_t *>(std::aligned_alloc(page, bytes)));
+    if (!stage_) fail(KVX_ENOMEM, "tcp: no memory for a record's buffer");
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) fail(KVX_EBACKEND, "tcp: pipe2 for landing records: %s", strerror(errno));
+    pipe_r_ = net::Fd(p[0]);
+    pipe_w_ = net::Fd(p[1]);
+    (void)::fcntl(p[1], F_SETPIPE_SZ, static_cast<int>(kSealedRecordMax));  // else as much as it holds
+}
+
+// n bytes from src into the region where iov_ says (from iov_at_ on, which
+// advances) by the kernel: src is spliced into the pipe (vmsplice; a copy by
+// write() where that is refused), as much as the pipe takes, and the pipe is
+// read into the region, until all of it landed. A stop signal takes effect
+// only at a syscall's end, so the clock (steady, from `since`, the look for
+// a reset) is read after each one: a gap means the thread was stopped (or
+// did not run), and the landing stops before the next read into the region:
+// `stopped`, with what landed counted in record_at_.
+TcpConn::Landing TcpConn::land_kernel(const uint8_t *src, size_t n, Clock::time_point since) {
+    static std::atomic<bool> no_vmsplice{false};
+    auto gap = [&since] {
+        const Clock::time_point now = Clock::now();
+        const bool g = now - since > kStaleAfter;
+        since = now;
+        return g;
+    };
+    for (size_t at = 0; at < n;) {
+        iovec v{const_cast<uint8_t *>(src + at), n - at};
+        ssize_t put = no_vmsplice.load(std::memory_order_relaxed)
+                          ? ::write(pipe_w_.get(), v.iov_base, v.iov_len)
+                          : ::vmsplice(pipe_w_.get(), &v, 1, SPLICE_F_NONBLOCK);
+        if (put < 0 && errno == EINTR) continue;
+        if (put < 0 && !no_vmsplice.load() && (errno == EPERM || errno == ENOSYS || errno == EINVAL)) {
+            if (!no_vmsplice.exchange(true))
+                KVX_LOG(info, "tcp: vmsplice is refused here (%s): protected records land by write and read of a pipe",
+                        strerror(errno));
+            continue;
+        }
+        if (put <= 0) {  // the pipe is empty here: it always takes something
+            KVX_LOG(warn, "tcp: closing a connection: filling the landing pipe: %s", put < 0 ? strerror(errno) : "full");
+            return Landing::failed;
+        }
+        if (gap()) {  // stopped around the splice: empty the pipe, land nothing more now
+            uint8_t sink[4096];
+            for (size_t left = static_cast<size_t>(put); left > 0;) {
+                const ssize_t r = ::read(pipe_r_.get(), sink, std::min(left, sizeof sink));
+                if (r < 0 && errno == EINTR) continue;
+                if (r <= 0) return Landing::failed;
+                left -= static_cast<size_t>(r);
+            }
+            return Landing::stopped;
+        }
+        for (size_t took = 0; took < static_cast<size_t>(put);) {
+            iovec cut[kFrameMaxSegs];
+            size_t k = 0;
+            for (size_t want = static_cast<size_t>(put) - took; iov_at_ + k < iov_.size() && k < kFrameMaxSegs && want > 0;
+                 k++) {
+                cut[k] = iovec{iov_[iov_at_ + k].iov_base, std::min(iov_[iov_at_ + k].iov_len, want)};
+                want -= cut[k].iov_len;
+            }
+            const ssize_t r = read_region_from_pipe(pipe_r_.get(), cut, k);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                KVX_LOG(warn, "tcp: closing a connection: reading the landing pipe: %s", r < 0 ? strerror(errno) : "empty");
+                return Landing::failed;
+            }
+            took += static_cast<size_t>(r);
+            record_at_ += static_cast<size_t>(r);
+            iovec *iov = iov_.data() + iov_at_;
+            net::advance_iov(iov, iov_.size() - iov_at_, static_cast<size_t>(r));
+            iov_at_ = static_cast<size_t>(iov - iov_.data());
+            if (took < static_cast<size_t>(put) && gap()) return Landing::failed;  // stopped mid-piece: cannot resume it
+        }
+        at += static_cast<size_t>(put);
+        if (at < n && gap()) return Landing::stopped;  // stopped at the read's end: probe before the next piece
+    }
+    return Landing::done;
 }
 
 // A payload that fails its tag fails its transfer: no ack, the connection closes.

@@ -54,7 +54,7 @@ class TcpBackend final : public Backend {
 public:
     explicit TcpBackend(const BackendContext &ctx) : ctx_(ctx), server_(ctx) {}
     const char *name() const override { return "tcp"; }
-    wire::Section describe() const override { return encode_section(server_.advertised()); }
+    wire::Section describe() const override { return encode_section(server_.advertised(), kSectionRecords); }
     std::unique_ptr<BackendPeer> connect(const PeerContext &pc) override { return connect_peer(ctx_, pc); }
     void shutdown() override { server_.shutdown(); }
 
@@ -87,8 +87,9 @@ void check_section(const wire::Section &s, const wire::AgentMetadata &) { decode
 
 handshake::DataPathOptions data_path_options(const Options &o) {
     handshake::DataPathOptions d;
-    d.flags = o.str("tcp.protection") == "aead" ? kFlagAead : 0;
-    d.defined = kFlagAead;
+    d.flags = o.str("tcp.protection") == "aead" ? kFlagAead | kFlagAeadRecords : 0;
+    d.defined = kFlagAead | kFlagAeadRecords;
+    d.optional = kFlagAeadRecords;
     d.name = [](uint32_t f) -> std::string { return f & kFlagAead ? "tcp.protection=aead" : "tcp.protection=none"; };
     return d;
 }

@@ -53,13 +53,17 @@ private:
 
 // A target that answers "no such transport here": the next endpoint, never again.
 constexpr int kOtherTransport = 1;
+// A target that does not know our optional flags (before 0.8): again without them.
+constexpr int kOlderTarget = 2;
 
-// The handshake on a connected socket: 0, kOtherTransport, a -errno of the
-// socket, or throws Error with the code of a refusal or a failed proof.
-// *keys: the data path's keys when the peers chose protection.
+// The handshake on a connected socket, offering our flags but `without`:
+// 0, kOtherTransport, kOlderTarget, a -errno of the socket, or throws Error
+// with the code of a refusal or a failed proof. c->keys: the data path's
+// keys when the peers chose protection; c->flags: the flags agreed.
 int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const std::string &where,
-                 std::optional<handshake::Keys> *keys) {
-    const handshake::DataPathOptions opts = data_path_options(*ctx.options);
+                 uint32_t without, Authenticated *c) {
+    handshake::DataPathOptions opts = data_path_options(*ctx.options);
+    opts.flags &= ~without;
     handshake::Initiator in(*pc.meta, ctx.identity.fingerprint, opts, where);
     StreamCarrier carrier(fd, pc.deadline);
     try {
@@ -67,9 +71,21 @@ int authenticate(int fd, const BackendContext &ctx, const PeerContext &pc, const
     } catch (const Error &e) {
         // HELLO refused: another transport listens there now
         if (e.code() == KVX_ECONNREFUSED && !in.challenged()) return kOtherTransport;
+        // Refused for a flag it does not know: a target before 0.8, if its
+        // metadata (which the application carried, authenticated by its
+        // checksum and the handshake's secret) says so. A refusal is not
+        // authenticated: from a target whose metadata says it takes staged
+        // records, it is someone on the path asking for the older layout.
+        if (e.code() == KVX_EVERSION && in.challenged() && (opts.flags & opts.optional)) {
+            if (section_flags(*pc.section) & kSectionRecords)
+                fail(KVX_EAUTH, "%s: refused staged records, which its metadata says it takes (a forged refusal?)",
+                     where.c_str());
+            return kOlderTarget;
+        }
         throw;
     }
-    if (opts.flags & kFlagAead) *keys = in.keys();
+    if (opts.flags & kFlagAead) c->keys = in.keys();
+    c->flags = opts.flags;
     return 0;
 }
 
@@ -112,7 +128,14 @@ Authenticated open_stream(const BackendContext &ctx, const PeerContext &pc, cons
             const std::string where = strfmt("peer '%s' at %s", pc.peer_id.c_str(), ep.str().c_str());
             Authenticated c;
             int rc = net::connect_by(ep, pc.deadline, &c.fd);
-            if (rc == 0) rc = authenticate(c.fd.get(), ctx, pc, where, &c.keys);
+            if (rc == 0) rc = authenticate(c.fd.get(), ctx, pc, where, 0, &c);
+            if (rc == kOlderTarget) {  // once more, without what it does not know
+                KVX_LOG(info, "tcp: %s is older (it does not know staged records): connecting without them",
+                        where.c_str());
+                c = Authenticated{};
+                rc = net::connect_by(ep, pc.deadline, &c.fd);
+                if (rc == 0) rc = authenticate(c.fd.get(), ctx, pc, where, kFlagAeadRecords, &c);
+            }
             if (rc == 0) {
                 net::set_nodelay(c.fd.get());  // stays non-blocking: it goes on the event loop
                 set_liveness(c.fd.get(), ctx.options->uint("transfer_timeout_ms"));
@@ -154,7 +177,7 @@ TcpPeer::TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<A
         streams_.push_back(std::make_unique<Stream>(*this, std::move(c.fd), region_));
         if (!c.keys) continue;
         const AeadImpl impl = aead_impl(*ctx.options);
-        streams_.back()->writer.protect(c.keys->to_target, impl);
+        streams_.back()->writer.protect(c.keys->to_target, impl, c.flags & kFlagAeadRecords);
         streams_.back()->rx = std::make_unique<Aead>(c.keys->to_initiator, false, impl);
     }
     idle_streams_ = streams_.size();

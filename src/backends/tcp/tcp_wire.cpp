@@ -88,18 +88,22 @@ Ack decode_ack(const uint8_t in[kAckLen]) {
     return a;
 }
 
-wire::Section encode_section(const std::vector<net::Endpoint> &eps) {
+wire::Section encode_section(const std::vector<net::Endpoint> &eps, uint16_t flags) {
     Writer w;
     w.u16(static_cast<uint16_t>(eps.size()));
-    w.u16(0);
+    w.u16(flags);
     for (const auto &e : eps) wire::put_endpoint(w, e);
     return wire::Section{kSectionId, kSectionVersion, std::move(w.buf())};
+}
+
+uint16_t section_flags(const wire::Section &s) {
+    return s.body.size() >= 4 ? static_cast<uint16_t>(get_le(s.body.data() + 2, 2)) : 0;
 }
 
 std::vector<net::Endpoint> decode_section(const wire::Section &s) {
     Reader r(s.body.data(), s.body.size(), KVX_EBADMETA, "metadata tcp section");
     uint16_t cnt = r.u16("tcp.count");
-    r.u16("tcp.reserved");
+    r.u16("tcp.flags");  // section_flags()
     if (cnt == 0 || cnt > wire::kMaxEndpoints)
         fail(KVX_EBADMETA, "metadata: tcp endpoint count %u out of range 1..%zu", cnt, wire::kMaxEndpoints);
     size_t want = 4 + wire::kEndpointLen * cnt;

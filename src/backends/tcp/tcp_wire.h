@@ -23,7 +23,17 @@ constexpr uint8_t kSectionVersion = 0;
 // tcp's flag in the handshake's AUTH and ACCEPT (docs/wire-format.md): after
 // the handshake every record is AES-128-GCM with the handshake's data keys.
 constexpr uint32_t kFlagAead = 1u << 0;
-wire::Section encode_section(const std::vector<net::Endpoint> &eps);
+// With kFlagAead (since 0.8, offered and taken when the other side knows it):
+// a frame's payload is sealed as records of at most kSealedRecordMax bytes,
+// each with its tag, so the target opens one record aside and lands only
+// authenticated bytes (docs/wire-format.md, "Staged records").
+constexpr uint32_t kFlagAeadRecords = 1u << 1;
+constexpr size_t kSealedRecordMax = 256 << 10;
+// The section's flags (its second u16, zero before 0.8, which readers of
+// 0.7 and older ignore): what this target's tcp knows.
+constexpr uint16_t kSectionRecords = 1u << 0;  // it takes kFlagAeadRecords (0.8 and later)
+wire::Section encode_section(const std::vector<net::Endpoint> &eps, uint16_t flags = 0);
+uint16_t section_flags(const wire::Section &s);
 // Throws Error(KVX_EBADMETA) naming the defect.
 std::vector<net::Endpoint> decode_section(const wire::Section &s);
 

@@ -36,8 +36,9 @@ void FrameWriter::add(Part p, uint64_t seq) {
     seqs_.push_back(seq);
 }
 
-void FrameWriter::protect(const std::array<uint8_t, handshake::kKeyLen> &key, AeadImpl impl) {
+void FrameWriter::protect(const std::array<uint8_t, handshake::kKeyLen> &key, AeadImpl impl, bool staged) {
     tx_ = std::make_unique<Aead>(key, true, impl);
+    staged_ = staged;
     stage_ = std::make_unique_for_overwrite<uint8_t[]>(kStageBytes + kMaxHeadRecord + kTagLen);
 }
 
@@ -173,6 +174,7 @@ void FrameWriter::seal_head() {
     const uint8_t paad[1] = {kRecordPayload};
     tx_->begin(paad, sizeof paad);
     in_payload_ = true;
+    record_bytes_ = 0;
 }
 
 // Encrypts the next chunk of records into stage_: false when every frame is out.
@@ -180,17 +182,26 @@ bool FrameWriter::seal_more() {
     stage_len_ = stage_at_ = 0;
     while (stage_len_ < kStageBytes) {
         const bool at_head = next_head_ < heads_.size() && heads_[next_head_].first == iov_at_;
-        if (in_payload_ && (at_head || iov_at_ == iov_.size())) {
+        const bool frame_end = at_head || iov_at_ == iov_.size();
+        if (in_payload_ && (frame_end || (staged_ && record_bytes_ == kSealedRecordMax))) {
             tx_->finish_seal(stage_.get() + stage_len_);
             stage_len_ += kTagLen;
             in_payload_ = false;
+            if (!frame_end) {  // staged: the frame's payload goes on in a new record
+                const uint8_t paad[1] = {kRecordPayload};
+                tx_->begin(paad, sizeof paad);
+                in_payload_ = true;
+                record_bytes_ = 0;
+            }
         } else if (at_head) {
             seal_head();
         } else if (iov_at_ < iov_.size()) {
             iovec &v = iov_[iov_at_];
-            const size_t take = std::min(v.iov_len, kStageBytes - stage_len_);
+            size_t take = std::min(v.iov_len, kStageBytes - stage_len_);
+            if (staged_) take = std::min(take, kSealedRecordMax - record_bytes_);
             tx_->update(static_cast<const uint8_t *>(v.iov_base), stage_.get() + stage_len_, take);
             stage_len_ += take;
+            record_bytes_ += take;
             v.iov_base = static_cast<uint8_t *>(v.iov_base) + take;
             if ((v.iov_len -= take) == 0) iov_at_++;
         } else if (pi_ < parts_.size()) {
