@@ -5,6 +5,8 @@
 # (default 2) each, one process pair on this host. Prints per backend and
 # size the median [min-max] GB/s of each build and the B/A ratio of each
 # round. For a change that should cost nothing (a refactoring, a release).
+# ARGS: more kvxfer-bench arguments for every run, e.g. ARGS="--pattern
+# random --batch 16" SIZES=4K.
 # Usage: bench/ab.sh A/kvxfer-bench B/kvxfer-bench
 set -euo pipefail
 a=${1:?usage: bench/ab.sh A/kvxfer-bench B/kvxfer-bench}
@@ -16,7 +18,8 @@ for r in $(seq "$repeat"); do
         bin=$([ $side = A ] && echo "$a" || echo "$b")
         for be in $backends; do
             echo "ab.sh: round $r of $repeat: $side, $be" >&2
-            "$bin" --no-progress --json --duration "$duration" --backend "$be" --block-size "$sizes" |
+            # shellcheck disable=SC2086 # ARGS: several words
+            "$bin" --no-progress --json --duration "$duration" --backend "$be" --block-size "$sizes" ${ARGS:-} |
                 sed -n "s/^{/{\"side\":\"$side\",\"round\":$r,\"be\":\"$be\",/p" >> "$out"
         done
     done
