@@ -6,6 +6,7 @@ import concurrent.futures
 import enum
 import hashlib
 import json
+import math
 import operator
 import os
 import sys
@@ -135,6 +136,8 @@ def _bad_index(seq, what):
 
 
 _SEQUENCES = (list, tuple, range)
+# Index lists whose order is arbitrary: refused by write_blocks.
+_UNORDERED = (set, frozenset, dict, type({}.keys()), type({}.values()), type({}.items()))
 
 
 def _as_u64(seq, what, drop_invalid=False):
@@ -235,8 +238,31 @@ def _config_json(config_fields):
         return None, ""
     if not isinstance(config_fields, dict):
         config_fields = dict(config_fields)
+    bad = _non_finite(config_fields, "config_fields")
+    if bad:
+        raise ArgumentError(_native.KVX_ECONFIG, "%s is %r: NaN and infinities are not JSON numbers, so the config "
+                            "cannot be fingerprinted (give it as a string, or leave it out)" % bad)
     canonical = json.dumps(config_fields, sort_keys=True, separators=(",", ":"))
     return canonical, hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _non_finite(value, path):
+    """(path, value) of the first NaN or infinity in value (dicts, lists and
+    tuples walked in order), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    if isinstance(value, dict):
+        items = ((k, v) for k, v in value.items())
+        for k, v in items:
+            found = _non_finite(v, "%s[%r]" % (path, k))
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _non_finite(v, "%s[%d]" % (path, i))
+            if found:
+                return found
+    return None
 
 
 def _c_fingerprint(text, expect):
@@ -662,7 +688,10 @@ class Transport:
     @property
     def last_error(self) -> Optional[ErrorInfo]:
         """(code, message) of the calling thread's most recent failed call on
-        this transport (e.g. why write_blocks returned None), or None."""
+        this transport (e.g. why write_blocks returned None), or None if
+        none failed yet. Like errno, a later call that succeeds leaves it as
+        it is: read it right after the call that failed (a None from
+        write_blocks), not to learn whether the last call failed."""
         return getattr(self._tls, "error", None)
 
     # -------------------------------------------------------------- DataTransport
@@ -696,6 +725,11 @@ class Transport:
             if block_len * self._unit > _U64_MAX:
                 raise ArgumentError(_native.KVX_ERANGE, "block_len = %d items of %d bytes does not fit in 64 bits"
                                     % (block_len, self._unit))
+            if block_len * self._unit != self._block_len:  # said here, in the caller's units
+                raise ArgumentError(_native.KVX_EGEOMETRY, "peer %r: block_len %d differs from the local block_len "
+                                    "%d%s" % (peer_id, block_len, self._block_len // self._unit,
+                                              "" if self._unit == 1 else " (items of %d bytes: %d bytes against %d)"
+                                              % (self._unit, block_len * self._unit, self._block_len)))
         except ArgumentError as e:
             self._raise_local(e)
         rc, reg = _native.kvx_add_remote_peer_async(h, peer_id, agent_metadata, base_addr, num_blocks,
@@ -800,7 +834,13 @@ class Transport:
         TypeError (an argument of the wrong type). Index lists: sequences of
         ints, or 1-D integer arrays: C-contiguous buffers of 4- or 8-byte
         integers (numpy int32/int64/uint32/uint64, array.array, memoryview)
-        go to C without a Python int per index, 8-byte ones without a copy."""
+        go to C without a Python int per index, 8-byte ones without a copy.
+        Not a set or a dict: their order is arbitrary, so local and remote
+        blocks would pair up by chance (TypeError)."""
+        for what, idxs in (("local_idxs", local_idxs), ("remote_idxs", remote_idxs)):
+            if isinstance(idxs, _UNORDERED):
+                raise TypeError("%s must be an ordered sequence of ints, not %s (its order is arbitrary: "
+                                "local and remote blocks would pair up by chance)" % (what, type(idxs).__name__))
         try:
             h = self._handle()
             peer_id = _peer_arg(peer_id)

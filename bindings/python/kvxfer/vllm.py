@@ -146,6 +146,16 @@ class KvxferTransport(Transport):
     def __repr__(self) -> str:
         return "<kvxfer.vllm.KvxferTransport %r %s>" % (getattr(self, "name", "?"), super().__repr__()[1:-1])
 
+    def poll(self, peer_id: Optional[str] = None, *, owner: Optional[str] = None):
+        """Transport.poll, with the peer also as owner= (its name in one
+        upstream NixlTransport version), besides by position and peer_id=.
+        Both peer_id and owner: TypeError."""
+        if owner is not None:
+            if peer_id is not None:
+                raise TypeError("poll() takes the peer as peer_id or owner, not both")
+            peer_id = owner
+        return super().poll(peer_id)
+
 
 # ------------------------------------------------------------------ install
 

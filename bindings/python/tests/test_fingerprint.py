@@ -169,6 +169,19 @@ def test_refused_configs(cfg):
     mem.append(0)
 
 
+@pytest.mark.parametrize("cfg,where", [
+    ({"x": float("nan")}, "config_fields['x'] is nan"),
+    ({"a": 1, "b": {"c": [0.5, float("inf")]}}, "config_fields['b']['c'][1] is inf"),
+    ({"x": (float("-inf"),)}, "config_fields['x'][0] is -inf"),
+])
+def test_non_finite_named(cfg, where):
+    """The error names the value and where it is, not a JSON parser's position."""
+    with pytest.raises(kvxfer.ArgumentError) as ei:
+        kvxfer.config_fingerprint(cfg)
+    assert ei.value.code == kvxfer.ErrorCode.ECONFIG
+    assert where in str(ei.value) and "parse error" not in str(ei.value)
+
+
 def test_depth_limit():
     ok = {}
     cur = ok

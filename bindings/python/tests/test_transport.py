@@ -261,6 +261,22 @@ def test_block_len_must_match():
         with pytest.raises(kvxfer.ArgumentError) as ei:
             connect(a, b)
         assert ei.value.code == kvxfer.ErrorCode.EGEOMETRY
+        assert "block_len 128 differs from the local block_len 64" in str(ei.value)
+
+
+def test_block_len_error_in_the_callers_units():
+    """A float32 view counts block_len in items: the error names the number
+    the caller passed, not the bytes it became."""
+    np = pytest.importorskip("numpy")
+    a_arr, b_arr = np.zeros((4, 16), np.float32), np.zeros((4, 32), np.float32)
+    with kvxfer.Transport(a_arr, **TCP) as a, kvxfer.Transport(b_arr, **TCP) as b:
+        assert (a.block_len, b.block_len) == (16, 32)
+        with pytest.raises(kvxfer.ArgumentError) as ei:
+            a.add_remote_peer("b", b.get_agent_metadata(), b.base_addr, b.num_blocks, b.block_len)
+        assert ei.value.code == kvxfer.ErrorCode.EGEOMETRY
+        msg = str(ei.value)
+        assert "block_len 32 differs from the local block_len 16" in msg and "128 bytes against 64" in msg
+        assert a.last_error.code == kvxfer.ErrorCode.EGEOMETRY
 
 
 def test_connection_refused_is_peer_error():
@@ -370,6 +386,12 @@ def test_write_blocks_argument_errors(pair):
         w("dst", 0, 0)
     with pytest.raises(TypeError):
         w(b"dst", [0], [0])
+    # unordered collections: local and remote would pair up by chance
+    for bad in ({0, 1}, frozenset([0, 1]), {0: 0, 1: 1}, {0: 0, 1: 1}.keys(), {0: 0, 1: 1}.values()):
+        with pytest.raises(TypeError, match="order"):
+            w("dst", bad, [0, 1])
+        with pytest.raises(TypeError, match="remote_idxs"):
+            w("dst", [0, 1], bad)
     assert w("", [0], [0]) is None
     assert w("x" * 256, [0], [0]) is None
     assert w("a\0b", [0], [0]) is None
@@ -439,6 +461,17 @@ def test_cancel_forgets_finished_unpolled_ids(pair, mode):
     time.sleep(0.1)
     r = pair.src.poll()
     assert tid not in r.done and tid not in r.failed
+
+
+def test_last_error_stays_after_a_success(pair):
+    """Like errno: a later success leaves the last failure as it is."""
+    assert pair.src.last_error is None
+    assert pair.src.write_blocks("ghost", [0], [0]) is None
+    tid = pair.src.write_blocks("dst", [1], [2])
+    assert tid is not None
+    assert wait_for(pair.src, [tid])[0] == {tid: "done"}
+    assert pair.src.last_error.code == kvxfer.ErrorCode.ENOENT
+    assert "ghost" in pair.src.last_error.message
 
 
 def test_last_error_is_per_thread(pair):

@@ -402,6 +402,28 @@ def test_adapter_constructor(monkeypatch):
         kvxfer.vllm.KvxferTransport("x", view)
 
 
+def test_adapter_poll_takes_the_peer_three_ways(monkeypatch, good):
+    """By position, as peer_id= and as owner= (one upstream NixlTransport's name)."""
+    monkeypatch.setenv("KVXFER_OPTIONS", json.dumps({"tcp.listen": "127.0.0.1:0"}))
+    mem, view = region(16, 4096)
+    with kvxfer.vllm.KvxferTransport("engine-0", view, config_fields={"model": "m"}, backend="tcp") as t:
+        t.add_remote_peer("p", *meta_of(good))
+        for how in ("position", "peer_id", "owner"):
+            tid = t.write_blocks("p", [1], [2])
+            deadline = time.monotonic() + 10
+            done = ()
+            while not done and time.monotonic() < deadline:
+                r = {"position": lambda: t.poll("p"), "peer_id": lambda: t.poll(peer_id="p"),
+                     "owner": lambda: t.poll(owner="p")}[how]()
+                done = r.done
+                if not done:
+                    time.sleep(0.005)
+            assert done == (tid,), how
+        assert t.poll(owner="nobody") == ((), ())
+        with pytest.raises(TypeError):
+            t.poll("p", owner="p")
+
+
 def _standin_env(tmp_path, sub_env, **extra):
     """Environment of a process that sees the stand-in vLLM and kvxfer's
     plugin entry point, declared exactly as pyproject.toml declares it."""
