@@ -264,6 +264,17 @@ KVX_API int kvx_transport_config_fingerprint(char *out, const kvx_transport *t);
 KVX_API const char *kvx_transport_backend(const kvx_transport *t);
 
 /**
+ * Every backend the transport serves on, in order of preference, comma-
+ * separated ("shm,verbs,tcp"; since 0.8): what its metadata offers, so the
+ * paths its peers can take. With option backend=auto that is every backend
+ * usable on this host; kvx_peer_backend() says which one a given peer uses.
+ * @return a NUL-terminated string owned by the transport, valid until
+ *         kvx_transport_destroy(); "" for NULL.
+ * Thread safety: any thread.
+ */
+KVX_API const char *kvx_transport_backends(const kvx_transport *t);
+
+/**
  * Copy the agent metadata (opaque bytes for the peer's kvx_add_remote_peer(),
  * format in docs/wire-format.md) into buf.
  * @param out_len  receives the metadata size, also when buf is too small.

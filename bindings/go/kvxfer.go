@@ -118,6 +118,7 @@ type Transport struct {
 	blockLen    uint64
 	fingerprint string
 	backend     string
+	backends    []string
 }
 
 // NewTransport creates a transport over region, which must come from
@@ -168,6 +169,7 @@ func NewTransport(region *Region, opts ...Option) (*Transport, error) {
 	capi.Kvx_transport_config_fingerprint(fp, h)
 	t.fingerprint = cString(fp)
 	t.backend = capi.Kvx_transport_backend(h)
+	t.backends = strings.Split(capi.Kvx_transport_backends(h), ",")
 	// A transport dropped without Close is closed by the garbage collector;
 	// it keeps its Region reachable until then.
 	runtime.SetFinalizer(t, (*Transport).Close)
@@ -225,8 +227,15 @@ func (t *Transport) BlockLen() uint64 { return t.blockLen }
 // characters), or "" when the transport was created without a config.
 func (t *Transport) ConfigFingerprint() string { return t.fingerprint }
 
-// Backend returns the backend in use: "tcp", "verbs" or "shm".
+// Backend returns the most preferred backend the transport serves on:
+// "shm", "verbs" or "tcp". It may serve on several (Backends); PeerBackend
+// says which one a given peer uses.
 func (t *Transport) Backend() string { return t.backend }
+
+// Backends returns every backend the transport serves on, in order of
+// preference (since 0.8): what its metadata offers, so the paths its peers
+// can take. With backend "auto", every backend usable on this host.
+func (t *Transport) Backends() []string { return append([]string(nil), t.backends...) }
 
 // PeerBackend says which path a registered peer's transfers take: the
 // backend ("shm", "verbs", "tcp") and, for shm, how ("mapped": the peer's

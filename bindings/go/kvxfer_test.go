@@ -648,6 +648,9 @@ func TestPeerBackend(t *testing.T) {
 	if a.Backend() != "shm" {
 		t.Errorf("Backend %q, want shm (the most preferred served)", a.Backend())
 	}
+	if got := a.Backends(); len(got) != 2 || got[0] != "shm" || got[1] != "tcp" {
+		t.Errorf("Backends %q, want [shm tcp] (every one served, in order)", got)
+	}
 	connect(t, a, "b", b)
 	backend, path, err := a.PeerBackend("b")
 	if err != nil {

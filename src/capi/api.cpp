@@ -180,6 +180,10 @@ KVX_API int kvx_transport_config_fingerprint(char *out, const kvx_transport *t) 
 
 KVX_API const char *kvx_transport_backend(const kvx_transport *t) { return t ? t->impl.backend_name() : ""; }
 
+KVX_API const char *kvx_transport_backends(const kvx_transport *t) {
+    return t ? t->impl.backend_names().c_str() : "";
+}
+
 KVX_API int kvx_get_agent_metadata(size_t *out_len, kvx_transport *t, void *buf, size_t cap) {
     return guard([&] {
         KVX_REQUIRE(out_len && t, "NULL argument");

@@ -158,9 +158,8 @@ void Transport::start_backends(const BackendContext &ctx) {
         skipped += strfmt("%s%s: %s", skipped.empty() ? "" : "; ", d->name, why.c_str());
     }
     if (backends_.empty()) fail(KVX_ENOTSUP, "backend %s: %s", core_.backend.c_str(), skipped.c_str());
-    std::string names;
-    for (auto &b : backends_) names += strfmt("%s%s", names.empty() ? "" : ",", b->name());
-    KVX_LOG(info, "transport serves on %s", names.c_str());
+    for (auto &b : backends_) backend_names_ += strfmt("%s%s", backend_names_.empty() ? "" : ",", b->name());
+    KVX_LOG(info, "transport serves on %s", backend_names_.c_str());
     guard.armed = false;
 }
 

@@ -39,6 +39,8 @@ public:
     const std::string &fingerprint() const { return fingerprint_; }
     // The most preferred backend it serves on.
     const char *backend_name() const { return backends_.front()->name(); }
+    // Every one it serves on, in order of preference: "shm,verbs,tcp".
+    const std::string &backend_names() const { return backend_names_; }
     // Which backend (and path of it) a registered peer uses; static strings.
     void peer_backend(const std::string &id, const char **backend, const char **path) const;
     // kvx_peer_rails: the rails of a registered peer's link.
@@ -218,6 +220,7 @@ private:
     std::string fingerprint_;
     std::unique_ptr<EventLoop> loop_;
     std::vector<std::unique_ptr<Backend>> backends_;  // in order of preference
+    std::string backend_names_;                       // their names, comma-separated
     std::vector<uint8_t> metadata_;
 
     mutable std::mutex mu_;

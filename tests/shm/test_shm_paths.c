@@ -84,6 +84,10 @@ static void test_backend_lists(void **state) {
     kvx_transport *a = make(ra.base, NB, BL, opts("tcp", NULL));
     kvx_transport *b = make(rb.base, NB, BL, opts("shm,tcp", NULL));
     assert_string_equal(kvx_transport_backend(b), "shm");
+    /* every backend served, in order: what b's metadata offers */
+    assert_string_equal(kvx_transport_backends(b), "shm,tcp");
+    assert_string_equal(kvx_transport_backends(a), "tcp");
+    assert_string_equal(kvx_transport_backends(NULL), "");
     connect_ab(a, b);
     expect_path(a, "b", "tcp", "");
     check_transfer(a, ra.base, rb.base, NB, BL, 0x22, rb.mem, rb.base + NB * BL);

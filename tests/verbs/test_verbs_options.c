@@ -105,6 +105,7 @@ static void test_unusable_choices(void **state) {
     kvx_transport *t = NULL;
     CHECK_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
     assert_string_equal(kvx_transport_backend(t), "shm");
+    assert_string_equal(kvx_transport_backends(t), "shm,tcp");
     kvx_transport_destroy(t);
     kvx_options_destroy(o);
     /* also when verbs only finds out at creation (its probe passes) */
@@ -119,6 +120,7 @@ static void test_unusable_choices(void **state) {
     CHECK_OK(kvx_options_set(o, "backend", "verbs,tcp"));
     CHECK_OK(kvx_transport_create(&t, buf, 1, 4096, NULL, o));
     assert_string_equal(kvx_transport_backend(t), "verbs");
+    assert_string_equal(kvx_transport_backends(t), "verbs,tcp");
     kvx_transport_destroy(t);
     kvx_options_destroy(o);
 }

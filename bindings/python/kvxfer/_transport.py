@@ -555,6 +555,7 @@ class Transport:
         self._block_len = self._prop(_native.kvx_transport_block_len)
         self._config_fingerprint = self._prop(_native.kvx_transport_config_fingerprint)
         self._backend = _native.kvx_transport_backend(h)
+        self._backends = tuple(_native.kvx_transport_backends(h).split(","))
         _WAITER.start()
         if self._config_fingerprint != expect:  # cannot happen: checked above
             self.close()
@@ -626,9 +627,18 @@ class Transport:
     @property
     def backend(self) -> str:
         """The most preferred backend this transport serves on: "shm", "verbs"
-        or "tcp" (it may serve on several; peer_backend() says which one a
-        given peer uses)."""
+        or "tcp" (it may serve on several, see backends; peer_backend() says
+        which one a given peer uses)."""
         return self._backend
+
+    @property
+    def backends(self) -> tuple:
+        """Every backend this transport serves on, in order of preference,
+        e.g. ("shm", "tcp"): what its metadata offers, so the paths its peers
+        can take. With backend="auto", every backend usable on this host: a
+        transport whose backend is "shm" may well serve peers on other hosts
+        over tcp."""
+        return self._backends
 
     def peer_backend(self, peer_id: str) -> tuple:
         """(backend, path) of a registered peer: the backend its transfers
@@ -994,6 +1004,6 @@ class Transport:
     def __repr__(self) -> str:
         if self._h is None:
             return "<kvxfer.Transport (not open)>"
-        return "<kvxfer.Transport backend=%s num_blocks=%d block_len=%d fingerprint=%r%s>" % (
-            self._backend, self._num_blocks, self._block_len, self._config_fingerprint,
+        return "<kvxfer.Transport backends=%s num_blocks=%d block_len=%d fingerprint=%r%s>" % (
+            ",".join(self._backends), self._num_blocks, self._block_len, self._config_fingerprint,
             " closed" if self._closed else "")

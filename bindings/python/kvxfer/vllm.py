@@ -140,7 +140,7 @@ class KvxferTransport(Transport):
         super().__init__(view, config_fields, backend=backend, **opts)
         self.name = name
         self.num_threads = num_threads
-        logger.info("kvxfer: transport %r on backend %s (%d blocks of %d bytes)", name, self.backend,
+        logger.info("kvxfer: transport %r serves on %s (%d blocks of %d bytes)", name, ",".join(self.backends),
                     self.num_blocks, self.block_len_bytes)
 
     def __repr__(self) -> str:

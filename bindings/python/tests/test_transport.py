@@ -541,6 +541,10 @@ def test_peer_backend_names_the_path():
     with kvxfer.Transport(a_view, backend="tcp,shm", tcp_listen="127.0.0.1:0") as a, \
             kvxfer.Transport(b_view, backend="shm", tcp_listen="127.0.0.1:0") as b:
         assert b.backend == "shm"
+        # every backend served, in order of preference (not of the list
+        # given), not only the first: a names both
+        assert a.backends == ("shm", "tcp") and b.backends == ("shm",)
+        assert "backends=shm,tcp" in repr(a)
         connect(a, b)
         assert a.peer_backend("dst") == ("shm", "process_vm_writev")  # a bytearray: private memory
         with pytest.raises(kvxfer.Error) as ei:

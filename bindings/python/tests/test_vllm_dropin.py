@@ -7,6 +7,7 @@ the kvxfer.vllm adapter built by a stand-in of vLLM's P2P manager
 import concurrent.futures
 import inspect
 import json
+import logging
 import os
 import resource
 import socket
@@ -389,12 +390,20 @@ def test_backend_mapping():
         m(["GDS", "POSIX"])
 
 
-def test_adapter_constructor(monkeypatch):
+def test_adapter_constructor(monkeypatch, caplog):
     monkeypatch.setenv("KVXFER_OPTIONS", json.dumps({"tcp.listen": "127.0.0.1:0", "connect_timeout_ms": 1000}))
     mem, view = region(4, 256)
+    caplog.set_level(logging.INFO, logger="kvxfer")
     with kvxfer.vllm.KvxferTransport("engine-0", view, config_fields={"model": "m"}, backends=["UCX"],
                                      num_threads=8) as t:
         assert t.name == "engine-0" and t.num_threads == 8 and t.backend in ("shm", "tcp", "verbs")
+        # "UCX" is auto: every backend usable here, tcp among them, and the
+        # log and repr say all of them, not only the first (an operator
+        # reading "shm" would think other hosts cannot connect)
+        assert "tcp" in t.backends and t.backends[0] == t.backend
+        served = ",".join(t.backends)
+        assert any("serves on " + served in r.getMessage() for r in caplog.records), caplog.text
+        assert "backends=" + served in repr(t)
         assert t.config_fingerprint == kvxfer.config_fingerprint({"model": "m"})
         assert isinstance(t, kvxfer.Transport)
     monkeypatch.setenv("KVXFER_OPTIONS", "[1]")

@@ -62,51 +62,52 @@ typedef _goslice_ swig_type_30;
 typedef _goslice_ swig_type_31;
 typedef _goslice_ swig_type_32;
 typedef _gostring_ swig_type_33;
-typedef _goslice_ swig_type_34;
+typedef _gostring_ swig_type_34;
 typedef _goslice_ swig_type_35;
-typedef long long swig_type_36;
-typedef _gostring_ swig_type_37;
-typedef _goslice_ swig_type_38;
-typedef long long swig_type_39;
+typedef _goslice_ swig_type_36;
+typedef long long swig_type_37;
+typedef _gostring_ swig_type_38;
+typedef _goslice_ swig_type_39;
 typedef long long swig_type_40;
 typedef long long swig_type_41;
 typedef long long swig_type_42;
-typedef _gostring_ swig_type_43;
-typedef _goslice_ swig_type_44;
-typedef _gostring_ swig_type_45;
-typedef _goslice_ swig_type_46;
-typedef long long swig_type_47;
+typedef long long swig_type_43;
+typedef _gostring_ swig_type_44;
+typedef _goslice_ swig_type_45;
+typedef _gostring_ swig_type_46;
+typedef _goslice_ swig_type_47;
 typedef long long swig_type_48;
 typedef long long swig_type_49;
 typedef long long swig_type_50;
-typedef _goslice_ swig_type_51;
+typedef long long swig_type_51;
 typedef _goslice_ swig_type_52;
-typedef long long swig_type_53;
-typedef _goslice_ swig_type_54;
-typedef _gostring_ swig_type_55;
-typedef _goslice_ swig_type_56;
+typedef _goslice_ swig_type_53;
+typedef long long swig_type_54;
+typedef _goslice_ swig_type_55;
+typedef _gostring_ swig_type_56;
 typedef _goslice_ swig_type_57;
-typedef long long swig_type_58;
-typedef _goslice_ swig_type_59;
+typedef _goslice_ swig_type_58;
+typedef long long swig_type_59;
 typedef _goslice_ swig_type_60;
-typedef _gostring_ swig_type_61;
-typedef _goslice_ swig_type_62;
-typedef long long swig_type_63;
-typedef _goslice_ swig_type_64;
-typedef long long swig_type_65;
-typedef _goslice_ swig_type_66;
+typedef _goslice_ swig_type_61;
+typedef _gostring_ swig_type_62;
+typedef _goslice_ swig_type_63;
+typedef long long swig_type_64;
+typedef _goslice_ swig_type_65;
+typedef long long swig_type_66;
 typedef _goslice_ swig_type_67;
-typedef long long swig_type_68;
-typedef _goslice_ swig_type_69;
+typedef _goslice_ swig_type_68;
+typedef long long swig_type_69;
 typedef _goslice_ swig_type_70;
 typedef _goslice_ swig_type_71;
 typedef _goslice_ swig_type_72;
-typedef _gostring_ swig_type_73;
-typedef long long swig_type_74;
+typedef _goslice_ swig_type_73;
+typedef _gostring_ swig_type_74;
 typedef long long swig_type_75;
-typedef _goslice_ swig_type_76;
-typedef _gostring_ swig_type_77;
+typedef long long swig_type_76;
+typedef _goslice_ swig_type_77;
 typedef _gostring_ swig_type_78;
+typedef _gostring_ swig_type_79;
 extern void _wrap_Swig_free_capi_082c1b48933b1fcf(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_capi_082c1b48933b1fcf(swig_intgo arg1);
 extern swig_type_1 _wrap_KVX_GO_STATS_SIZE_capi_082c1b48933b1fcf(void);
@@ -164,9 +165,10 @@ extern swig_intgo _wrap_kvx_transport_num_blocks_capi_082c1b48933b1fcf(swig_type
 extern swig_intgo _wrap_kvx_transport_block_len_capi_082c1b48933b1fcf(swig_type_31 arg1, uintptr_t arg2);
 extern swig_intgo _wrap_kvx_transport_config_fingerprint_capi_082c1b48933b1fcf(swig_type_32 arg1, uintptr_t arg2);
 extern swig_type_33 _wrap_kvx_transport_backend_capi_082c1b48933b1fcf(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(swig_type_34 arg1, uintptr_t arg2, swig_type_35 arg3, swig_type_36 arg4);
-extern swig_intgo _wrap_kvx_add_remote_peer_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_37 arg2, swig_type_38 arg3, swig_type_39 arg4, swig_type_40 arg5, swig_type_41 arg6, swig_type_42 arg7);
-extern swig_intgo _wrap_kvx_remove_remote_peer_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_43 arg2);
+extern swig_type_34 _wrap_kvx_transport_backends_capi_082c1b48933b1fcf(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(swig_type_35 arg1, uintptr_t arg2, swig_type_36 arg3, swig_type_37 arg4);
+extern swig_intgo _wrap_kvx_add_remote_peer_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_38 arg2, swig_type_39 arg3, swig_type_40 arg4, swig_type_41 arg5, swig_type_42 arg6, swig_type_43 arg7);
+extern swig_intgo _wrap_kvx_remove_remote_peer_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_44 arg2);
 extern swig_intgo _wrap_KVX_PEER_UP_capi_082c1b48933b1fcf(void);
 extern swig_intgo _wrap_KVX_PEER_RECONNECTING_capi_082c1b48933b1fcf(void);
 extern swig_intgo _wrap_KVX_PEER_BROKEN_capi_082c1b48933b1fcf(void);
@@ -174,20 +176,20 @@ extern swig_intgo _wrap_KVX_PEER_REPLACE_capi_082c1b48933b1fcf(void);
 extern swig_intgo _wrap_KVX_REGISTRATION_PENDING_capi_082c1b48933b1fcf(void);
 extern swig_intgo _wrap_KVX_REGISTRATION_DONE_capi_082c1b48933b1fcf(void);
 extern swig_intgo _wrap_KVX_REGISTRATION_FAILED_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_082c1b48933b1fcf(swig_type_44 arg1, uintptr_t arg2, swig_type_45 arg3, swig_type_46 arg4, swig_type_47 arg5, swig_type_48 arg6, swig_type_49 arg7, swig_type_50 arg8, swig_intgo arg9);
-extern swig_intgo _wrap_kvx_registration_status_capi_082c1b48933b1fcf(swig_type_51 arg1, swig_type_52 arg2, uintptr_t arg3, swig_type_53 arg4, swig_intgo arg5);
-extern swig_intgo _wrap_kvx_write_blocks_capi_082c1b48933b1fcf(swig_type_54 arg1, uintptr_t arg2, swig_type_55 arg3, swig_type_56 arg4, swig_type_57 arg5, swig_type_58 arg6);
-extern swig_intgo _wrap_kvx_poll_capi_082c1b48933b1fcf(swig_type_59 arg1, swig_type_60 arg2, uintptr_t arg3, swig_type_61 arg4, swig_type_62 arg5, swig_type_63 arg6, swig_type_64 arg7, swig_type_65 arg8);
+extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_082c1b48933b1fcf(swig_type_45 arg1, uintptr_t arg2, swig_type_46 arg3, swig_type_47 arg4, swig_type_48 arg5, swig_type_49 arg6, swig_type_50 arg7, swig_type_51 arg8, swig_intgo arg9);
+extern swig_intgo _wrap_kvx_registration_status_capi_082c1b48933b1fcf(swig_type_52 arg1, swig_type_53 arg2, uintptr_t arg3, swig_type_54 arg4, swig_intgo arg5);
+extern swig_intgo _wrap_kvx_write_blocks_capi_082c1b48933b1fcf(swig_type_55 arg1, uintptr_t arg2, swig_type_56 arg3, swig_type_57 arg4, swig_type_58 arg5, swig_type_59 arg6);
+extern swig_intgo _wrap_kvx_poll_capi_082c1b48933b1fcf(swig_type_60 arg1, swig_type_61 arg2, uintptr_t arg3, swig_type_62 arg4, swig_type_63 arg5, swig_type_64 arg6, swig_type_65 arg7, swig_type_66 arg8);
 extern swig_intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_082c1b48933b1fcf(void);
 extern swig_intgo _wrap_KVX_CANCEL_WAIT_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_kvx_cancel_capi_082c1b48933b1fcf(swig_type_66 arg1, uintptr_t arg2, swig_type_67 arg3, swig_type_68 arg4, swig_intgo arg5, swig_type_69 arg6);
-extern swig_intgo _wrap_kvx_wait_capi_082c1b48933b1fcf(swig_type_70 arg1, uintptr_t arg2, swig_intgo arg3);
-extern swig_intgo _wrap_kvx_completion_fd_capi_082c1b48933b1fcf(swig_type_71 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_get_stats_capi_082c1b48933b1fcf(swig_type_72 arg1, uintptr_t arg2, swig_type_73 arg3);
-extern swig_type_74 _wrap_kvx_stats_bucket_lower_ns_capi_082c1b48933b1fcf(swig_type_75 arg1);
+extern swig_intgo _wrap_kvx_cancel_capi_082c1b48933b1fcf(swig_type_67 arg1, uintptr_t arg2, swig_type_68 arg3, swig_type_69 arg4, swig_intgo arg5, swig_type_70 arg6);
+extern swig_intgo _wrap_kvx_wait_capi_082c1b48933b1fcf(swig_type_71 arg1, uintptr_t arg2, swig_intgo arg3);
+extern swig_intgo _wrap_kvx_completion_fd_capi_082c1b48933b1fcf(swig_type_72 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_get_stats_capi_082c1b48933b1fcf(swig_type_73 arg1, uintptr_t arg2, swig_type_74 arg3);
+extern swig_type_75 _wrap_kvx_stats_bucket_lower_ns_capi_082c1b48933b1fcf(swig_type_76 arg1);
 extern swig_intgo _wrap_KVX_REGION_HUGE_PAGES_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_kvx_config_fingerprint_capi_082c1b48933b1fcf(swig_type_76 arg1, swig_type_77 arg2);
-extern swig_type_78 _wrap_kvx_backends_capi_082c1b48933b1fcf(void);
+extern swig_intgo _wrap_kvx_config_fingerprint_capi_082c1b48933b1fcf(swig_type_77 arg1, swig_type_78 arg2);
+extern swig_type_79 _wrap_kvx_backends_capi_082c1b48933b1fcf(void);
 #undef intgo
 */
 import "C"
@@ -782,13 +784,23 @@ func Kvx_transport_backend(arg1 uintptr) (_swig_ret string) {
 	return swig_r_1
 }
 
+func Kvx_transport_backends(arg1 uintptr) (_swig_ret string) {
+	var swig_r string
+	_swig_i_0 := arg1
+	swig_r_p := C._wrap_kvx_transport_backends_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0))
+	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
+	var swig_r_1 string
+	swig_r_1 = swigCopyString(swig_r)
+	return swig_r_1
+}
+
 func Kvx_get_agent_metadata(arg1 []uint64, arg2 uintptr, arg3 []byte, arg4 int64) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(*(*C.swig_type_34)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_35)(unsafe.Pointer(&_swig_i_2)), C.swig_type_36(_swig_i_3)))
+	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(*(*C.swig_type_35)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_36)(unsafe.Pointer(&_swig_i_2)), C.swig_type_37(_swig_i_3)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -807,7 +819,7 @@ func Kvx_add_remote_peer(arg1 uintptr, arg2 string, arg3 []byte, arg4 int64, arg
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_37)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_38)(unsafe.Pointer(&_swig_i_2)), C.swig_type_39(_swig_i_3), C.swig_type_40(_swig_i_4), C.swig_type_41(_swig_i_5), C.swig_type_42(_swig_i_6)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_38)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_39)(unsafe.Pointer(&_swig_i_2)), C.swig_type_40(_swig_i_3), C.swig_type_41(_swig_i_4), C.swig_type_42(_swig_i_5), C.swig_type_43(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -821,7 +833,7 @@ func Kvx_remove_remote_peer(arg1 uintptr, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_43)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_44)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -905,7 +917,7 @@ func Kvx_add_remote_peer_async(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := arg9
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_082c1b48933b1fcf(*(*C.swig_type_44)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_45)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_46)(unsafe.Pointer(&_swig_i_3)), C.swig_type_47(_swig_i_4), C.swig_type_48(_swig_i_5), C.swig_type_49(_swig_i_6), C.swig_type_50(_swig_i_7), C.swig_intgo(_swig_i_8)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_082c1b48933b1fcf(*(*C.swig_type_45)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_46)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_47)(unsafe.Pointer(&_swig_i_3)), C.swig_type_48(_swig_i_4), C.swig_type_49(_swig_i_5), C.swig_type_50(_swig_i_6), C.swig_type_51(_swig_i_7), C.swig_intgo(_swig_i_8)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -925,7 +937,7 @@ func Kvx_registration_status(arg1 []int32, arg2 []int32, arg3 uintptr, arg4 uint
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int)(C._wrap_kvx_registration_status_capi_082c1b48933b1fcf(*(*C.swig_type_51)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_52)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_53(_swig_i_3), C.swig_intgo(_swig_i_4)))
+	swig_r = (int)(C._wrap_kvx_registration_status_capi_082c1b48933b1fcf(*(*C.swig_type_52)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_53)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_54(_swig_i_3), C.swig_intgo(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -943,7 +955,7 @@ func Kvx_write_blocks(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []uint64, a
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_write_blocks_capi_082c1b48933b1fcf(*(*C.swig_type_54)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_55)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_56)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_57)(unsafe.Pointer(&_swig_i_4)), C.swig_type_58(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_write_blocks_capi_082c1b48933b1fcf(*(*C.swig_type_55)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_56)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_57)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_58)(unsafe.Pointer(&_swig_i_4)), C.swig_type_59(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -969,7 +981,7 @@ func Kvx_poll(arg1 []uint64, arg2 []uint64, arg3 uintptr, arg4 string, arg5 []ui
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
-	swig_r = (int)(C._wrap_kvx_poll_capi_082c1b48933b1fcf(*(*C.swig_type_59)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_60)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_61)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_62)(unsafe.Pointer(&_swig_i_4)), C.swig_type_63(_swig_i_5), *(*C.swig_type_64)(unsafe.Pointer(&_swig_i_6)), C.swig_type_65(_swig_i_7)))
+	swig_r = (int)(C._wrap_kvx_poll_capi_082c1b48933b1fcf(*(*C.swig_type_60)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_61)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_62)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_63)(unsafe.Pointer(&_swig_i_4)), C.swig_type_64(_swig_i_5), *(*C.swig_type_65)(unsafe.Pointer(&_swig_i_6)), C.swig_type_66(_swig_i_7)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1014,7 +1026,7 @@ func Kvx_cancel(arg1 []uint64, arg2 uintptr, arg3 []uint64, arg4 int64, arg5 int
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_cancel_capi_082c1b48933b1fcf(*(*C.swig_type_66)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_67)(unsafe.Pointer(&_swig_i_2)), C.swig_type_68(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_69)(unsafe.Pointer(&_swig_i_5))))
+	swig_r = (int)(C._wrap_kvx_cancel_capi_082c1b48933b1fcf(*(*C.swig_type_67)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_68)(unsafe.Pointer(&_swig_i_2)), C.swig_type_69(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_70)(unsafe.Pointer(&_swig_i_5))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1032,7 +1044,7 @@ func Kvx_wait(arg1 []uint64, arg2 uintptr, arg3 int) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_wait_capi_082c1b48933b1fcf(*(*C.swig_type_70)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
+	swig_r = (int)(C._wrap_kvx_wait_capi_082c1b48933b1fcf(*(*C.swig_type_71)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1043,7 +1055,7 @@ func Kvx_completion_fd(arg1 []int32, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_completion_fd_capi_082c1b48933b1fcf(*(*C.swig_type_71)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_completion_fd_capi_082c1b48933b1fcf(*(*C.swig_type_72)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1057,7 +1069,7 @@ func Kvx_get_stats(arg1 []uint64, arg2 uintptr, arg3 string) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_get_stats_capi_082c1b48933b1fcf(*(*C.swig_type_72)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_73)(unsafe.Pointer(&_swig_i_2))))
+	swig_r = (int)(C._wrap_kvx_get_stats_capi_082c1b48933b1fcf(*(*C.swig_type_73)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_74)(unsafe.Pointer(&_swig_i_2))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1070,7 +1082,7 @@ func Kvx_get_stats(arg1 []uint64, arg2 uintptr, arg3 string) (_swig_ret int) {
 func Kvx_stats_bucket_lower_ns(arg1 int64) (_swig_ret uint64) {
 	var swig_r uint64
 	_swig_i_0 := arg1
-	swig_r = (uint64)(C._wrap_kvx_stats_bucket_lower_ns_capi_082c1b48933b1fcf(C.swig_type_75(_swig_i_0)))
+	swig_r = (uint64)(C._wrap_kvx_stats_bucket_lower_ns_capi_082c1b48933b1fcf(C.swig_type_76(_swig_i_0)))
 	return swig_r
 }
 
@@ -1088,7 +1100,7 @@ func Kvx_config_fingerprint(arg1 []byte, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_082c1b48933b1fcf(*(*C.swig_type_76)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_77)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_082c1b48933b1fcf(*(*C.swig_type_77)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_78)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}

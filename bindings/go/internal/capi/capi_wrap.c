@@ -1103,6 +1103,19 @@ _gostring_ _wrap_kvx_transport_backend_capi_082c1b48933b1fcf(kvx_transport *_swi
 }
 
 
+_gostring_ _wrap_kvx_transport_backends_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0) {
+  kvx_transport *arg1 = (kvx_transport *) 0 ;
+  char *result = 0 ;
+  _gostring_ _swig_go_result;
+  
+  arg1 = (kvx_transport *)_swig_go_0; 
+  
+  result = (char *)kvx_transport_backends((struct kvx_transport const *)arg1);
+  _swig_go_result = Swig_AllocateString((char*)result, result ? strlen((char*)result) : 0); 
+  return _swig_go_result;
+}
+
+
 intgo _wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;

@@ -130,6 +130,9 @@ extern "C" {
     pub fn kvx_transport_backend(t: *const kvx_transport) -> *const ::std::os::raw::c_char;
 }
 extern "C" {
+    pub fn kvx_transport_backends(t: *const kvx_transport) -> *const ::std::os::raw::c_char;
+}
+extern "C" {
     pub fn kvx_get_agent_metadata(
         out_len: *mut usize,
         t: *mut kvx_transport,

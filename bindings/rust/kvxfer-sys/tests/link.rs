@@ -5,7 +5,7 @@ use std::ffi::CStr;
 
 #[test]
 fn every_function_links() {
-    let fns: [*const (); 28] = [
+    let fns: [*const (); 29] = [
         sys::kvx_version_number as *const (),
         sys::kvx_version_string as *const (),
         sys::kvx_strerror as *const (),
@@ -22,6 +22,7 @@ fn every_function_links() {
         sys::kvx_transport_block_len as *const (),
         sys::kvx_transport_config_fingerprint as *const (),
         sys::kvx_transport_backend as *const (),
+        sys::kvx_transport_backends as *const (),
         sys::kvx_get_agent_metadata as *const (),
         sys::kvx_add_remote_peer as *const (),
         sys::kvx_remove_remote_peer as *const (),

@@ -290,6 +290,16 @@ impl<'r> Transport<'r> {
         unsafe { static_str(sys::kvx_transport_backend(self.ptr())) }
     }
 
+    /// Every backend the transport serves on, in order of preference
+    /// (since 0.8), e.g. `["shm", "tcp"]`: what its metadata offers, so the
+    /// paths its peers can take. With backend `auto`, every backend usable
+    /// on this host.
+    pub fn backends(&self) -> Vec<String> {
+        // SAFETY: a NUL-terminated string owned by the live transport, never NULL.
+        let all = unsafe { std::ffi::CStr::from_ptr(sys::kvx_transport_backends(self.ptr())) };
+        all.to_string_lossy().split(',').map(str::to_owned).collect()
+    }
+
     /// The opaque agent metadata a peer passes to its
     /// [`Transport::add_remote_peer`]. It contains the secret that lets a
     /// holder write into this region: hand it only to peers that may.

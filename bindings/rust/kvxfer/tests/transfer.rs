@@ -18,6 +18,7 @@ fn owned_regions_byte_for_byte() {
     )
     .unwrap();
     assert_eq!(a.backend(), "tcp");
+    assert_eq!(a.backends(), vec!["tcp".to_string()]);
     assert_eq!((a.num_blocks(), a.block_len()), (8, BL));
     assert_eq!((b.num_blocks(), b.block_len()), (12, BL));
     assert_eq!(b.base_addr(), b.region_ptr() as u64);
