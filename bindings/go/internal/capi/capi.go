@@ -352,7 +352,7 @@ func Kvx_go_peer_state(arg1 []byte, arg2 []byte, arg3 []byte, arg4 []uint64, arg
 }
 
 const KVX_VERSION_MAJOR int = 0
-const KVX_VERSION_MINOR int = 7
+const KVX_VERSION_MINOR int = 8
 const KVX_VERSION_PATCH int = 0
 
 func _swig_getKVX_VERSION_NUMBER() (_swig_ret int) {

@@ -454,7 +454,7 @@ intgo _wrap_KVX_VERSION_NUMBER_capi_082c1b48933b1fcf() {
   intgo _swig_go_result;
   
   
-  result = (int)((0*10000+7*100+0));
+  result = (int)((0*10000+8*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
