@@ -3,7 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -186,7 +188,19 @@ bool find_backing(const void *base, uint64_t len, Backing *out, std::string *why
         }
     }
     MapLine m;
-    return covering_mapping(lo, lo + len, &m, why) && open_mapped_file(m, lo, len, out, why);
+    if (!covering_mapping(lo, lo + len, &m, why) || !open_mapped_file(m, lo, len, out, why)) return false;
+    if (!in_memory_fs(out->fd.get())) {
+        *why = strfmt("%s is not on tmpfs or hugetlbfs (a writer's page faults there could wait on a disk or a "
+                      "FUSE server)", out->what.c_str());
+        out->fd = net::Fd();
+        return false;
+    }
+    return true;
+}
+
+bool in_memory_fs(int fd) {
+    struct statfs fs;
+    return fstatfs(fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC);
 }
 
 }  // namespace kvx::shared

@@ -27,7 +27,11 @@ struct Backing {
 // True with *out when the whole range lies in one shareable file mapped
 // MAP_SHARED at consecutive offsets, and the file can be had: a region of
 // alloc(), a file reopened by its path, or (a memfd, a deleted file) a
-// descriptor of it this process holds open read-write; false with *why.
+// descriptor of it this process holds open read-write; false with *why. The
+// file must be on tmpfs or hugetlbfs (in_memory_fs).
 bool find_backing(const void *base, uint64_t len, Backing *out, std::string *why);
+// fd's file lives in memory (tmpfs, hugetlbfs): a page fault on a mapping of
+// it never waits for a disk or a FUSE server.
+bool in_memory_fs(int fd);
 
 }  // namespace kvx::shared

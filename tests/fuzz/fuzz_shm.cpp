@@ -36,9 +36,11 @@ void section(uint8_t version, const uint8_t *p, size_t n) {
         return;
     }
     const kvx::wire::Section again = encode_section(info);
-    const size_t m = again.body.size();
+    // Re-encoded as the current version: a version 1 section gains start_time (0).
+    const size_t m = again.body.size() - (version < 2 ? 8 : 0);
+    if (version < 2 && info.start_time != 0) bug("section: version 1 has a start time");
     if (m > n || memcmp(again.body.data(), p, m) != 0) bug("section: re-encoding differs");
-    if (version == kSectionVersion && m != n) bug("section: version 1 accepted trailing bytes");
+    if (version <= kSectionVersion && m != n) bug("section: a known version accepted trailing bytes");
     if (info.socket_name.empty() || info.socket_name.size() > kMaxSocketName) bug("section: bad name length");
 }
 

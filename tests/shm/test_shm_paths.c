@@ -17,8 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/capability.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -197,6 +199,41 @@ static void test_dev_shm_file_and_truncation(void **state) {
     assert_int_equal(wait_ids(a, "b", &id, 1, 20000, &nf, NULL), 1);
     assert_int_equal(nf, 1);
     CHECK_ERR(kvx_write_blocks(&id, a, "b", l, r, 3), KVX_EPEERBROKEN);
+    CHECK_OK(kvx_remove_remote_peer(a, "b"));
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    munmap(mem, len);
+    close(fd);
+    unlink(path);
+    region_free(&ra);
+}
+
+/* A region in a file on a disk file system (not tmpfs or hugetlbfs) is not
+ * offered mapped: a writer's page faults there could wait on the disk (or a
+ * FUSE server) without bound. The target takes the process_vm_writev path. */
+static void test_disk_file_not_mapped(void **state) {
+    (void)state;
+    char path[64];
+    snprintf(path, sizeof path, "/var/tmp/kvxfer-test-%d", (int)getpid());
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    struct statfs fs;
+    if (fd < 0 || fstatfs(fd, &fs) != 0 || fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC) {
+        if (fd >= 0) {
+            close(fd);
+            unlink(path);
+        }
+        print_message("/var/tmp is not a disk file system here: skipped\n");
+        skip();
+    }
+    size_t len;
+    uint8_t *mem;
+    uint8_t *tb = map_file(fd, &mem, &len);
+    region ra = region_new(NB, BL, 1);
+    kvx_transport *a = make(ra.base, NB, BL, opts("auto", NULL));
+    kvx_transport *b = make(tb, NB, BL, opts("auto", NULL));
+    connect_ab(a, b);
+    expect_path(a, "b", "shm", "process_vm_writev");
+    check_transfer(a, ra.base, tb, NB, BL, 0x22, mem, tb + NB * BL);
     CHECK_OK(kvx_remove_remote_peer(a, "b"));
     kvx_transport_destroy(a);
     kvx_transport_destroy(b);
@@ -636,6 +673,7 @@ int main(void) {
         cmocka_unit_test(test_fallback_and_strict),
         cmocka_unit_test(test_mapped_region_alloc),
         cmocka_unit_test(test_dev_shm_file_and_truncation),
+        cmocka_unit_test(test_disk_file_not_mapped),
         cmocka_unit_test(test_foreign_sigbus),
         cmocka_unit_test(test_app_memfd),
         cmocka_unit_test(test_huge_pages),

@@ -130,7 +130,6 @@ struct Fixture {
             link->remote_base = reinterpret_cast<uint64_t>(dst.base);
         } else {
             link->dst = dst.base;
-            link->sealed = true;  // plain memory: nothing can shrink under the copy
         }
         link->remote_size = kNB * kBL;
     }
@@ -292,7 +291,7 @@ void test_stopped_link_drops_queued(void **) {
     const std::vector<uint8_t> before(f.dst.base + 64 * kBL, f.dst.base + 80 * kBL);
     const uint64_t first = f.next_id;
     for (uint64_t i = 0; i < 16; i++) f.submit(pool, {{i, 64 + i}});
-    std::thread failer([&] { f.link->fail_all(KVX_ECONNRESET); });  // waits for the held batch
+    std::thread failer([&] { f.link->fail_all(KVX_ECONNRESET, kvx::Clock::duration::zero()); });  // waits for the held batch
     for (bool stopped = false; !stopped; usleep(100)) {  // the stop is set before the pool thread goes on
         std::lock_guard<std::mutex> lk(f.link->mu);
         stopped = f.link->stop;

@@ -1,9 +1,16 @@
 // Unit tests of the shm control messages (src/backends/shm/shm_wire): every
 // kind round-trips, and fields out of range are refused with a message that
 // names the value (the staging ring's messages come from another process).
+// Also the metadata section's versions, and the check that tells a pinned
+// pid's process from one that got the pid later.
 #include "kvxfer.h"
+#include "backends/shm/shm.h"
 #include "backends/shm/shm_wire.h"
 #include "util/error.h"
+
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <string>
@@ -124,11 +131,69 @@ void test_refusals(void **) {
     assert_contains(msg, "kind 8");
 }
 
+// Version 2 appends the target's start time; version 1 (0.8 and older
+// targets) still decodes, without it, and refuses trailing bytes as before.
+void test_section_versions(void **) {
+    SectionInfo in;
+    in.boot_id.fill(7);
+    in.netns = 42;
+    in.pid = 1234;
+    in.mode = Mode::kernel;
+    in.socket_name = "kvxfer-shm-1234-x";
+    in.start_time = 987654321;
+    wire::Section s = encode_section(in);
+    assert_int_equal(s.version, 2);
+    SectionInfo out = decode_section(s);
+    assert_true(out.start_time == in.start_time && out.pid == in.pid && out.socket_name == in.socket_name);
+    wire::Section v1 = s;
+    v1.version = 1;
+    v1.body.resize(v1.body.size() - 8);
+    out = decode_section(v1);
+    assert_true(out.start_time == 0 && out.socket_name == in.socket_name);
+    v1.body.push_back(0);
+    std::string msg;
+    assert_int_equal(code_of([&] { decode_section(v1); }, &msg), KVX_EBADMETA);
+    assert_non_null(strstr(msg.c_str(), "trailing"));
+    wire::Section v2 = s;
+    v2.body.resize(v2.body.size() - 1);
+    assert_int_equal(code_of([&] { decode_section(v2); }, &msg), KVX_EBADMETA);
+    assert_non_null(strstr(msg.c_str(), "start_time"));
+    wire::Section v3 = s;  // a later version may append
+    v3.version = 3;
+    v3.body.push_back(9);
+    assert_true(decode_section(v3).start_time == in.start_time);
+}
+
+// A pidfd of a live process with its start time passes; a wrong start time
+// (a process that got the pid later) or an exited process does not.
+void test_pinned_start_time(void **) {
+    const pid_t me = getpid();
+    const uint64_t t = process_start_time(me);
+    assert_true(t != 0);
+    net::Fd self(static_cast<int>(syscall(SYS_pidfd_open, me, 0)));
+    assert_true(self.get() >= 0);
+    assert_true(pinned_started_at(self.get(), me, t));
+    assert_false(pinned_started_at(self.get(), me, t + 1));
+    assert_false(pinned_started_at(self.get(), me, 0));
+    const pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) _exit(0);
+    net::Fd gone(static_cast<int>(syscall(SYS_pidfd_open, child, 0)));
+    const uint64_t ct = process_start_time(child);
+    int st = 0;
+    waitpid(child, &st, 0);
+    assert_true(gone.get() >= 0);
+    assert_false(pinned_started_at(gone.get(), child, ct));  // exited: whatever has its pid now is not it
+    assert_int_equal(process_start_time(child), 0);
+}
+
 }  // namespace
 
 int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trips),
+        cmocka_unit_test(test_section_versions),
+        cmocka_unit_test(test_pinned_start_time),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests_name("shm_wire", tests, nullptr, nullptr);

@@ -1,17 +1,22 @@
 // shm backend internals. The target (ShmServer) listens on an abstract unix
-// SOCK_SEQPACKET socket on the transport's event loop, runs the shared
-// handshake, checks the writer's credentials (SO_PEERCRED), and only then
-// grants access: the file descriptor of the region's shareable mapping
-// (SCM_RIGHTS), or leave to use process_vm_writev for private memory. The
-// writer (ShmPeer) copies with a small pool of copy threads (CopyPool); the
-// target's threads do nothing for bytes to land. The socket stays open as
-// the liveness and revocation channel: a target that closes or removes
-// sends REVOKE and waits for REVOKED, so no byte lands after it returns.
+// SOCK_SEQPACKET socket on the transport's event loop, checks the writer's
+// credentials (SO_PEERCRED) when it accepts, runs the shared handshake, and
+// only then grants access: to a writer of its own user the file descriptor
+// of the region's shareable mapping (SCM_RIGHTS), or leave to use
+// process_vm_writev for private memory; to another user (only with
+// shm.allow_other_users=1) a staging ring. The writer (ShmPeer) copies with a
+// small pool of copy threads (CopyPool); the target's threads do nothing for
+// bytes to land but on the staged path. The socket stays open as the
+// revocation channel, and a pidfd pins the target process: a target that
+// closes or removes sends REVOKE and waits for REVOKED, so no byte lands
+// after it returns, and one that exits fails the writer's transfers even
+// while a forked child holds its sockets.
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
+#include <csetjmp>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -40,6 +45,60 @@ inline const handshake::DataPathOptions kDataPath{};
 std::array<uint8_t, 16> boot_id();
 uint64_t netns_inode();
 
+// The process at the other end of a unix socket, as the kernel reports it
+// (SO_PEERCRED: the process that connected, or that listened).
+struct PeerCred {
+    uid_t uid = 0;
+    pid_t pid = 0;           // 0: not visible in our pid namespace
+    bool same_user = false;  // our user, as the kernel sees it across user namespaces
+    std::string who;         // "uid U pid P", for messages
+};
+// False when the socket has no credentials (never for a connected one).
+// same_user: the uid SO_PEERCRED reports (the peer's, mapped into our user
+// namespace) is our effective uid; when that is the overflow uid (a uid the
+// namespace does not map, as every outside user looks in an unmapped
+// namespace), the peer must also be in our user namespace.
+bool peer_cred(int sock, PeerCred *out);
+// A pidfd of the socket's peer process: SO_PEERPIDFD (Linux 6.5) names that
+// exact process (*exact = true); before it, pidfd_open(pid) names whatever
+// process has that pid now (check it: pinned_start_time). An invalid Fd
+// when neither works.
+net::Fd pin_process(int sock, pid_t pid, bool *exact = nullptr);
+// When process pid started (/proc/PID/stat starttime, clock ticks since
+// boot); 0 when it cannot be read.
+uint64_t process_start_time(pid_t pid);
+// The process pidfd pins (pid in our namespace) started at start_time: read
+// while it lives, so pid named it.
+bool pinned_started_at(int pidfd, pid_t pid, uint64_t start_time);
+// The pinned process has exited (its pid may name another process now).
+bool process_exited(int pidfd);
+
+// Turns a SIGBUS fault of the calling thread inside either range into a
+// failed copy instead of a dead process: f() runs guarded, and the call
+// returns -1 when it faulted, else f()'s result (>= 0). For copies into and
+// out of memory another process can shrink or empty (a peer's file, a
+// staging ring, a huge-page region whose pages can be punched out).
+struct FaultRange {
+    const void *base = nullptr;
+    size_t len = 0;
+};
+void install_sigbus_guard();
+void arm_fault_guard(sigjmp_buf *jb, FaultRange a, FaultRange b);
+void disarm_fault_guard();
+void fault_taken();  // after the jump: SIGBUS is blocked again in this thread otherwise
+template <class F> int guarded(FaultRange a, FaultRange b, F &&f) {
+    install_sigbus_guard();
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 0) != 0) {
+        fault_taken();
+        return -1;
+    }
+    arm_fault_guard(&jb, a, b);
+    const int rc = f();
+    disarm_fault_guard();
+    return rc;
+}
+
 // Sends one datagram with an optional fd (SCM_RIGHTS); 0 or -errno.
 int send_msg(int fd, const void *buf, size_t n, int pass_fd);
 // Receives one datagram of at most cap bytes; *got_fd receives a passed fd
@@ -51,8 +110,15 @@ ssize_t recv_msg(int fd, void *buf, size_t cap, int *got_fd);
 class ShmServer;
 class ShmConn final : private EventLoop::Source {
 public:
-    ShmConn(ShmServer &s, net::Fd fd);
+    ShmConn(ShmServer &s, net::Fd fd, const PeerCred &cred);
     bool start(Clock::time_point deadline);
+    // Whose connection it is, for admission: our user, or another uid.
+    static uint64_t user_of(const PeerCred &c) { return c.same_user ? kOurUser : c.uid; }
+    static constexpr uint64_t kOurUser = UINT64_MAX;
+    uint64_t user() const { return user_of(cred_); }
+    // Where this connection is in the server's list of pending ones.
+    std::list<ShmConn *>::iterator pending_at;
+    bool listed = false;
     void stop();
     bool granted() const { return state_ == State::granted || state_ == State::revoking; }
     bool revoke();  // sends REVOKE; false when nothing is to wait for
@@ -64,14 +130,15 @@ private:
     void on_timer(int tag) override;
     bool step(const uint8_t *msg, size_t n);
     bool on_handshake(const uint8_t *msg, size_t n);
-    bool other_user(std::string *who);
     bool on_stage();
     bool on_copy(const CtlMsg &m);
 
     ShmServer &server_;
     net::Fd fd_;
+    const PeerCred cred_;
     uint64_t token_ = 0, timer_ = 0;
     State state_ = State::hello;
+    Mode granted_ = Mode::none;
     handshake::Responder::Session session_;
     // Staged writer: the ring we made for it (mapped here), and its geometry.
     uint8_t *ring_ = nullptr;
@@ -98,6 +165,7 @@ public:
     uint64_t backing_offset() const { return backing_.offset; }
     bool allow_other_users() const { return allow_others_; }
     void close(ShmConn &c);  // frees c
+    void authenticated(ShmConn &c);  // c no longer counts as pending
     void revoked();          // a connection answered REVOKE or went away
 
 private:
@@ -109,6 +177,11 @@ private:
     };
     void accept_all();
     void resume_accepting();
+    // Admission of a connection from cred: false refuses it (another user
+    // not allowed, or no slot). May close another pending connection to
+    // make room (see shm_listener.cpp).
+    bool admit(net::Fd &fd, const PeerCred &cred);
+    void unlist(ShmConn &c);
 
     BackendContext ctx_;
     handshake::Responder responder_;
@@ -121,6 +194,11 @@ private:
     uint64_t listen_tok_ = 0;
     uint64_t resume_timer_ = 0;  // accepting paused: out of descriptors (the loop thread's)
     std::unordered_map<ShmConn *, std::unique_ptr<ShmConn>> conns_;  // the loop thread's
+    // Connections not yet authenticated, oldest first, and their number per
+    // peer uid (the loop thread's); at most max_pending_ at once.
+    std::list<ShmConn *> pending_;
+    std::unordered_map<uint64_t, size_t> pending_per_user_;  // by ShmConn::user()
+    size_t max_pending_ = 0, max_conns_ = 0;
     std::mutex mu_;
     std::condition_variable cv_;
     size_t revoking_ = 0;  // under mu_
@@ -134,11 +212,11 @@ struct Link {
     uint8_t *dst = nullptr;      // mapped: the peer's region in our address space
     void *map_base = nullptr;    // mapped: what to munmap
     size_t map_len = 0;
-    pid_t pid = 0;               // kernel: the target process
+    pid_t pid = 0;               // the target process (0: not visible here)
+    net::Fd pidfd;               // that process, pinned (kernel: required; checked before each write)
     uint64_t remote_base = 0;    // kernel: the peer's base address there
     uint64_t remote_size = 0;
     Mode mode = Mode::none;
-    bool sealed = false;         // mapped: the file cannot shrink (F_SEAL_SHRINK): no SIGBUS to fear
     // staged: the target's ring, mapped here; COPY goes out on sock (the
     // ShmPeer's socket, open while anything copies).
     uint8_t *ring = nullptr;
@@ -179,12 +257,15 @@ struct Link {
     // staged: COPIED for slot/ticket (status 1: the target skipped it).
     void answered(uint32_t slot, uint64_t ticket, uint32_t status);
     // staged: takes back the posted slots the target has not begun to copy,
-    // and waits (bounded) for one it is copying.
-    void withdraw(const std::vector<std::pair<uint32_t, uint64_t>> &posted);
+    // and waits until `until`, in total, for those it is copying.
+    void withdraw(const std::vector<std::pair<uint32_t, uint64_t>> &posted, Clock::time_point until);
     // Stops the link with status (the first one wins), waits for the copy
     // threads to let go, then fails what it had: a failure is reported only
-    // once nothing of the link is copying. Idempotent.
-    void fail_all(int status);
+    // once nothing of the link is copying, and (staged) after waiting up to
+    // `wait` in total for slots the target is copying (zero when its socket
+    // closed or it exited: it copies on the thread that owned the socket).
+    // Idempotent.
+    void fail_all(int status, Clock::duration wait);
 };
 
 // The copy threads of one transport's shm backend: shm.threads copiers, the
@@ -272,10 +353,15 @@ public:
 private:
     struct Watch final : EventLoop::Source {
         explicit Watch(ShmPeer &p) : peer(p) {}
-        void on_event(int, uint32_t events) override { peer.on_socket(events); }
+        void on_event(int tag, uint32_t events) override {
+            if (tag == 1) peer.on_exit();
+            else peer.on_socket(events);
+        }
         ShmPeer &peer;
     };
     void on_socket(uint32_t events);
+    void on_exit();  // the target process exited
+    void gone();     // on the loop thread: stop watching
 
     std::shared_ptr<Link> link_;
     net::Fd sock_;
@@ -283,7 +369,7 @@ private:
     EventLoop *loop_;
     std::thread stager_;  // staged only
     Watch watch_{*this};
-    uint64_t token_ = 0;
+    uint64_t token_ = 0, pid_token_ = 0;
     std::once_flag shutdown_once_;
 };
 

@@ -1,7 +1,8 @@
 // The writer's data path: copy threads, the copy of one part (into the
 // mapping, through process_vm_writev, or through the target's staging ring),
-// and the SIGBUS guard that turns a fault in the peer's mapping (the target
-// truncated its file) into a failed transfer instead of a dead process.
+// and the SIGBUS guard that turns a fault in memory another process can
+// shrink or empty (the peer's file truncated, a huge page punched out of it
+// or out of a ring) into a failed transfer instead of a dead process.
 #include <sys/mman.h>
 #include <sys/uio.h>
 
@@ -22,33 +23,39 @@ namespace {
 
 constexpr uint64_t kChunk = 8u << 20;  // a halt is seen at least this often while copying
 
-// Set only while a copy thread copies into a peer's mapping, with the range
-// of that mapping. initial-exec: the signal handler must not allocate
+// Set only while a thread copies guarded (guarded() in shm.h), with the two
+// ranges it guards. initial-exec: the signal handler must not allocate
 // thread storage.
 __attribute__((tls_model("initial-exec"))) thread_local sigjmp_buf *t_guard = nullptr;
-__attribute__((tls_model("initial-exec"))) thread_local uintptr_t t_guard_lo = 0, t_guard_hi = 0;
+__attribute__((tls_model("initial-exec"))) thread_local uintptr_t t_guard_lo[2] = {}, t_guard_hi[2] = {};
 struct sigaction g_prev_sigbus;
 
-// Ours: a fault (not a signal someone sent) at an address of the mapping
-// this thread is copying into. Anything else (a fault in the source region,
-// kill -BUS) goes where it went before us.
+// Ours: a fault of a mapping that lost its page (BUS_ADRERR: past the end
+// of a file, a hole no page can fill; BUS_OBJERR) at an address of the
+// memory this thread is copying guarded. Anything else (a fault in the
+// writer's own source region, a hardware memory error, kill -BUS) goes where
+// it went before us.
 void on_sigbus(int sig, siginfo_t *si, void *uc) {
     const bool sent = !si || si->si_code <= 0;  // SI_USER, SI_QUEUE, SI_TKILL...
-    if (sigjmp_buf *jb = t_guard; jb && !sent) {
+    const bool lost_page = si && (si->si_code == BUS_ADRERR || si->si_code == BUS_OBJERR);
+    if (sigjmp_buf *jb = t_guard; jb && lost_page) {
         const auto a = reinterpret_cast<uintptr_t>(si->si_addr);
-        if (a >= t_guard_lo && a < t_guard_hi) {
+        if ((a >= t_guard_lo[0] && a < t_guard_hi[0]) || (a >= t_guard_lo[1] && a < t_guard_hi[1])) {
             t_guard = nullptr;
             siglongjmp(*jb, 1);
         }
     }
     // sa_handler and sa_sigaction share storage: SIG_DFL/SIG_IGN are seen
     // the same with or without SA_SIGINFO.
+    // A fault repeats when we return; a signal someone sent, or a memory
+    // error reported ahead of any access (BUS_MCEERR_AO), does not.
+    const bool repeats = si && !sent && si->si_code != BUS_MCEERR_AO;
     const struct sigaction &p = g_prev_sigbus;
-    if (p.sa_handler == SIG_IGN && sent) return;  // ignored, as before us
+    if (p.sa_handler == SIG_IGN && !repeats) return;  // ignored, as before us
     if (p.sa_handler == SIG_DFL || p.sa_handler == SIG_IGN) {
         signal(SIGBUS, SIG_DFL);
-        if (sent) raise(SIGBUS);  // the default action now (SA_NODEFER: not blocked here)
-        return;                   // a fault repeats on return and kills, as without us
+        if (!repeats) raise(SIGBUS);  // the default action now (SA_NODEFER: not blocked here)
+        return;                       // the fault repeats on return and kills, as without us
     }
     if (p.sa_flags & SA_SIGINFO) p.sa_sigaction(sig, si, uc);
     else p.sa_handler(sig);
@@ -67,24 +74,14 @@ template <class F> bool each_chunk(const Link &l, const Part *parts, size_t n, F
 
 // The runs of the parts into the mapping: 0, 1 when halted, -1 on a fault.
 int copy_mapped(Link &l, const Part *parts, size_t n) {
-    sigjmp_buf jb;
-    if (sigsetjmp(jb, 0) != 0) {
-        sigset_t s;
-        sigemptyset(&s);
-        sigaddset(&s, SIGBUS);
-        pthread_sigmask(SIG_UNBLOCK, &s, nullptr);  // the handler left it blocked
-        return -1;
-    }
-    t_guard_lo = reinterpret_cast<uintptr_t>(l.map_base);
-    t_guard_hi = t_guard_lo + l.map_len;
-    t_guard = &jb;
-    const bool whole = each_chunk(l, parts, n, [&](const uint8_t *from, uint64_t to, uint64_t len) {
-        if (l.halt.load(std::memory_order_relaxed)) return false;
-        memcpy(l.dst + to, from, len);
-        return true;
+    return guarded({l.map_base, l.map_len}, {}, [&] {
+        const bool whole = each_chunk(l, parts, n, [&](const uint8_t *from, uint64_t to, uint64_t len) {
+            if (l.halt.load(std::memory_order_relaxed)) return false;
+            memcpy(l.dst + to, from, len);
+            return true;
+        });
+        return whole ? 0 : 1;
     });
-    t_guard = nullptr;
-    return whole ? 0 : 1;
 }
 
 // All the parts' runs in as few process_vm_writev calls as IOV_MAX and
@@ -104,6 +101,12 @@ int copy_kernel(Link &l, const Part *parts, size_t n) {
     });
     for (size_t at = 0; at < lv.size();) {
         if (l.halt.load(std::memory_order_relaxed)) return KVX_ECANCELED;
+        // The pid names our target only while it lives: once it exited,
+        // another process may have it (a forked child keeps the socket open).
+        if (process_exited(l.pidfd.get())) {
+            KVX_LOG(info, "shm: peer '%s': its process (pid %d) exited", l.peer_id.c_str(), static_cast<int>(l.pid));
+            return KVX_ECONNRESET;
+        }
         size_t cnt = 0;  // at most IOV_MAX iovecs and about kChunk bytes per call: a halt is seen soon
         for (uint64_t bytes = 0; at + cnt < lv.size() && cnt < IOV_MAX && bytes < kChunk; cnt++)
             bytes += lv[at + cnt].iov_len;
@@ -140,6 +143,27 @@ void Link::unmap() {
     ring = nullptr;
 }
 
+void arm_fault_guard(sigjmp_buf *jb, FaultRange a, FaultRange b) {
+    t_guard_lo[0] = reinterpret_cast<uintptr_t>(a.base);
+    t_guard_hi[0] = t_guard_lo[0] + a.len;
+    t_guard_lo[1] = reinterpret_cast<uintptr_t>(b.base);
+    t_guard_hi[1] = t_guard_lo[1] + b.len;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    t_guard = jb;
+}
+
+void disarm_fault_guard() {
+    t_guard = nullptr;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
+void fault_taken() {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &s, nullptr);  // in case the mask at the jump had it blocked (SA_NODEFER: it should not)
+}
+
 // Installs the guard, or installs it again when the application replaced it
 // since (its handler is then the one we chain to). Cheap when in place.
 void install_sigbus_guard() {
@@ -150,7 +174,7 @@ void install_sigbus_guard() {
     std::lock_guard<std::mutex> lk(mu);
     struct sigaction sa {};
     sa.sa_sigaction = on_sigbus;
-    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;  // ONSTACK: where the application (Go's runtime) has an alternate stack
     sigemptyset(&sa.sa_mask);
     struct sigaction prev {};
     sigaction(SIGBUS, &sa, &prev);
@@ -159,10 +183,10 @@ void install_sigbus_guard() {
 
 int copy_parts(Link &l, const Part *parts, size_t n) {
     if (l.mode == Mode::kernel) return copy_kernel(l, parts, n);
-    if (!l.sealed) install_sigbus_guard();  // a file that may shrink under us
     const int rc = copy_mapped(l, parts, n);
     if (rc < 0) {
-        KVX_LOG(warn, "shm: peer '%s': its mapping faulted (SIGBUS: the file was truncated?)", l.peer_id.c_str());
+        KVX_LOG(warn, "shm: peer '%s': its mapping faulted (SIGBUS: the file was truncated, or its pages punched out)",
+                l.peer_id.c_str());
         return KVX_ECONNRESET;
     }
     return rc == 0 ? 0 : KVX_ECANCELED;
@@ -170,7 +194,8 @@ int copy_parts(Link &l, const Part *parts, size_t n) {
 
 Link::~Link() { unmap(); }
 
-void Link::fail_all(int st) {
+void Link::fail_all(int st, Clock::duration wait) {
+    const Clock::time_point until = Clock::now() + wait;
     std::unordered_map<uint64_t, OpRef> victims;
     std::vector<std::pair<uint32_t, uint64_t>> posted;
     {
@@ -191,7 +216,7 @@ void Link::fail_all(int st) {
         }
         active++;  // reporting: a concurrent fail_all (shutdown) waits for us
     }
-    withdraw(posted);  // staged: nothing the target has not taken lands any more
+    withdraw(posted, until);  // staged: nothing the target has not taken lands any more
     CompletionBatch b;
     for (auto &[id, op] : victims) b.fail(*op, status);
     if (!b.empty()) b.deliver(*sink);  // a later call (the peer may be gone) has nothing to report
@@ -282,7 +307,7 @@ void end(Link &l, std::vector<Part> &parts, int rc) {
         l.active--;
         l.cv.notify_all();
     }
-    if (first_failure) l.fail_all(rc);  // once every copy of the link let go
+    if (first_failure) l.fail_all(rc, Clock::duration::zero());  // once every copy of the link let go (no ring here)
 }
 
 void copy_batch(Link &l, std::vector<Part> &parts) {

@@ -23,8 +23,11 @@ constexpr OptionSpec kOptions[] = {
      "watches the queue for 50 us before it sleeps: CPU time traded for the wake-ups a stream of small transfers "
      "would cost."},
     {"shm.allow_other_users", OptType::uint, 0, 1, "0",
-     "0: the shm backend serves only writers of the same user (checked with `SO_PEERCRED`); 1: any user that "
-     "authenticates (docs/security.md)."},
+     "Both directions. 0: the shm backend deals only with processes of its own user (`SO_PEERCRED`, across user "
+     "namespaces): as a target it refuses a writer of another user when it connects, as a writer it refuses a target "
+     "of another user. 1: as a target it admits writers of other users that authenticate (at most 16 of each user "
+     "unauthenticated at once), through a staging ring only (never the region's file, never `process_vm_writev`); as "
+     "a writer it writes to targets of other users, which then receive the blocks (docs/security.md)."},
     {"shm.private", OptType::choice, 0, 0, "auto",
      "How a same-host peer writes into a region that is not in a shareable mapping (one writable `MAP_SHARED` mapping "
      "of a file: a region of `kvx_region_alloc()`, a file reopened by its path such as /dev/shm's, or a memfd or "

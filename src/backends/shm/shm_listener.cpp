@@ -1,10 +1,15 @@
 // Target side of the shm backend: the listener and its connections, on the
-// transport's event loop. Writers copy into the region themselves, once the
-// handshake proved they hold the metadata's secret and SO_PEERCRED showed an
-// allowed user; only for a staged writer (private memory the kernel does not
-// let it reach) does this loop copy, from the writer's staging ring.
+// transport's event loop. A connection's credentials are read when it is
+// accepted: another user is refused at once unless shm.allow_other_users=1,
+// and unauthenticated connections are capped per uid and overall, so that
+// no other user can take the slots this user's writers need. Writers copy
+// into the region themselves, once the handshake proved they hold the
+// metadata's secret; only for a staged writer (private memory the kernel
+// does not let it reach, or a writer of another user) does this loop copy,
+// from the writer's staging ring.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -24,9 +29,18 @@ namespace kvx::shm {
 namespace {
 
 constexpr auto kHandshakeTimeout = std::chrono::milliseconds(1000);
-constexpr size_t kMaxConnections = 1024;
+// Unauthenticated connections: at most this many (or a quarter of the
+// descriptor limit) at once, and of each other user at most kPendingPerUser.
+constexpr size_t kMaxPending = 1024, kPendingPerUser = 16;
+// All connections, granted ones included: at most this many (or half the
+// descriptor limit).
+constexpr size_t kMaxConnections = 4096;
 constexpr auto kRevokeWait = std::chrono::milliseconds(2000);
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);  // after running out of descriptors
+// Accepted per wake-up: a peer that connects without end keeps the backlog
+// full, and the loop's other sources (handshakes, timers, other backends)
+// must still run between rounds (the listener is level-triggered).
+constexpr int kAcceptBatch = 64;
 constexpr uint32_t kRingSlots = 8, kRingSlotLen = 1u << 20;  // a staged writer's ring: 8 MiB
 
 // The one place a staged writer's bytes reach the region (named in
@@ -43,7 +57,7 @@ socklen_t abstract_addr(const std::string &name, sockaddr_un *a) {
 
 }  // namespace
 
-ShmConn::ShmConn(ShmServer &s, net::Fd fd) : server_(s), fd_(std::move(fd)) {}
+ShmConn::ShmConn(ShmServer &s, net::Fd fd, const PeerCred &cred) : server_(s), fd_(std::move(fd)), cred_(cred) {}
 
 ShmConn::~ShmConn() {
     if (ring_) munmap(ring_, ring_len(slots_, slot_len_));
@@ -114,7 +128,7 @@ bool ShmConn::step(const uint8_t *msg, size_t n) {
 // A writer of private memory that the kernel does not let it reach (or told
 // to stage): a ring of its own, a sealed memfd, passed with STAGED.
 bool ShmConn::on_stage() {
-    if (ring_ || (server_.mode() != Mode::kernel)) {
+    if (ring_ || (server_.mode() != Mode::kernel && granted_ != Mode::staged)) {
         KVX_LOG(warn, "shm: closing a writer's connection: STAGE %s", ring_ ? "twice" : "for a mapped region");
         return false;
     }
@@ -159,40 +173,49 @@ bool ShmConn::on_copy(const CtlMsg &m) {
             return false;
         }
     }
-    std::atomic_ref<uint64_t> state(*reinterpret_cast<uint64_t *>(ring_ + uint64_t{m.slot} * 64));
-    uint64_t expect = m.ticket;
     CtlMsg r{Ctl::copied};
     r.slot = m.slot;
     r.ticket = m.ticket;
-    if (state.compare_exchange_strong(expect, m.ticket | kTaken, std::memory_order_acquire)) {
+    // The ring is shared with the writer and the region may be a huge-page
+    // file whose pages a holder of its descriptor can punch out: a fault in
+    // either fails this connection, not the process.
+    const int rc = guarded({ring_, ring_len(slots_, slot_len_)}, {rg.base, rg.size()}, [&] {
+        std::atomic_ref<uint64_t> state(*reinterpret_cast<uint64_t *>(ring_ + uint64_t{m.slot} * 64));
+        uint64_t expect = m.ticket;
+        if (!state.compare_exchange_strong(expect, m.ticket | kTaken, std::memory_order_acquire)) return 1;  // withdrawn
         const uint8_t *src = ring_ + ring_data_off(slots_) + uint64_t{m.slot} * slot_len_;
         for (uint32_t i = 0; i < m.nseg; src += m.segs[i].len, i++)
             copy_into_region(rg.base + m.segs[i].dst_off, src, m.segs[i].len);
         state.store(m.ticket | kCopied, std::memory_order_release);
-    } else {
-        r.status = 1;  // withdrawn
+        return 0;
+    });
+    if (rc < 0) {
+        KVX_LOG(warn, "shm: closing a writer's connection: a copy from its staging ring faulted (SIGBUS: pages of the "
+                      "ring or the region are gone)");
+        return false;
     }
+    r.status = static_cast<uint32_t>(rc);
     uint8_t out[kCtlMaxLen];
     return send_msg(fd_.get(), out, encode_ctl(r, out), -1) == 0;
 }
 
 // HELLO -> CHALLENGE, AUTH -> ACCEPT and the grant, or a REFUSE at either
-// step; a writer of another user is refused unless they are allowed.
+// step. A writer of another user (admitted with shm.allow_other_users=1)
+// gets a staging ring: never the region's file, never leave to ptrace us.
 bool ShmConn::on_handshake(const uint8_t *msg, size_t n) {
-    std::string who;
-    handshake::Step st = other_user(&who)
-                             ? server_.responder().decline(KVX_EAUTH, "a writer of another user (shm.allow_other_users=0)",
-                                                           who.c_str())
-                             : server_.responder().on_message(session_, msg, n, who.c_str());
+    const std::string who = "shm " + cred_.who;
+    handshake::Step st = server_.responder().on_message(session_, msg, n, who.c_str());
     if (send_msg(fd_.get(), st.reply.data(), st.reply_len, -1) != 0) return false;
     if (st.outcome == handshake::Step::Outcome::refused) return false;
     if (st.outcome == handshake::Step::Outcome::challenged) {
         state_ = State::auth;
         return true;
     }
+    server_.authenticated(*this);
     CtlMsg g;
     g.kind = Ctl::grant;
-    g.mode = server_.grant_mode();
+    g.mode = cred_.same_user || server_.mode() == Mode::none ? server_.grant_mode() : Mode::staged;
+    granted_ = g.mode;
     g.offset = g.mode == Mode::mapped ? server_.backing_offset() : 0;
     g.size = server_.ctx().region.size();
     const int pass = g.mode == Mode::mapped ? server_.backing_fd() : -1;
@@ -202,18 +225,6 @@ bool ShmConn::on_handshake(const uint8_t *msg, size_t n) {
     server_.ctx().loop->cancel_timer(timer_);
     timer_ = 0;
     return true;
-}
-
-// The writer runs as another user (and they are not allowed); *who names it.
-bool ShmConn::other_user(std::string *who) {
-    ucred cred{};
-    socklen_t len = sizeof cred;
-    if (getsockopt(fd_.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-        *who = "shm writer of unknown credentials";
-        return true;
-    }
-    *who = strfmt("shm uid %u pid %d", static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid));
-    return cred.uid != geteuid() && !server_.allow_other_users();
 }
 
 bool ShmConn::revoke() {
@@ -226,10 +237,16 @@ bool ShmConn::revoke() {
 
 ShmServer::ShmServer(const BackendContext &ctx) : ctx_(ctx), responder_(ctx.identity, kDataPath, "shm") {
     allow_others_ = ctx.options->uint("shm.allow_other_users") != 0;
+    rlimit nofile{};
+    const size_t fds = getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
+                           ? static_cast<size_t>(nofile.rlim_cur) : SIZE_MAX;
+    max_pending_ = std::clamp<size_t>(fds / 4, kPendingPerUser, kMaxPending);
+    max_conns_ = std::clamp<size_t>(fds / 2, max_pending_, kMaxConnections);
     staged_ = ctx.options->str("shm.private") == "staged";
     info_.boot_id = boot_id();
     info_.netns = netns_inode();
     info_.pid = static_cast<uint32_t>(getpid());
+    info_.start_time = process_start_time(getpid());
     info_.socket_name = strfmt("kvxfer-shm-%d-%016" PRIx64, static_cast<int>(getpid()), ctx.identity.instance_id);
     std::string why;
     if (shared::find_backing(ctx.region.base, ctx.region.size(), &backing_, &why)) {
@@ -249,7 +266,7 @@ ShmServer::ShmServer(const BackendContext &ctx) : ctx_(ctx), responder_(ctx.iden
     sockaddr_un a;
     const socklen_t alen = abstract_addr(info_.socket_name, &a);
     if (!listen_fd_ || bind(listen_fd_.get(), reinterpret_cast<sockaddr *>(&a), alen) != 0 ||
-        listen(listen_fd_.get(), 128) != 0)
+        listen(listen_fd_.get(), SOMAXCONN) != 0)
         fail(KVX_EBACKEND, "shm: cannot listen on @%s: %s", info_.socket_name.c_str(), strerror(errno));
     listen_tok_ = ctx.loop->attach(listen_fd_.get(), EPOLLIN, &listener_, 0);
     if (listen_tok_ == 0) fail(KVX_ECLOSED, "shm: the event loop is stopped");
@@ -258,7 +275,7 @@ ShmServer::ShmServer(const BackendContext &ctx) : ctx_(ctx), responder_(ctx.iden
 ShmServer::~ShmServer() { shutdown(); }
 
 void ShmServer::accept_all() {
-    for (;;) {
+    for (int i = 0; i < kAcceptBatch; i++) {
         net::Fd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
         if (!fd) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -272,13 +289,76 @@ void ShmServer::accept_all() {
             }
             return;  // EAGAIN: none left
         }
-        if (conns_.size() >= kMaxConnections) continue;  // closed: the writer's connect fails
-        auto c = std::make_unique<ShmConn>(*this, std::move(fd));
+        PeerCred cred;
+        if (!peer_cred(fd.get(), &cred) || !admit(fd, cred)) continue;  // closed: the writer's handshake fails
+        auto c = std::make_unique<ShmConn>(*this, std::move(fd), cred);
         ShmConn *p = c.get();
         conns_.emplace(p, std::move(c));
+        p->pending_at = pending_.insert(pending_.end(), p);
+        p->listed = true;
+        pending_per_user_[p->user()]++;
         if (!p->start(Clock::now() + kHandshakeTimeout)) close(*p);
     }
 }
+
+// A writer of another user is refused before it says anything, unless
+// allowed: the REFUSE waits in its socket for its HELLO, and the connection
+// costs us nothing after this call. Otherwise it needs a pending slot: at
+// most kPendingPerUser per other user (a new one replaces that user's
+// oldest), and when all max_pending_ are taken, the oldest connection of the
+// other user holding the most makes room; if this user holds them all, the
+// new connection is closed. So another user can delay this user's writers
+// by at most its quota, whatever it opens.
+bool ShmServer::admit(net::Fd &fd, const PeerCred &cred) {
+    auto oldest_of = [&](uint64_t user) -> ShmConn * {
+        for (ShmConn *c : pending_)
+            if (c->user() == user) return c;
+        return nullptr;
+    };
+    auto pending_of = [&](uint64_t user) -> size_t {
+        auto it = pending_per_user_.find(user);
+        return it == pending_per_user_.end() ? 0 : it->second;
+    };
+    if (!cred.same_user && !allow_others_) {
+        const handshake::Step st =
+            responder_.decline(KVX_EAUTH, "a writer of another user (shm.allow_other_users=0)", ("shm " + cred.who).c_str());
+        send_msg(fd.get(), st.reply.data(), st.reply_len, -1);
+        // Closed with its HELLO unread, the socket would reset the writer's
+        // end, and the reset is reported before the REFUSE waiting there:
+        // stop taking data, drop what came, then close.
+        ::shutdown(fd.get(), SHUT_RD);
+        uint8_t sink[64];
+        for (int i = 0; i < 64 && recv(fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
+        }
+        return false;
+    }
+    if (conns_.size() >= max_conns_ && pending_.empty()) return false;
+    const uint64_t user = ShmConn::user_of(cred);
+    if (user != ShmConn::kOurUser && pending_of(user) >= kPendingPerUser) {
+        close(*oldest_of(user));
+    } else if (pending_.size() >= max_pending_ || conns_.size() >= max_conns_) {
+        uint64_t most = ShmConn::kOurUser;
+        size_t n = 0;
+        for (const auto &[u, count] : pending_per_user_)
+            if (count > n && u != ShmConn::kOurUser) {
+                most = u;
+                n = count;
+            }
+        if (n == 0) return false;  // all ours (or none pending): no room
+        close(*oldest_of(most));
+    }
+    return true;
+}
+
+void ShmServer::unlist(ShmConn &c) {
+    if (!c.listed) return;
+    auto it = pending_per_user_.find(c.user());
+    if (it != pending_per_user_.end() && --it->second == 0) pending_per_user_.erase(it);
+    pending_.erase(c.pending_at);
+    c.listed = false;
+}
+
+void ShmServer::authenticated(ShmConn &c) { unlist(c); }
 
 void ShmServer::resume_accepting() {
     resume_timer_ = 0;
@@ -286,6 +366,7 @@ void ShmServer::resume_accepting() {
 }
 
 void ShmServer::close(ShmConn &c) {
+    unlist(c);
     c.stop();
     conns_.erase(&c);
 }
@@ -327,6 +408,8 @@ void ShmServer::shutdown() {
     ctx_.loop->call([&] {
         for (auto &[p, c] : conns_) c->stop();
         conns_.clear();
+        pending_.clear();
+        pending_per_user_.clear();
     });
     listen_fd_ = net::Fd();
 }

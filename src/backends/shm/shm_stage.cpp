@@ -60,7 +60,9 @@ void take_pieces(const Link &l, Link::Staged &st, CtlMsg *m, const uint8_t **src
     }
 }
 
-// Stops the link at its first failure and fails what it had (l.mu not held).
+// Stops the link at its first failure and fails what it had (l.mu not held):
+// its socket failed or the target broke the protocol, so no wait for slots
+// the target took (an honest one copies before it answers or closes).
 void stop_link(Link &l, int status) {
     {
         std::lock_guard<std::mutex> lk(l.mu);
@@ -70,7 +72,7 @@ void stop_link(Link &l, int status) {
         }
         l.halt.store(true);
     }
-    l.fail_all(status);
+    l.fail_all(status, Clock::duration::zero());
 }
 
 }  // namespace
@@ -107,18 +109,26 @@ int post_slot(Link &l, std::unique_lock<std::mutex> &lk) {
     st->outstanding++;
     l.active++;  // copying into the ring: fail_all waits for it
     lk.unlock();
-    uint8_t *dst = l.ring + ring_data_off(l.slots) + uint64_t{s} * l.slot_len;
-    for (uint32_t i = 0; i < m.nseg; dst += m.segs[i].len, i++) memcpy(dst, src[i], m.segs[i].len);
-    slot_state(l, s).store(t, std::memory_order_release);
+    // The ring is the target's file: a huge-page one it punched a hole into
+    // faults here, which fails the link instead of the process.
+    const int copied = guarded({l.ring, l.ring_len}, {}, [&] {
+        uint8_t *dst = l.ring + ring_data_off(l.slots) + uint64_t{s} * l.slot_len;
+        for (uint32_t i = 0; i < m.nseg; dst += m.segs[i].len, i++) memcpy(dst, src[i], m.segs[i].len);
+        slot_state(l, s).store(t, std::memory_order_release);
+        return 0;
+    });
     m.slot = s;
     m.ticket = t;
     uint8_t msg[kCtlMaxLen];
-    const int rc = send_msg(l.sock, msg, encode_ctl(m, msg), -1);
+    const int rc = copied < 0 ? -EFAULT : send_msg(l.sock, msg, encode_ctl(m, msg), -1);
     lk.lock();
     l.active--;
     l.cv.notify_all();
     if (rc == 0) return 0;
-    KVX_LOG(info, "shm: peer '%s': COPY not sent: %s", l.peer_id.c_str(), strerror(-rc));
+    if (copied < 0)
+        KVX_LOG(warn, "shm: peer '%s': its staging ring faulted (SIGBUS: its pages are gone)", l.peer_id.c_str());
+    else
+        KVX_LOG(info, "shm: peer '%s': COPY not sent: %s", l.peer_id.c_str(), strerror(-rc));
     return KVX_ECONNRESET;
 }
 
@@ -168,18 +178,27 @@ void Link::answered(uint32_t slot, uint64_t ticket, uint32_t st_code) {
     }
 }
 
-void Link::withdraw(const std::vector<std::pair<uint32_t, uint64_t>> &posted) {
-    for (const auto &[s, t] : posted) {
-        uint64_t v = t;
-        if (slot_state(*this, s).compare_exchange_strong(v, 0, std::memory_order_acq_rel) || v != (t | kTaken))
-            continue;
-        const auto until = Clock::now() + std::chrono::seconds(1);
-        while (slot_state(*this, s).load(std::memory_order_acquire) == (t | kTaken) && Clock::now() < until)
-            usleep(50);
-        if (slot_state(*this, s).load(std::memory_order_acquire) == (t | kTaken))
-            KVX_LOG(warn, "shm: peer '%s' is still copying a staging slot of %u bytes after 1 s: it may land after "
-                          "its transfer is reported failed", peer_id.c_str(), slot_len);
-    }
+void Link::withdraw(const std::vector<std::pair<uint32_t, uint64_t>> &posted, Clock::time_point until) {
+    if (posted.empty()) return;
+    size_t copying = 0;  // slots the target took and had not copied by `until`
+    const int rc = guarded({ring, ring_len}, {}, [&] {
+        for (const auto &[s, t] : posted) {
+            uint64_t v = t;
+            if (slot_state(*this, s).compare_exchange_strong(v, 0, std::memory_order_acq_rel) || v != (t | kTaken))
+                continue;
+            while (slot_state(*this, s).load(std::memory_order_acquire) == (t | kTaken) && Clock::now() < until)
+                usleep(50);
+            if (slot_state(*this, s).load(std::memory_order_acquire) == (t | kTaken)) copying++;
+        }
+        return 0;
+    });
+    // A fault leaves the slots after it posted: their pages are gone, and
+    // a target that punched them out can do what it likes with its region.
+    if (rc < 0)
+        KVX_LOG(warn, "shm: peer '%s': its staging ring faulted (SIGBUS) while taking slots back", peer_id.c_str());
+    else if (copying > 0)
+        KVX_LOG(warn, "shm: peer '%s' is still copying %zu staging slots of %u bytes: they may land after their "
+                      "transfers are reported failed", peer_id.c_str(), copying, slot_len);
 }
 
 }  // namespace kvx::shm

@@ -13,11 +13,12 @@ wire::Section encode_section(const SectionInfo &s) {
     w.u8(static_cast<uint8_t>(s.mode));
     w.u8(static_cast<uint8_t>(s.socket_name.size()));
     w.bytes(s.socket_name.data(), s.socket_name.size());
+    w.u64(s.start_time);
     return wire::Section{kSectionId, kSectionVersion, std::move(w.buf())};
 }
 
 SectionInfo decode_section(const wire::Section &sec) {
-    if (sec.version < kSectionVersion) fail(KVX_EBADMETA, "shm section: version %u is unknown", sec.version);
+    if (sec.version < kSectionMinVersion) fail(KVX_EBADMETA, "shm section: version %u is unknown", sec.version);
     Reader r(sec.body.data(), sec.body.size(), KVX_EBADMETA, "shm section");
     SectionInfo s;
     const uint8_t *boot = r.bytes(s.boot_id.size(), "boot_id");
@@ -38,7 +39,8 @@ SectionInfo decode_section(const wire::Section &sec) {
         if (!ok) fail(KVX_EBADMETA, "shm section: socket name byte %zu is 0x%02x", i, c);
     }
     s.socket_name.assign(reinterpret_cast<const char *>(name), len);
-    if (sec.version == kSectionVersion && r.remaining() != 0)
+    if (sec.version >= 2) s.start_time = r.u64("start_time");
+    if (sec.version <= kSectionVersion && r.remaining() != 0)
         fail(KVX_EBADMETA, "shm section: %zu trailing bytes", r.remaining());
     return s;
 }

@@ -14,7 +14,8 @@
 namespace kvx::shm {
 
 constexpr uint16_t kSectionId = 4;
-constexpr uint8_t kSectionVersion = 1;
+constexpr uint8_t kSectionVersion = 2;     // written (2 since 0.9.0: start_time appended)
+constexpr uint8_t kSectionMinVersion = 1;  // read
 constexpr size_t kMaxSocketName = 100;  // abstract unix socket name, without its leading NUL
 
 // How a writer puts bytes into this target's region.
@@ -31,6 +32,11 @@ struct SectionInfo {
     uint32_t pid = 0;                   // the target's pid (for the log; the socket's credentials decide)
     Mode mode = Mode::none;
     std::string socket_name;            // 1..kMaxSocketName bytes of [A-Za-z0-9._-]
+    // Version 2: when the target process started (/proc/PID/stat starttime,
+    // clock ticks since boot), so that a writer that pinned the socket's pid
+    // with pidfd_open can tell the target from a process that got its pid
+    // later; 0: not said (version 1, or unknown).
+    uint64_t start_time = 0;
 };
 
 wire::Section encode_section(const SectionInfo &s);
