@@ -42,26 +42,6 @@
 
 /* ---- helpers */
 
-/* 1 when pid holds the socket with this inode among its descriptors. */
-static int child_holds_inode(pid_t pid, unsigned long inode) {
-    char want[64], dpath[64], path[400], link[128];
-    snprintf(want, sizeof want, "socket:[%lu]", inode);
-    snprintf(dpath, sizeof dpath, "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(dpath);
-    struct dirent *e;
-    int found = 0;
-    while (d && (e = readdir(d))) {
-        snprintf(path, sizeof path, "%s/%s", dpath, e->d_name);
-        ssize_t n = readlink(path, link, sizeof link - 1);
-        if (n > 0) {
-            link[n] = 0;
-            found |= strcmp(link, want) == 0;
-        }
-    }
-    if (d) closedir(d);
-    return found;
-}
-
 static uint16_t target_port(const child_target *c) {
     /* The metadata's tcp endpoint: the child listens on 127.0.0.1:PORT; ask the kernel which. */
     char path[300];
@@ -76,7 +56,7 @@ static uint16_t target_port(const child_target *c) {
             /* a listener on 127.0.0.1: ours is the one whose inode the child holds */
             unsigned long inode = 0;
             if (sscanf(line, " %*d: %*x:%*x %*x:%*x %*x %*x:%*x %*x:%*x %*x %*u %*u %lu", &inode) != 1) continue;
-            if (child_holds_inode(c->pid, inode)) port = lp;
+            if (proc_holds_inode(c->pid, inode)) port = lp;
         }
     }
     fclose(f);
@@ -101,31 +81,14 @@ static int count_sockets(pid_t pid) {
     return n;
 }
 
-/* utime + stime of a process, in clock ticks. */
-static long cpu_ticks(pid_t pid) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    assert_non_null(p);
-    unsigned long ut = 0, st = 0;
-    /* after ")": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
-    assert_int_equal(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
-    return (long)(ut + st);
-}
-
 /* The share of one core pid used over about ms milliseconds (its ticks and
  * the wall time measured come back too). */
 static double cpu_share(pid_t pid, unsigned ms, long *ticks, uint64_t *wall) {
     long hz = sysconf(_SC_CLK_TCK);
-    long t0 = cpu_ticks(pid);
+    long t0 = proc_cpu_ticks(pid);
     uint64_t w0 = now_ms();
     usleep(ms * 1000u);
-    *ticks = cpu_ticks(pid) - t0;
+    *ticks = proc_cpu_ticks(pid) - t0;
     *wall = now_ms() - w0;
     return (double)*ticks / (double)hz * 1000.0 / (double)*wall;
 }
@@ -564,26 +527,6 @@ static void test_emfile(void **state) {
     region_free(&r);
 }
 
-/* The same for the shm listener (an abstract unix socket): the child serves
- * shm only; its listening socket is found in /proc/net/unix by an inode the
- * child holds. */
-static void shm_listener_name(pid_t pid, char *name, size_t cap) {
-    FILE *f = fopen("/proc/net/unix", "r");
-    assert_non_null(f);
-    char line[512];
-    name[0] = 0;
-    while (fgets(line, sizeof line, f)) {
-        unsigned flags, type, st;
-        unsigned long inode;
-        char p[256];
-        if (sscanf(line, "%*s %*x %*x %x %x %x %lu %255s", &flags, &type, &st, &inode, p) != 5) continue;
-        if (type == SOCK_SEQPACKET && (flags & 0x10000) && p[0] == '@' && child_holds_inode(pid, inode))
-            snprintf(name, cap, "%.*s", (int)(cap - 1), p + 1);
-    }
-    fclose(f);
-    assert_true(name[0] != 0);
-}
-
 static int open_unix_idle(const char *name) {
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0); /* a full backlog: EAGAIN, not a wait */
     assert_true(fd >= 0);
@@ -599,6 +542,9 @@ static int open_unix_idle(const char *name) {
     return fd;
 }
 
+/* The same for the shm listener (an abstract unix socket): the child serves
+ * shm only; its listening socket's name is found in /proc/net/unix
+ * (shm_listener_name). */
 static void test_shm_emfile(void **state) {
     (void)state;
     static const char *const opts[] = {"backend=shm", NULL};

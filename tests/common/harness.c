@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -386,4 +387,57 @@ int child_stop(child_target *c) {
     close(c->from_child);
     c->pid = -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ---- /proc ---- */
+
+int proc_holds_inode(pid_t pid, unsigned long inode) {
+    char want[64], dpath[64], path[400], link[128];
+    snprintf(want, sizeof want, "socket:[%lu]", inode);
+    snprintf(dpath, sizeof dpath, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dpath);
+    int found = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        snprintf(path, sizeof path, "%s/%s", dpath, e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n > 0) {
+            link[n] = 0;
+            found |= strcmp(link, want) == 0;
+        }
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+long proc_cpu_ticks(pid_t pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    assert_non_null(p);
+    unsigned long ut = 0, st = 0;
+    /* after ")": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    assert_int_equal(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
+    return (long)(ut + st);
+}
+
+void shm_listener_name(pid_t pid, char *name, size_t cap) {
+    FILE *f = fopen("/proc/net/unix", "r");
+    assert_non_null(f);
+    char line[512];
+    name[0] = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned flags, type, st;
+        unsigned long inode;
+        char p[256];
+        if (sscanf(line, "%*s %*x %*x %x %x %x %lu %255s", &flags, &type, &st, &inode, p) != 5) continue;
+        if (type == SOCK_SEQPACKET && (flags & 0x10000) && p[0] == '@' && proc_holds_inode(pid, inode))
+            snprintf(name, cap, "%.*s", (int)(cap - 1), p + 1);
+    }
+    fclose(f);
+    assert_true(name[0] != 0);
 }

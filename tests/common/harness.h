@@ -122,4 +122,14 @@ void child_freeze(child_target *c);
 void child_kill(child_target *c);
 int child_stop(child_target *c);
 
+/* ---- /proc (the adversarial tests watch a target process) ---- */
+
+/* pid holds a descriptor of socket inode. */
+int proc_holds_inode(pid_t pid, unsigned long inode);
+/* utime + stime of a process, in clock ticks (fails the test if unreadable). */
+long proc_cpu_ticks(pid_t pid);
+/* The abstract name (without '@') of the shm listener pid holds: a listening
+ * seqpacket socket in /proc/net/unix whose inode pid holds. */
+void shm_listener_name(pid_t pid, char *name, size_t cap);
+
 #endif
