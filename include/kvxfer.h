@@ -85,8 +85,9 @@ typedef enum kvx_error {
     KVX_ETIMEDOUT = -110,   /**< connect or transfer timed out (PEER)        */
     KVX_ECONNRESET = -104,  /**< peer connection lost (PEER)                 */
     KVX_EHOSTUNREACH = -113,/**< no route to any of the peer's endpoints (PEER) */
-    KVX_ECANCELED = -125,   /**< registration cancelled: the peer was removed or
-                                 re-added meanwhile (REQUEST; since 0.2)         */
+    KVX_ECANCELED = -125,   /**< cancelled: the peer was removed or re-added
+                                 meanwhile (a registration, since 0.2; a
+                                 transfer's kvx_result, since 0.9) (REQUEST) */
 
     KVX_ERRNO_OFFSET = -1000,
     KVX_ECLOSED = -1001,      /**< transport was closed (TRANSPORT)             */
@@ -594,6 +595,43 @@ KVX_API int kvx_poll(size_t *out_n_done, size_t *out_n_failed, kvx_transport *t,
                      const char *peer_id, uint64_t *done, size_t done_cap, uint64_t *failed,
                      size_t failed_cap);
 
+/** A finished transfer and how it ended (kvx_poll_results(), since 0.9). */
+typedef struct kvx_result {
+    uint64_t id;
+    /** 0: done. Otherwise why it failed:
+     *  KVX_ETIMEDOUT   its peer made no progress for transfer_timeout_ms
+     *                  (the stall timeout);
+     *  KVX_ECONNRESET  its peer's connection failed: a reset, the peer's
+     *                  process or host gone, every rail lost, a shm target
+     *                  that exited or revoked its grant;
+     *  KVX_ECANCELED   its peer was removed (kvx_remove_remote_peer(), or
+     *                  replaced by KVX_PEER_REPLACE) before it ended;
+     *  another kvx_error code for a backend's own failure (KVX_EPERM: the
+     *  kernel refused a shm copy; KVX_EBACKEND), named by the log.
+     *  kvx_get_peer_state() tells what the peer went through meanwhile. */
+    int32_t status;
+    uint32_t reserved; /**< 0 */
+} kvx_result;
+
+/**
+ * Collect finished transfers with the reason of each failure (since 0.9):
+ * kvx_poll() with one array, each entry an id and its status. The two calls
+ * take from the same queues: each id is reported exactly once, by one of
+ * them. What does not fit stays for the next call (loop while *out_n == cap).
+ * Order: peer by peer; within a peer's share of one call, its done ids
+ * first, then its failed ones, each in the order they ended.
+ * @param out_n    receives the number of entries written to out.
+ * @param peer_id  NULL for all peers, or only that peer's transfers (an
+ *                 unknown id yields nothing, as for kvx_poll()).
+ * @param out, cap caller-owned array of cap entries (NULL when cap is 0).
+ * @return 0; KVX_EINVAL (NULL out_n or t, NULL out with cap > 0); KVX_ECLOSED.
+ * Failed transfers leave their blocks as kvx_poll() says. Each failure is
+ * also counted by cause in kvx_stats (transfers_failed_timeout and the
+ * fields after it).
+ * Thread safety: any thread, as kvx_poll().
+ */
+KVX_API int kvx_poll_results(size_t *out_n, kvx_transport *t, const char *peer_id, kvx_result *out, size_t cap);
+
 typedef enum kvx_cancel_mode {
     /** Forget the ids, including ids that finished but were not yet polled:
      *  they are never reported. Bytes of a transfer already on the wire may
@@ -680,7 +718,8 @@ KVX_API int kvx_completion_fd(int *out_fd, kvx_transport *t);
  *
  * Transfers are counted when they end: done (the bytes are in the peer's
  * region, reported done by kvx_poll()), failed (reported failed, or lost at
- * close), cancelled (by kvx_cancel() before they ended). A transfer of 0
+ * close; since 0.9 also by cause, at the end of the struct), cancelled (by
+ * kvx_cancel() before they ended). A transfer of 0
  * blocks counts as done, with no bytes and no latency sample.
  * Latency: from kvx_write_blocks() to the moment the library learns the
  * transfer is done (not to the kvx_poll() that reports it), of done
@@ -716,13 +755,20 @@ typedef struct kvx_stats {
     uint64_t latency_ns_p999;
     uint64_t latency_ns_max;
     uint64_t latency_buckets[KVX_STATS_LATENCY_BUCKETS]; /**< counts, see above */
+    /* since 0.9: transfers_failed by cause (kvx_result's status); the four add
+     * up to transfers_failed */
+    uint64_t transfers_failed_timeout;    /**< KVX_ETIMEDOUT: the stall timeout */
+    uint64_t transfers_failed_connection; /**< KVX_ECONNRESET: the connection failed */
+    uint64_t transfers_failed_removed;    /**< KVX_ECANCELED: the peer was removed or
+                                               replaced, or the transport closed */
+    uint64_t transfers_failed_other;      /**< any other code */
 } kvx_stats;
 
 /** Initializer of a kvx_stats: kvx_stats s = KVX_STATS_INIT; */
 #define KVX_STATS_INIT                                                              \
     {                                                                               \
         sizeof(kvx_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-            0, 0, { 0 }                                                             \
+            0, 0, { 0 }, 0, 0, 0, 0                                                 \
     }
 
 /**

@@ -327,6 +327,13 @@ KVX_API int kvx_poll(size_t *out_n_done, size_t *out_n_failed, kvx_transport *t,
     });
 }
 
+KVX_API int kvx_poll_results(size_t *out_n, kvx_transport *t, const char *peer_id, kvx_result *out, size_t cap) {
+    return guard([&] {
+        KVX_REQUIRE(out_n && t, "NULL argument");
+        *out_n = t->impl.poll_results(peer_id, out, cap);
+    });
+}
+
 KVX_API int kvx_cancel(size_t *out_n_inflight, kvx_transport *t, const uint64_t *ids, size_t n, int mode,
                        uint64_t *inflight) {
     return guard([&] {

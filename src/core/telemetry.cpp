@@ -80,6 +80,10 @@ void Telemetry::fill(kvx_stats *out, const Counters &c, uint64_t peers, uint64_t
     s.latency_ns_p999 = c.latency.percentile(999);
     s.latency_ns_max = c.latency.max();
     std::copy(c.latency.buckets().begin(), c.latency.buckets().end(), s.latency_buckets);
+    s.transfers_failed_timeout = c.failed_timeout;
+    s.transfers_failed_connection = c.failed_connection;
+    s.transfers_failed_removed = c.failed_removed;
+    s.transfers_failed_other = c.failed_other;
     // A caller built against an older (smaller) or newer (larger) kvx_stats
     // gets the common prefix; size says how much that was.
     const size_t n = std::min<uint64_t>(out->size, sizeof s) / 8 * 8;

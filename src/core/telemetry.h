@@ -59,6 +59,7 @@ private:
 
 struct Counters {
     uint64_t done = 0, failed = 0, cancelled = 0;
+    uint64_t failed_timeout = 0, failed_connection = 0, failed_removed = 0, failed_other = 0;  // failed, by cause
     uint64_t bytes_done = 0, bytes_failed = 0, bytes_cancelled = 0;
     uint64_t inflight = 0, bytes_inflight = 0;
     uint64_t connects = 0, connect_failures = 0;
@@ -93,9 +94,10 @@ public:
         }
     }
     // latency_ns < 0: no sample (a transfer of 0 blocks, or not done).
-    void ended(Counters *peer, uint64_t bytes, Ending how, int64_t latency_ns, bool was_inflight = true) {
+    // status: a failed transfer's kvx_result status (its cause).
+    void ended(Counters *peer, uint64_t bytes, Ending how, int64_t latency_ns, int status = 0, bool was_inflight = true) {
         if constexpr (kTelemetry) {
-            for (Counters *c : {&total_, peer}) end_one(*c, bytes, how, latency_ns, was_inflight);
+            for (Counters *c : {&total_, peer}) end_one(*c, bytes, how, latency_ns, status, was_inflight);
         }
     }
     void connected(Counters *peer, int64_t ns);
@@ -107,7 +109,7 @@ public:
     const Counters &total() const { return total_; }
 
 private:
-    static void end_one(Counters &c, uint64_t bytes, Ending how, int64_t latency_ns, bool was_inflight) {
+    static void end_one(Counters &c, uint64_t bytes, Ending how, int64_t latency_ns, int status, bool was_inflight) {
         if (was_inflight) {
             c.inflight--;
             c.bytes_inflight -= bytes;
@@ -121,6 +123,10 @@ private:
         case Ending::failed:
             c.failed++;
             c.bytes_failed += bytes;
+            (status == KVX_ETIMEDOUT    ? c.failed_timeout
+             : status == KVX_ECONNRESET ? c.failed_connection
+             : status == KVX_ECANCELED  ? c.failed_removed
+                                        : c.failed_other)++;
             break;
         case Ending::cancelled:
             c.cancelled++;

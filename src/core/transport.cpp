@@ -201,7 +201,7 @@ void Transport::close() {
     } done{this};
     shut_down(peers);
     std::lock_guard<std::mutex> lk(mu_);
-    inflight_.for_each([&](const OpState &op) { count_end_locked(op, Ending::failed); });
+    inflight_.for_each([&](const OpState &op) { count_end_locked(op, Ending::failed, KVX_ECANCELED); });
     inflight_.clear();
     listed_.clear();
     completions_.clear();
@@ -473,8 +473,8 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
         link = peer->link;
         id = op.state->id = next_id_++;
         if (n == 0) {
-            queue_locked(peer_id, id, true);
-            telemetry_.ended(peer->stats.get(), 0, Ending::done, -1, false);
+            queue_locked(peer_id, id, 0);  // done at once
+            telemetry_.ended(peer->stats.get(), 0, Ending::done, -1, 0, false);
             return id;
         }
         inflight_.insert(op.state);
@@ -503,17 +503,32 @@ void Transport::complete(Peer &peer, uint64_t id, int status) {
 }
 
 void Transport::finish_locked(uint64_t id, Peer &peer, int status) {
-    count_end_locked(*inflight_.find(id), status == 0 ? Ending::done : Ending::failed);
+    status = failure_cause_locked(peer, status);
+    count_end_locked(*inflight_.find(id), status == 0 ? Ending::done : Ending::failed, status);
     inflight_.erase(id);
     peer.outstanding.fetch_sub(1);
-    queue_locked(peer.id, id, status == 0);
+    queue_locked(peer.id, id, status);
     if (status != 0) KVX_LOG(debug, "transfer %llu to peer '%s' failed: %s", (unsigned long long)id, peer.id.c_str(),
                              error_name(status));
 }
 
-void Transport::queue_locked(const std::string &peer_id, uint64_t id, bool done) {
+// What a failed transfer reports (kvx_result): the core knows better than
+// the backend why it stopped it. A backend fails what a removal or a stall
+// abort stopped with its own code (a reset, a halt); those say KVX_ECANCELED
+// and KVX_ETIMEDOUT. A backend's KVX_ECANCELED (a copy it halted) is a
+// failed connection unless the peer was removed.
+int Transport::failure_cause_locked(const Peer &peer, int status) const {
+    if (status == 0) return 0;
+    if (peer.removed) return KVX_ECANCELED;
+    if (peer.timed_out.load()) return KVX_ETIMEDOUT;
+    if (status == KVX_ECANCELED || status == KVX_EPEERBROKEN) return KVX_ECONNRESET;
+    return status;
+}
+
+void Transport::queue_locked(const std::string &peer_id, uint64_t id, int status) {
     auto it = completions_.try_emplace(peer_id).first;
-    (done ? it->second.done : it->second.failed).push_back(id);
+    if (status == 0) it->second.done.push_back(id);
+    else it->second.failed.push_back(Failed{id, status});
     ready_.added(1);
     if (!it->second.listed) {
         it->second.listed = true;
@@ -549,6 +564,17 @@ void drain(std::deque<uint64_t> &q, uint64_t *out, size_t cap, size_t *n) {
     for (; *n < cap && !q.empty(); q.pop_front()) out[(*n)++] = q.front();
 }
 
+void drain(std::deque<Transport::Failed> &q, uint64_t *out, size_t cap, size_t *n) {
+    for (; *n < cap && !q.empty(); q.pop_front()) out[(*n)++] = q.front().id;
+}
+
+// Results: done ids, then failed ones, into out[*n..cap).
+void drain_results(Transport::Completions &c, kvx_result *out, size_t cap, size_t *n) {
+    for (; *n < cap && !c.done.empty(); c.done.pop_front()) out[(*n)++] = kvx_result{c.done.front(), 0, 0};
+    for (; *n < cap && !c.failed.empty(); c.failed.pop_front())
+        out[(*n)++] = kvx_result{c.failed.front().id, c.failed.front().status, 0};
+}
+
 }  // namespace
 
 void Transport::poll(const char *peer_id, uint64_t *done, size_t done_cap, size_t *n_done, uint64_t *failed,
@@ -566,11 +592,32 @@ void Transport::poll(const char *peer_id, uint64_t *done, size_t done_cap, size_
             forget_drained_locked(it);
         }
     } else {
-        poll_all_locked(done, done_cap, &nd, failed, failed_cap, &nf);
+        drain_listed_locked([&](Completions &c) {
+            drain(c.done, done, done_cap, &nd);
+            drain(c.failed, failed, failed_cap, &nf);
+        });
     }
     ready_.taken(nd + nf);
     *n_done = nd;
     *n_failed = nf;
+}
+
+size_t Transport::poll_results(const char *peer_id, kvx_result *out, size_t cap) {
+    if (out == nullptr && cap) fail(KVX_EINVAL, "poll_results: NULL array with capacity %zu", cap);
+    size_t n = 0;
+    std::lock_guard<std::mutex> lk(mu_);
+    check_open_locked();
+    if (peer_id) {
+        auto it = completions_.find(peer_id);
+        if (it != completions_.end()) {
+            drain_results(it->second, out, cap, &n);
+            forget_drained_locked(it);
+        }
+    } else {
+        drain_listed_locked([&](Completions &c) { drain_results(c, out, cap, &n); });
+    }
+    ready_.taken(n);
+    return n;
 }
 
 size_t Transport::wait(int timeout_ms) {
@@ -591,13 +638,12 @@ int Transport::completion_fd() {
 // poll(NULL): the listed queues in the order they got ids; those drained
 // leave the list (and the map, if their peer is gone), and so do the slots of
 // queues erased meanwhile.
-void Transport::poll_all_locked(uint64_t *done, size_t done_cap, size_t *nd, uint64_t *failed, size_t failed_cap,
-                                size_t *nf) {
+template <class F>
+void Transport::drain_listed_locked(F &&drain_one) {
     size_t keep = 0;
     for (CompletionsMap::iterator it : listed_) {
         if (it == completions_.end()) continue;  // erased by poll(peer) or remove
-        drain(it->second.done, done, done_cap, nd);
-        drain(it->second.failed, failed, failed_cap, nf);
+        drain_one(it->second);
         if (!it->second.empty()) {
             it->second.slot = keep;
             listed_[keep++] = it;
@@ -653,7 +699,7 @@ void Transport::drop_unpolled_locked(const std::unordered_set<uint64_t> &ids) {
     for (CompletionsMap::iterator it : listed_) {
         if (it == completions_.end()) continue;
         dropped += std::erase_if(it->second.done, gone);
-        dropped += std::erase_if(it->second.failed, gone);
+        dropped += std::erase_if(it->second.failed, [&](const Failed &f) { return gone(f.id); });
     }
     ready_.taken(dropped);
 }

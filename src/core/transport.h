@@ -71,6 +71,8 @@ public:
     uint64_t write_blocks(const std::string &peer_id, const uint64_t *local, const uint64_t *remote, size_t n);
     void poll(const char *peer_id, uint64_t *done, size_t done_cap, size_t *n_done, uint64_t *failed,
               size_t failed_cap, size_t *n_failed);
+    // kvx_poll_results: done and failed ids with their status into out.
+    size_t poll_results(const char *peer_id, kvx_result *out, size_t cap);
     size_t cancel(const uint64_t *ids, size_t n, int mode, uint64_t *inflight);
     // kvx_wait: the number of ids ready for poll(NULL) once there are some
     // or timeout_ms (-1: no limit) passed (then 0); throws KVX_ECLOSED.
@@ -138,14 +140,23 @@ private:
     // peer stays (empty) between polls, so the data path neither allocates
     // nor frees one per transfer; it goes once its peer is removed and it is
     // drained.
+public:
+    // A failed id until polled, and its kvx_result status.
+    struct Failed {
+        uint64_t id;
+        int status;
+    };
     struct Completions {
-        std::deque<uint64_t> done, failed;
+        std::deque<uint64_t> done;
+        std::deque<Failed> failed;
         bool registered = false;  // a peer is published under this id
         bool listed = false;      // in listed_ (it got ids since poll(NULL) last drained it)
         size_t slot = 0;          // its index in listed_ while listed
         bool empty() const { return done.empty() && failed.empty(); }
     };
     using CompletionsMap = std::map<std::string, Completions>;
+
+private:
 
     const std::shared_ptr<Peer> &registered_locked(const std::string &id) const;
     // Reconnection (transport_peers.cpp). The watchdog marks peers whose
@@ -169,14 +180,17 @@ private:
     // Removes ids from the completion queues (cancel of finished, unpolled ids):
     // one pass over the queues, so cancel stays off poll's path.
     void drop_unpolled_locked(const std::unordered_set<uint64_t> &ids);
-    void queue_locked(const std::string &peer_id, uint64_t id, bool done);
+    void queue_locked(const std::string &peer_id, uint64_t id, int status);
+    int failure_cause_locked(const Peer &peer, int status) const;
     // Erases the queue of a removed peer once it is drained (taking it off
     // listed_ if it is listed: poll(peer) and remove drain queues too).
     void forget_drained_locked(CompletionsMap::iterator it);
     // Squeezes the slots of erased queues out of listed_.
     void compact_listed_locked();
-    void poll_all_locked(uint64_t *done, size_t done_cap, size_t *nd, uint64_t *failed, size_t failed_cap,
-                         size_t *nf);
+    // poll(NULL) and poll_results(NULL): drain_one(queue) for each listed
+    // queue in turn (see transport.cpp).
+    template <class F>
+    void drain_listed_locked(F &&drain_one);
     void check_open_locked() const;
     // close(): stops the threads, links and backends (closed_ set, no lock).
     void shut_down(std::map<std::string, std::shared_ptr<Peer>> &peers);
@@ -206,7 +220,7 @@ private:
     // Why r, cancelled (removed, superseded or closed) while it connected, failed.
     Error called_off_locked(const Registrations::Pending &r) const;
     // Telemetry of a transfer that ends here (mu_ held).
-    void count_end_locked(const OpState &op, Ending how);  // op.owner is its Peer
+    void count_end_locked(const OpState &op, Ending how, int status = 0);  // op.owner is its Peer
     void start_backends(const BackendContext &ctx);
     struct Candidate {
         Backend *backend;

@@ -341,10 +341,10 @@ void Transport::stats(kvx_stats *out, const char *peer_id) const {
     Telemetry::fill(out, *c, peers_.count(peer_id), registrations_.pending_locked(peer_id));
 }
 
-void Transport::count_end_locked(const OpState &op, Ending how) {
+void Transport::count_end_locked(const OpState &op, Ending how, int status) {
     if constexpr (kTelemetry)
         telemetry_.ended(static_cast<Peer *>(op.owner)->stats.get(), op.bytes, how,
-                         how == Ending::done ? Peer::now_ns() - op.t0_ns : -1);
+                         how == Ending::done ? Peer::now_ns() - op.t0_ns : -1, status);
 }
 
 }  // namespace kvx

@@ -57,7 +57,7 @@ const char *error_name(int code) {
     case KVX_ETIMEDOUT: return "timed out";
     case KVX_ECONNRESET: return "connection lost";
     case KVX_EHOSTUNREACH: return "peer unreachable";
-    case KVX_ECANCELED: return "registration cancelled";
+    case KVX_ECANCELED: return "cancelled: the peer was removed or replaced";
     case KVX_ECLOSED: return "transport closed";
     case KVX_EBADMETA: return "invalid agent metadata";
     case KVX_EVERSION: return "unsupported protocol version";

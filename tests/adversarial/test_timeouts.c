@@ -5,6 +5,9 @@
  *   - a SIGSTOPped target: every id fails within the timeout + 10 %, later
  *     writes say KVX_EPEERBROKEN and the peer is reconnecting; after SIGCONT
  *     it is up again by itself (no remove, no re-add) and moves bytes;
+ *   - each failed id says why (kvx_poll_results): KVX_ETIMEDOUT for the
+ *     frozen target, KVX_ECANCELED when its peer is removed, KVX_ECONNRESET
+ *     when its process is killed; the stats count them by cause;
  *   - a SIGSTOPped initiator (stopped 2.4 x its timeout, three times) fails
  *     nothing: the time it did not run is not its healthy peer's stall. */
 #include <sys/wait.h>
@@ -76,14 +79,20 @@ static void test_frozen_target(void **state) {
         CHECK_OK(kvx_write_blocks(&ids[i], a, "t", &l, &rm, 1));
     }
     size_t nf = 0;
-    uint8_t status[N];
+    int32_t codes[N];
     /* every id surfaces once; the ones that fit the socket buffers may not
-     * have landed either, so all of them fail */
-    assert_int_equal(wait_ids(a, "t", ids, N, 10 * TIMEOUT, &nf, status), N);
+     * have landed either, so all of them fail, each saying why */
+    assert_int_equal(wait_results(a, "t", ids, N, 10 * TIMEOUT, &nf, codes), N);
     uint64_t ms = now_ms() - t0;
     print_message("frozen target: %d transfers failed after %llu ms (timeout %d ms)\n", N, (unsigned long long)ms,
                   TIMEOUT);
     assert_int_equal(nf, N);
+    for (int i = 0; i < N; i++) assert_int_equal(codes[i], KVX_ETIMEDOUT);
+    kvx_stats s = KVX_STATS_INIT;
+    CHECK_OK(kvx_get_stats(&s, a, "t"));
+    assert_int_equal(s.transfers_failed, N);
+    assert_int_equal(s.transfers_failed_timeout, N);
+    assert_int_equal(s.transfers_failed_connection + s.transfers_failed_removed + s.transfers_failed_other, 0);
     assert_true(ms >= TIMEOUT);
     assert_true(ms <= TIMEOUT + TIMEOUT / 10);
     /* the peer is down while frozen: writes fail at once, reconnection
@@ -119,6 +128,59 @@ static void test_frozen_target(void **state) {
     assert_true(child_verify(&c, 0, 0, 9));
     kvx_transport_destroy(a);
     assert_int_equal(child_stop(&c), 0);
+    region_free(&r);
+}
+
+/* Why a transfer failed (kvx_poll_results): a frozen target's peer removed
+ * with transfers in flight says KVX_ECANCELED for each; one killed with
+ * transfers in flight, KVX_ECONNRESET (the stall timeout is far off). The
+ * stats count them by cause, per peer and in total. */
+static void test_failure_reasons(void **state) {
+    (void)state;
+    enum { N = 16 };
+    region r = region_new(NB, BL, 0);
+    kvx_transport *a = transport_new(&r, NULL, test_options("transfer_timeout_ms=60000 peer_redial_ms=0", NULL));
+    const char *names[2] = {"removed", "killed"};
+    const int32_t want[2] = {KVX_ECANCELED, KVX_ECONNRESET};
+    for (int k = 0; k < 2; k++) {
+        child_target c;
+        child_start(&c, NB, BL, NULL);
+        add_peer(a, names[k], &c.meta);
+        g_frozen = c.pid;
+        atexit(kill_frozen);
+        child_freeze(&c);
+        uint64_t ids[N];
+        for (uint64_t i = 0; i < N; i++) {
+            uint64_t l = i, rm = i;
+            CHECK_OK(kvx_write_blocks(&ids[i], a, names[k], &l, &rm, 1));
+        }
+        if (k == 0) {
+            CHECK_OK(kvx_remove_remote_peer(a, names[k]));
+        } else {
+            kill(c.pid, SIGKILL);
+        }
+        size_t nf = 0;
+        int32_t codes[N];
+        assert_int_equal(wait_results(a, NULL, ids, N, 30000, &nf, codes), N);
+        assert_int_equal(nf, N);
+        for (int i = 0; i < N; i++) assert_int_equal(codes[i], want[k]);
+        print_message("peer %s with %d transfers in flight: each failed with %s\n", names[k], N, kvx_strerror(want[k]));
+        kvx_stats s = KVX_STATS_INIT;
+        if (k == 1) {
+            CHECK_OK(kvx_get_stats(&s, a, names[k]));
+            assert_int_equal(s.transfers_failed_connection, N);
+            assert_int_equal(s.transfers_failed_timeout + s.transfers_failed_removed + s.transfers_failed_other, 0);
+            CHECK_OK(kvx_remove_remote_peer(a, names[k]));
+        }
+        CHECK_OK(kvx_get_stats(&s, a, NULL));
+        assert_int_equal(s.transfers_failed_removed, N);
+        assert_int_equal(s.transfers_failed_connection, k == 1 ? N : 0);
+        assert_int_equal(s.transfers_failed, s.transfers_failed_timeout + s.transfers_failed_connection +
+                                                 s.transfers_failed_removed + s.transfers_failed_other);
+        child_kill(&c);
+        g_frozen = 0;
+    }
+    kvx_transport_destroy(a);
     region_free(&r);
 }
 
@@ -198,6 +260,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_burst_on_healthy_link),
         cmocka_unit_test(test_frozen_target),
+        cmocka_unit_test(test_failure_reasons),
         cmocka_unit_test(test_frozen_initiator),
     };
     return cmocka_run_group_tests_name("adversarial_timeouts", tests, NULL, NULL);

@@ -180,6 +180,33 @@ size_t wait_ids(kvx_transport *t, const char *peer, const uint64_t *ids, size_t 
     return got;
 }
 
+size_t wait_results(kvx_transport *t, const char *peer, const uint64_t *ids, size_t n, int timeout_ms,
+                    size_t *n_failed, int32_t *codes) {
+    uint8_t *seen = calloc(n ? n : 1, 1);
+    size_t got = 0, nf = 0;
+    uint64_t end = now_ms() + (uint64_t)timeout_ms;
+    kvx_result res[64];
+    while (got < n && now_ms() < end) {
+        size_t nr = 0;
+        CHECK_OK(kvx_poll_results(&nr, t, peer, res, 64));
+        for (size_t k = 0; k < nr; k++) {
+            size_t j = 0;
+            while (j < n && ids[j] != res[k].id) j++;
+            if (j == n) fail_msg("poll_results reported id %llu that is not awaited", (unsigned long long)res[k].id);
+            if (seen[j]) fail_msg("id %llu surfaced twice", (unsigned long long)res[k].id);
+            assert_int_equal(res[k].reserved, 0);
+            seen[j] = 1;
+            if (codes) codes[j] = res[k].status;
+            got++;
+            if (res[k].status != 0) nf++;
+        }
+        if (nr == 0) usleep(200);
+    }
+    free(seen);
+    if (n_failed) *n_failed = nf;
+    return got;
+}
+
 /* ---- child target ---- */
 
 enum { CMD_VERIFY = 1, CMD_UNTOUCHED = 2, CMD_EXIT = 3 };

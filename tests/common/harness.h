@@ -76,6 +76,11 @@ void add_peer(kvx_transport *t, const char *id, const metablob *m);
  * surfaces. Returns the number of ids that surfaced; *n_failed gets failures. */
 size_t wait_ids(kvx_transport *t, const char *peer, const uint64_t *ids, size_t n, int timeout_ms,
                 size_t *n_failed, uint8_t *status /* optional: 1 done, 2 failed per id */);
+/* wait_ids through kvx_poll_results (peer NULL: every peer's): codes[j]
+ * (when not NULL) receives ids[j]'s status (0 done, else the failure's
+ * code; untouched for ids that did not surface). Returns how many surfaced. */
+size_t wait_results(kvx_transport *t, const char *peer, const uint64_t *ids, size_t n, int timeout_ms,
+                    size_t *n_failed, int32_t *codes);
 uint64_t now_ms(void);
 /* Polls kvx_get_peer_state() every 10 ms until the peer's link is `link`
  * (KVX_PEER_UP, ...) or timeout_ms passed; the ms it took, or -1. *st (may

@@ -425,72 +425,6 @@ static void test_parallel_streams(void **state) {
     region_free(&rb);
 }
 
-/* Many transfers: each id exactly once; poll with tiny arrays keeps leftovers. */
-static void test_many_transfers_small_poll(void **state) {
-    (void)state;
-    pair p;
-    pair_up(&p, NB, NB, CFG);
-    enum { N = 200 };
-    uint64_t ids[N];
-    for (int i = 0; i < N; i++) {
-        uint64_t l = (uint64_t)i % NB, r = (uint64_t)(i * 7) % NB;
-        CHECK_OK(kvx_write_blocks(&ids[i], p.a, "b", &l, &r, 1));
-        for (int j = 0; j < i; j++) assert_true(ids[j] != ids[i]);
-    }
-    uint8_t seen[N] = {0};
-    size_t got = 0;
-    uint64_t end = now_ms() + 30000;
-    while (got < N && now_ms() < end) {
-        size_t nd = 0, nf = 0;
-        uint64_t d[1], f[1];
-        CHECK_OK(kvx_poll(&nd, &nf, p.a, NULL, d, 1, f, 1));
-        assert_true(nd <= 1 && nf == 0);
-        if (nd) {
-            int k = 0;
-            while (k < N && ids[k] != d[0]) k++;
-            assert_true(k < N);
-            assert_false(seen[k]);
-            seen[k] = 1;
-            got++;
-        } else {
-            usleep(100);
-        }
-    }
-    assert_int_equal(got, N);
-    pair_down(&p);
-}
-
-/* poll(peer) returns only that peer's ids. */
-static void test_poll_scoped(void **state) {
-    (void)state;
-    region ra = region_new(NB, BL, 1), rb = region_new(NB, BL, 2), rc = region_new(NB, BL, 3);
-    kvx_transport *a = transport_new(&ra, NULL, NULL), *b = transport_new(&rb, NULL, NULL),
-                  *c = transport_new(&rc, NULL, NULL);
-    metablob mb, mc;
-    get_meta(b, &mb);
-    get_meta(c, &mc);
-    add_peer(a, "b", &mb);
-    add_peer(a, "c", &mc);
-    uint64_t idb[5], idc[5];
-    for (uint64_t i = 0; i < 5; i++) {
-        CHECK_OK(kvx_write_blocks(&idb[i], a, "b", &i, &i, 1));
-        CHECK_OK(kvx_write_blocks(&idc[i], a, "c", &i, &i, 1));
-    }
-    size_t nf = 0;
-    assert_int_equal(wait_ids(a, "c", idc, 5, 20000, &nf, NULL), 5); /* fails on any b id */
-    assert_int_equal(wait_ids(a, "b", idb, 5, 20000, &nf, NULL), 5);
-    size_t nd = 0;
-    uint64_t d[4], f[4];
-    CHECK_OK(kvx_poll(&nd, &nf, a, "unknown-peer", d, 4, f, 4));
-    assert_int_equal(nd + nf, 0);
-    kvx_transport_destroy(a);
-    kvx_transport_destroy(b);
-    kvx_transport_destroy(c);
-    region_free(&ra);
-    region_free(&rb);
-    region_free(&rc);
-}
-
 /* ------------------------------------------------------------ cancel */
 
 static void test_cancel_immediate(void **state) {
@@ -866,6 +800,7 @@ int main(void) {
         cmocka_unit_test(test_parallel_streams),
         cmocka_unit_test(test_many_transfers_small_poll),
         cmocka_unit_test(test_poll_scoped),
+        cmocka_unit_test(test_poll_results),
         cmocka_unit_test(test_cancel_immediate),
         cmocka_unit_test(test_cancel_wait),
         cmocka_unit_test(test_cancel_finished_unpolled),

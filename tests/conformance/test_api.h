@@ -1,6 +1,6 @@
 /* Shared by the conformance_api sources: test_api.c (peers, transfers,
- * completions, cancel, close, threads) and test_api_create.c (creation,
- * options, region checks). */
+ * cancel, close, threads), test_api_create.c (creation, options, region
+ * checks) and test_api_poll.c (completions). */
 #ifndef KVXFER_TEST_API_H
 #define KVXFER_TEST_API_H
 
@@ -26,5 +26,10 @@ void test_create_bad_input(void **state);
 void test_properties(void **state);
 void test_region_prewarm(void **state);
 void test_region_hugepages(void **state);
+
+/* test_api_poll.c */
+void test_many_transfers_small_poll(void **state);
+void test_poll_scoped(void **state);
+void test_poll_results(void **state);
 
 #endif
