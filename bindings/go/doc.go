@@ -5,7 +5,9 @@
 // Region of NumBlocks x BlockLen bytes, hands out opaque AgentMetadata,
 // registers remote peers from theirs (AddRemotePeer), and writes local
 // blocks into a peer's blocks (WriteBlocks) without the peer doing anything.
-// Finished transfers are collected with Poll.
+// Finished transfers are collected with Poll, or with PollResults, which
+// also says why each failed one failed (Result.Err: nil when done, else an
+// *Error with CodeTimeout, CodeConnReset, CodeCanceled or another code).
 //
 // Quick start (two transports in one process, over TCP loopback):
 //

@@ -29,7 +29,7 @@ const (
 	CodeTimeout         Code = -110  // KVX_ETIMEDOUT: connect or transfer timed out
 	CodeConnRefused     Code = -111  // KVX_ECONNREFUSED: peer refused the connection
 	CodeHostUnreachable Code = -113  // KVX_EHOSTUNREACH: no route to the peer
-	CodeCanceled        Code = -125  // KVX_ECANCELED: registration cancelled (peer removed or re-added)
+	CodeCanceled        Code = -125  // KVX_ECANCELED: cancelled: the peer was removed or re-added (a registration; a transfer, see PollResults)
 	CodeClosed          Code = -1001 // KVX_ECLOSED: transport was closed
 	CodeBadMetadata     Code = -1002 // KVX_EBADMETA: agent metadata truncated, corrupt or forged
 	CodeVersion         Code = -1003 // KVX_EVERSION: metadata/wire major version unsupported

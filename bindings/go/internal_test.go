@@ -108,7 +108,20 @@ func TestPeerStateLayout(t *testing.T) {
 
 // Stats maps kvx_stats by position: its layout must be what it assumes.
 func TestStatsLayout(t *testing.T) {
-	if capi.KVX_GO_STATS_SIZE != int64(8*(statsScalars+LatencyBuckets)) {
-		t.Fatalf("sizeof(kvx_stats) %d, Stats assumes %d", capi.KVX_GO_STATS_SIZE, 8*(statsScalars+LatencyBuckets))
+	if capi.KVX_GO_STATS_SIZE != int64(8*(statsScalars+LatencyBuckets+statsCauses)) {
+		t.Fatalf("sizeof(kvx_stats) %d, Stats assumes %d", capi.KVX_GO_STATS_SIZE,
+			8*(statsScalars+LatencyBuckets+statsCauses))
+	}
+}
+
+// PollResults copies kvx_result through kvx_go_poll_results: an id and a
+// status per result, and the count.
+func TestPollResultsLayout(t *testing.T) {
+	n := []uint64{7}
+	if rc := capi.Kvx_go_poll_results(nil, nil, n, 0, "", 0); rc != int(capi.KVX_EINVAL) || n[0] != 7 {
+		t.Errorf("NULL transport: rc %d, n %d; want KVX_EINVAL, n untouched", rc, n[0])
+	}
+	if rc := capi.Kvx_go_poll_results(nil, nil, n, 0, "", 1000); rc != int(capi.KVX_EINVAL) || n[0] != 7 {
+		t.Errorf("NULL transport, cap 1000: rc %d, n %d; want KVX_EINVAL, n untouched", rc, n[0])
 	}
 }

@@ -93,7 +93,8 @@ func (m CancelMode) String() string {
 }
 
 // PollResult lists the transfers that finished since the previous Poll.
-// Every transfer id appears exactly once over all polls, in Done or Failed.
+// Every transfer id appears exactly once over all polls (Poll and
+// PollResults), in Done or Failed. PollResults also says why each failed.
 type PollResult struct {
 	Done   []uint64 // the bytes are in the peer's region
 	Failed []uint64 // error, timeout, peer removed; no statement about which bytes landed
@@ -415,6 +416,63 @@ func (t *Transport) Poll(peer string) (PollResult, error) {
 		res.Done = append(res.Done, done[:nDone[0]]...)
 		res.Failed = append(res.Failed, failed[:nFailed[0]]...)
 		if nDone[0] < pollBatch && nFailed[0] < pollBatch {
+			return res, nil
+		}
+	}
+}
+
+// Result is a finished transfer, as PollResults reports it.
+type Result struct {
+	// ID is the transfer id WriteBlocks returned.
+	ID uint64
+	// Err is nil when the transfer is done (its bytes are in the peer's
+	// region), else why it failed: an *Error (Op "PollResults") whose Code
+	// is CodeTimeout (errors.Is(err, ErrTimeout): the peer made no progress
+	// for the transfer timeout, the stall timeout), CodeConnReset
+	// (ErrConnReset: the peer's connection failed), CodeCanceled
+	// (ErrCanceled: the peer was removed or replaced), or another code (a
+	// backend's own failure, e.g. CodePermission, CodeBackend).
+	Err error
+}
+
+// PollResults collects the transfers that finished, as Poll does, with the
+// reason of each failure (kvx_poll_results): one Result per transfer, Err
+// nil when it is done, else an *Error with its Code (CodeTimeout: the stall
+// timeout; CodeConnReset: the peer's connection failed; CodeCanceled: the
+// peer was removed or replaced; another code: a backend's own failure).
+// Poll and PollResults take from the same queues: each id is reported
+// exactly once, by one of them. peer "" means all peers; an unknown peer
+// yields nothing. PeerState tells what the peer went through meanwhile. The
+// slice is nil when nothing finished. On error, the results collected
+// before it are returned with it. Errors: ErrClosed.
+func (t *Transport) PollResults(peer string) ([]Result, error) {
+	const op = "PollResults"
+	if err := checkPeerID(op, peer, true); err != nil {
+		return nil, err
+	}
+	ids := make([]uint64, pollBatch)
+	status := make([]int32, pollBatch)
+	n := make([]uint64, 1)
+	var res []Result
+	for {
+		err := t.do(op, func(h uintptr) int {
+			return capi.Kvx_go_poll_results(ids, status, n, h, peer, pollBatch)
+		})
+		if err != nil {
+			return res, err
+		}
+		for i := uint64(0); i < n[0]; i++ {
+			r := Result{ID: ids[i]}
+			if status[i] != 0 {
+				msg := fmt.Sprintf("transfer %d failed", ids[i])
+				if peer != "" {
+					msg = fmt.Sprintf("transfer %d to peer %q failed", ids[i], peer)
+				}
+				r.Err = newError(op, Code(status[i]), msg)
+			}
+			res = append(res, r)
+		}
+		if n[0] < pollBatch {
 			return res, nil
 		}
 	}

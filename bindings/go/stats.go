@@ -25,11 +25,22 @@ type Stats struct {
 	LatencyNsP50, LatencyNsP90, LatencyNsP99           uint64
 	LatencyNsP999, LatencyNsMax                        uint64
 	LatencyBuckets                                     [LatencyBuckets]uint64
+	// TransfersFailed by cause (since 0.9), as PollResults reports each
+	// failure; they add up to TransfersFailed: CodeTimeout (the stall
+	// timeout), CodeConnReset (the peer's connection failed), CodeCanceled
+	// (the peer was removed or replaced, or the transport closed), any
+	// other code.
+	TransfersFailedTimeout, TransfersFailedConnection uint64
+	TransfersFailedRemoved, TransfersFailedOther      uint64
 }
 
 // statsScalars is the number of uint64 fields of kvx_stats before the
-// histogram, the size field included.
-const statsScalars = 22
+// histogram, the size field included; statsCauses the number after it
+// (transfers_failed_timeout and the three after it).
+const (
+	statsScalars = 22
+	statsCauses  = 4
+)
 
 // Stats returns the counters of the transport (peer "": every peer it ever
 // had) or of one peer (since it was first added; RemoveRemotePeer forgets
@@ -41,7 +52,7 @@ func (t *Transport) Stats(peer string) (Stats, error) {
 	if err := checkPeerID(op, peer, true); err != nil {
 		return s, err
 	}
-	raw := make([]uint64, statsScalars+LatencyBuckets)
+	raw := make([]uint64, statsScalars+LatencyBuckets+statsCauses)
 	raw[0] = uint64(len(raw) * 8)
 	if err := t.do(op, func(h uintptr) int { return capi.Kvx_get_stats(raw, h, peer) }); err != nil {
 		return s, err
@@ -56,7 +67,10 @@ func (t *Transport) Stats(peer string) (Stats, error) {
 		LatencyCount: f[15], LatencyNsP50: f[16], LatencyNsP90: f[17], LatencyNsP99: f[18],
 		LatencyNsP999: f[19], LatencyNsMax: f[20],
 	}
-	copy(s.LatencyBuckets[:], raw[statsScalars:])
+	copy(s.LatencyBuckets[:], raw[statsScalars:statsScalars+LatencyBuckets])
+	c := raw[statsScalars+LatencyBuckets:]
+	s.TransfersFailedTimeout, s.TransfersFailedConnection = c[0], c[1]
+	s.TransfersFailedRemoved, s.TransfersFailedOther = c[2], c[3]
 	return s, nil
 }
 

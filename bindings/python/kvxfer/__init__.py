@@ -23,13 +23,13 @@ from . import _native
 from ._errors import (ArgumentError, ClosedError, Error, ErrorCode, ErrorInfo, PeerError, RequestError, Scope,
                       TransportError, error_scope, strerror)
 from . import _transport
-from ._transport import (CANCEL_MODES, PeerLink, PeerState, PollResult, Transport, backends, config_fingerprint,
-                         latency_bucket_bounds)
+from ._transport import (CANCEL_MODES, PeerLink, PeerState, PollResult, Result, Transport, backends,
+                         config_fingerprint, latency_bucket_bounds)
 from ._region import alloc_region
 
 __all__ = [
     "Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds", "backends", "alloc_region",
-    "PeerLink", "PeerState",
+    "Result", "PeerLink", "PeerState",
     "Error", "RequestError", "ArgumentError", "PeerError", "TransportError", "ClosedError",
     "ErrorCode", "ErrorInfo", "Scope", "strerror", "error_scope",
     "library_version", "library_version_number", "HEADER_VERSION_NUMBER", "DataTransport",

@@ -153,7 +153,8 @@ def last_error(code: int) -> Error:
 
 class ErrorInfo(NamedTuple):
     """Transport.last_error: why the calling thread's last failed call on a
-    transport failed (e.g. write_blocks returning None)."""
+    transport failed (e.g. write_blocks returning None); also why a transfer
+    failed (Result.error of poll_results(), PollResult.errors of poll())."""
 
     code: int
     message: str

@@ -12,9 +12,9 @@ from typing import Iterable, NamedTuple, Optional, Sequence
 from . import _native
 from ._args import (_BACKENDS, _SEQUENCES, _U64_MAX, _UNORDERED, _as_u64, _c_fingerprint, _config_json, _enum_or_int,
                     _geometry, _option_items, _peer_arg, _u64_arg, config_fingerprint)
-from ._errors import ArgumentError, ClosedError, Error, ErrorCode, ErrorInfo, last_error
+from ._errors import ArgumentError, ClosedError, Error, ErrorCode, ErrorInfo, last_error, strerror
 
-__all__ = ["Transport", "PollResult", "PeerLink", "PeerState", "config_fingerprint", "CANCEL_MODES",
+__all__ = ["Transport", "PollResult", "Result", "PeerLink", "PeerState", "config_fingerprint", "CANCEL_MODES",
            "latency_bucket_bounds", "backends"]
 
 _POLL_CAP = 256
@@ -31,10 +31,61 @@ class PollResult(NamedTuple):
 
     done: transfer ids that completed successfully (a tuple).
     failed: transfer ids that failed (error, timeout, peer removed, ...).
+
+    A PollResult returned by Transport.poll() also has an attribute (not a
+    tuple field: it still unpacks as (done, failed)) errors: a dict mapping
+    each failed id to the ErrorInfo(code, message) of why it failed, as
+    Transport.poll_results() says ({} when nothing failed).
     """
 
     done: Sequence[int]
     failed: Sequence[int]
+
+
+class Result(NamedTuple):
+    """A finished transfer (Transport.poll_results(), kvx_poll_results(3)).
+
+    id: the transfer id write_blocks() returned.
+    error: None when it is done (its bytes are in the peer's region), else
+        the ErrorInfo(code, message) of why it failed: code ETIMEDOUT (its
+        peer made no progress for transfer_timeout_ms, the stall timeout),
+        ECONNRESET (its peer's connection failed), ECANCELED (its peer was
+        removed or replaced), or another ErrorCode (a backend's own failure,
+        e.g. EPERM, EBACKEND); message is kvx_strerror of the code, plus,
+        when the poll named the peer, what peer_state() says about it.
+    """
+
+    id: int
+    error: Optional[ErrorInfo]
+
+
+# Why a transfer failed, by its status (kvx_result), for logs (kvxfer.vllm).
+_FAILURE_CAUSES = {
+    _native.KVX_ETIMEDOUT: "the peer made no progress for transfer_timeout_ms, the stall timeout",
+    _native.KVX_ECONNRESET: "the peer's connection failed: reset, its process or host gone",
+    _native.KVX_ECANCELED: "the peer was removed or replaced",
+}
+
+_POLL_RESULT_TYPES = {}  # PollResult class (kvxfer's or vLLM's) -> its subclass with errors
+
+
+def _poll_result(done, failed, errors):
+    """PollResult(done, failed) with the attribute errors. PollResult is
+    vLLM's when kvxfer registered with it (kvxfer/__init__.py rebinds the
+    name here), a NamedTuple either way, whose instances take no attributes:
+    they are instances of a subclass that does (no __slots__), named alike,
+    which pickles and copies as the plain PollResult (without errors)."""
+    base = PollResult
+    cls = _POLL_RESULT_TYPES.get(base)
+    if cls is None:
+        def __reduce__(self):
+            return base, (self.done, self.failed)
+        cls = type(base.__name__, (base,), {"__doc__": base.__doc__, "__module__": base.__module__,
+                                            "__qualname__": base.__qualname__, "__reduce__": __reduce__})
+        cls = _POLL_RESULT_TYPES.setdefault(base, cls)
+    r = cls(done, failed)
+    r.errors = errors
+    return r
 
 
 class PeerLink(enum.IntEnum):
@@ -450,7 +501,10 @@ class Transport:
         this transport (e.g. why write_blocks returned None), or None if
         none failed yet. Like errno, a later call that succeeds leaves it as
         it is: read it right after the call that failed (a None from
-        write_blocks), not to learn whether the last call failed."""
+        write_blocks), not to learn whether the last call failed. A poll()
+        that reports failed transfers sets it too, to the last failed id's
+        reason ("transfer 7 to peer 'p1' failed: timed out"; code
+        ETIMEDOUT, ECONNRESET, ECANCELED...); poll_results() does not."""
         return getattr(self._tls, "error", None)
 
     # -------------------------------------------------------------- DataTransport
@@ -625,25 +679,97 @@ class Transport:
         self._error(rc)
         return None
 
-    def poll(self, peer_id: Optional[str] = None) -> PollResult:
-        """Collect finished transfers: PollResult(done, failed), tuples of
-        ids, each id reported exactly once. peer_id restricts to one peer's
-        transfers (an unknown id yields nothing). Progress does not depend on
-        polling: backends run on their own threads."""
+    def _poll_results(self, peer_id):
+        """(handle, peer_id checked, ids, statuses) of every finished
+        transfer (kvx_poll_results, in rounds of _POLL_CAP)."""
         h = self._handle()
         if peer_id is not None:
             peer_id = _peer_arg(peer_id)
-        done, failed = [], []
-        dbuf = array.array("Q", bytes(8 * _POLL_CAP))
-        fbuf = array.array("Q", bytes(8 * _POLL_CAP))
+        ids, statuses = [], []
         while True:
-            rc, nd, nf = _native.kvx_poll(h, peer_id, dbuf, fbuf)
+            rc, i, st = _native.kvxpy_poll_results(h, peer_id, _POLL_CAP)
             if rc:
                 raise self._error(rc)
-            done.extend(dbuf[:nd])
-            failed.extend(fbuf[:nf])
-            if nd < _POLL_CAP and nf < _POLL_CAP:
-                return PollResult(tuple(done), tuple(failed))
+            ids += i
+            statuses += st
+            if len(i) < _POLL_CAP:
+                return h, peer_id, ids, statuses
+
+    @staticmethod
+    def _failure_infos(h, peer_id):
+        """A function status -> ErrorInfo for the failures of one poll: the
+        code (an ErrorCode where known) and kvx_strerror's text, plus, when
+        the poll named the peer and the failure was not its removal, what
+        peer_state() says about it (looked up once per poll, and only then)."""
+        infos, notes = {}, []
+
+        def peer_note():
+            if not notes:
+                rc, d = _native.kvxpy_peer_state(h, peer_id)
+                note = ""
+                if rc == 0 and d["reason"]:
+                    link = _enum_or_int(PeerLink, d["link"])
+                    note = "; the peer is %s: %s" % (link.name.lower() if isinstance(link, PeerLink) else link,
+                                                     d["reason"])
+                notes.append(note)
+            return notes[0]
+
+        def info(status):
+            e = infos.get(status)
+            if e is None:
+                msg = strerror(status)
+                if peer_id is not None and status != _native.KVX_ECANCELED:
+                    msg += peer_note()
+                e = infos[status] = ErrorInfo(_enum_or_int(ErrorCode, status), msg)
+            return e
+        return info
+
+    def poll(self, peer_id: Optional[str] = None) -> PollResult:
+        """Collect finished transfers: PollResult(done, failed), tuples of
+        ids, each id reported exactly once (by poll() or poll_results(),
+        whichever takes it first). peer_id restricts to one peer's transfers
+        (an unknown id yields nothing). Progress does not depend on polling:
+        backends run on their own threads.
+
+        The result also carries why each failed id failed, in its attribute
+        errors (not a tuple field): {id: ErrorInfo(code, message)}, as
+        poll_results() reports them. When some failed, the calling thread's
+        last_error becomes that of the last failed id, with a message naming
+        the id, the peer when peer_id named it, and the reason
+        ("transfer 7 to peer 'p1' failed: timed out"); like errno, it stays
+        after later polls that report no failure."""
+        h, peer_id, ids, statuses = self._poll_results(peer_id)
+        if not any(statuses):
+            return _poll_result(tuple(ids), (), {})
+        info = self._failure_infos(h, peer_id)
+        done, failed, errors = [], [], {}
+        for i, st in zip(ids, statuses):
+            if st:
+                failed.append(i)
+                errors[i] = info(st)
+            else:
+                done.append(i)
+        last = errors[failed[-1]]
+        self._tls.error = ErrorInfo(last.code, "transfer %d%s failed: %s" % (
+            failed[-1], "" if peer_id is None else " to peer %r" % peer_id, last.message))
+        return _poll_result(tuple(done), tuple(failed), errors)
+
+    def poll_results(self, peer_id: Optional[str] = None) -> tuple:
+        """Collect finished transfers with the reason of each failure
+        (kvx_poll_results(3)): a tuple of Result(id, error), error None when
+        the transfer is done, else ErrorInfo(code, message): ETIMEDOUT (the
+        stall timeout), ECONNRESET (the peer's connection failed),
+        ECANCELED (the peer was removed or replaced), or another code (a
+        backend's own failure). Takes from the same queues as poll(): each
+        id is reported exactly once, by one of them. peer_id as for poll();
+        when given, a failure's message also says what peer_state() says
+        about the peer. Does not set last_error: each failure is in its
+        Result. Raises as poll() does."""
+        h, peer_id, ids, statuses = self._poll_results(peer_id)
+        if not any(statuses):
+            return tuple(Result(i, None) for i in ids)
+        info = self._failure_infos(h, peer_id)
+        return tuple(Result(i, info(st) if st else None) for i, st in zip(ids, statuses))
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Sleep until poll() has something to report, or timeout seconds
@@ -686,10 +812,13 @@ class Transport:
         """Telemetry of the transport (peer_id None: every peer it ever had)
         or of one peer (since it was first added; remove forgets it), as a
         dict: transfers_done/_failed/_cancelled, bytes_done/_failed/
-        _cancelled, transfers_inflight, bytes_inflight, peers,
-        peers_connecting, connects, connect_failures, connect_ns_total/
-        _max/_last, latency_count, latency_ns_p50/_p90/_p99/_p999/_max, and
-        latency_histogram: [(lo_ns, hi_ns, count), ...] for the non-empty
+        _cancelled, transfers_failed_timeout/_connection/_removed/_other
+        (transfers_failed by cause, as poll_results() reports it:
+        ETIMEDOUT, ECONNRESET, ECANCELED (or lost at close), any other
+        code; they add up to transfers_failed), transfers_inflight,
+        bytes_inflight, peers, peers_connecting, connects,
+        connect_failures, connect_ns_total/_max/_last, latency_count,
+        latency_ns_p50/_p90/_p99/_p999/_max, and latency_histogram: [(lo_ns, hi_ns, count), ...] for the non-empty
         buckets (hi_ns None for the last, open one). Latency: from
         write_blocks() until the library learnt the bytes landed
         (kvx_get_stats(3)). Works after close(). Raises RequestError

@@ -54,7 +54,7 @@ from typing import Optional, Sequence, Union
 
 from ._errors import ArgumentError
 from . import _native
-from ._transport import Transport, backends
+from ._transport import _FAILURE_CAUSES, Transport, backends
 
 __all__ = ["KvxferTransport", "install", "installed", "register", "backend_for", "DEFAULT_TARGET"]
 
@@ -149,12 +149,37 @@ class KvxferTransport(Transport):
     def poll(self, peer_id: Optional[str] = None, *, owner: Optional[str] = None):
         """Transport.poll, with the peer also as owner= (its name in one
         upstream NixlTransport version), besides by position and peer_id=.
-        Both peer_id and owner: TypeError."""
+        Both peer_id and owner: TypeError.
+
+        vLLM only sees the failed ids, so each poll that reports failures
+        logs them at warning on the logger "kvxfer.vllm": one line per
+        reason, e.g. "kvxfer: 3 transfers failed: KVX_ETIMEDOUT (the peer
+        made no progress for transfer_timeout_ms, the stall timeout); ids
+        7, 8, 9"."""
         if owner is not None:
             if peer_id is not None:
                 raise TypeError("poll() takes the peer as peer_id or owner, not both")
             peer_id = owner
-        return super().poll(peer_id)
+        r = super().poll(peer_id)
+        errors = getattr(r, "errors", None)
+        if errors:
+            _log_failures(errors, peer_id)
+        return r
+
+
+_LOGGED_IDS = 8  # ids named per log line, at most
+
+
+def _log_failures(errors, peer_id):
+    """One warning per reason for the failed transfers of one poll."""
+    by_code = {}
+    for tid, info in errors.items():
+        by_code.setdefault(info.code, (info, []))[1].append(tid)
+    for code, (info, ids) in by_code.items():
+        shown = ", ".join(str(i) for i in ids[:_LOGGED_IDS]) + (", ..." if len(ids) > _LOGGED_IDS else "")
+        logger.warning("kvxfer: %d transfer%s%s failed: %s (%s); %s %s", len(ids), "s" if len(ids) > 1 else "",
+                       "" if peer_id is None else " to peer %r" % peer_id, info.name,
+                       _FAILURE_CAUSES.get(code, info.message), "ids" if len(ids) > 1 else "id", shown)
 
 
 # ------------------------------------------------------------------ install

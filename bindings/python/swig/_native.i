@@ -277,6 +277,10 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
  * (its backend and path are static C strings). */
 %ignore kvx_get_peer_state;
 %ignore kvx_peer_state;
+/* kvxpy_poll_results() returns two lists (ids, statuses) instead of filling
+ * the caller's array of kvx_result. */
+%ignore kvx_poll_results;
+%ignore kvx_result;
 /* Raw memory has no safe Python owner here; Python regions are buffers
  * (an mmap of a /dev/shm file takes the shm backend's mapped path). */
 %ignore kvx_region_alloc;
@@ -295,6 +299,7 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 %nothread kvxpy_stats;
 %nothread kvxpy_peer_rails;
 %nothread kvxpy_peer_state;
+%nothread kvxpy_poll_results;
 /* Never blocks (it only checks and queues), so the GIL stays with the
  * caller: no hand-off to another thread in the middle of a call that
  * vLLM's scheduler makes on its hot path. */
@@ -488,6 +493,8 @@ PyObject *kvxpy_stats(PyObject *handle, const char *peer_id) {
         KVXPY_FIELD(connect_ns_total), KVXPY_FIELD(connect_ns_max), KVXPY_FIELD(connect_ns_last),
         KVXPY_FIELD(latency_count), KVXPY_FIELD(latency_ns_p50), KVXPY_FIELD(latency_ns_p90),
         KVXPY_FIELD(latency_ns_p99), KVXPY_FIELD(latency_ns_p999), KVXPY_FIELD(latency_ns_max),
+        KVXPY_FIELD(transfers_failed_timeout), KVXPY_FIELD(transfers_failed_connection),
+        KVXPY_FIELD(transfers_failed_removed), KVXPY_FIELD(transfers_failed_other),
 #undef KVXPY_FIELD
     };
     kvxpy_handle *h = kvxpy_from_capsule(handle, 0);
@@ -546,6 +553,53 @@ PyObject *kvxpy_peer_rails(PyObject *handle, const char *peer_id) {
     }
     PyMem_Free(rails);
     return Py_BuildValue("(iN)", 0, list);
+}
+
+/* kvx_poll_results as (rc, ids, statuses): two lists of ints of the same
+ * length, one entry per finished transfer in the order of the C array
+ * (status 0: done, else the KVX_E* code of why it failed), at most cap
+ * entries (what does not fit stays for the next call: loop while the lists
+ * hold cap entries); (rc, None, None) on failure. */
+PyObject *kvxpy_poll_results(PyObject *handle, const char *peer_id, size_t cap) {
+    kvxpy_handle *h = kvxpy_from_capsule(handle, 0);
+    kvx_result small[64], *out = small;
+    kvx_transport *t;
+    PyObject *ids = NULL, *st = NULL;
+    size_t n = 0, i;
+    int rc;
+    if (!h) return NULL;
+    t = h->t;
+    if (cap > sizeof small / sizeof small[0]) {
+        if (cap > (size_t)PY_SSIZE_T_MAX / sizeof *out) {
+            PyErr_Format(PyExc_OverflowError, "cap %zu is too large", cap);
+            return NULL;
+        }
+        if (!(out = (kvx_result *)PyMem_Malloc(cap * sizeof *out))) return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvx_poll_results(&n, t, peer_id, cap ? out : NULL, cap);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        if (out != small) PyMem_Free(out);
+        return Py_BuildValue("(iOO)", rc, Py_None, Py_None);
+    }
+    if (n > cap) n = cap;
+    if (!(ids = PyList_New((Py_ssize_t)n)) || !(st = PyList_New((Py_ssize_t)n))) goto fail;
+    for (i = 0; i < n; i++) {
+        PyObject *a = PyLong_FromUnsignedLongLong((unsigned long long)out[i].id);
+        PyObject *b = a ? PyLong_FromLong((long)out[i].status) : NULL;
+        if (!b) { Py_XDECREF(a); goto fail; }
+        PyList_SET_ITEM(ids, (Py_ssize_t)i, a);
+        PyList_SET_ITEM(st, (Py_ssize_t)i, b);
+    }
+    if (out != small) PyMem_Free(out);
+    return Py_BuildValue("(iNN)", 0, ids, st);
+fail:
+    /* the ids taken from C are lost: only an out-of-memory gets here */
+    Py_XDECREF(ids);
+    Py_XDECREF(st);
+    if (out != small) PyMem_Free(out);
+    return NULL;
 }
 
 /* kvx_get_peer_state as (rc, dict (kvxpy_peer_state_dict) or None). */

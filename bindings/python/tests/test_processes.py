@@ -125,7 +125,7 @@ FAKE_VLLM_CHECK = textwrap.dedent("""
     with kvxfer.Transport(mem, num_blocks=4, block_len=64, backend="tcp", tcp_listen="127.0.0.1:0") as t:
         assert isinstance(t, base.DataTransport)
         r = t.poll()
-        assert isinstance(r, base.PollResult) and r == ((), ())
+        assert isinstance(r, base.PollResult) and r == ((), ()) and r.errors == {}
     print("registered")
 """)
 

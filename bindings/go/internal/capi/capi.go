@@ -46,150 +46,156 @@ typedef _goslice_ swig_type_14;
 typedef _goslice_ swig_type_15;
 typedef _goslice_ swig_type_16;
 typedef _gostring_ swig_type_17;
-typedef _gostring_ swig_type_18;
-typedef _gostring_ swig_type_19;
-typedef _gostring_ swig_type_20;
-typedef _goslice_ swig_type_21;
-typedef _gostring_ swig_type_22;
+typedef _goslice_ swig_type_18;
+typedef _goslice_ swig_type_19;
+typedef _goslice_ swig_type_20;
+typedef _gostring_ swig_type_21;
+typedef long long swig_type_22;
 typedef _gostring_ swig_type_23;
 typedef _gostring_ swig_type_24;
-typedef _goslice_ swig_type_25;
-typedef long long swig_type_26;
-typedef long long swig_type_27;
+typedef _gostring_ swig_type_25;
+typedef _goslice_ swig_type_26;
+typedef _gostring_ swig_type_27;
 typedef _gostring_ swig_type_28;
-typedef _goslice_ swig_type_29;
+typedef _gostring_ swig_type_29;
 typedef _goslice_ swig_type_30;
-typedef _goslice_ swig_type_31;
-typedef _goslice_ swig_type_32;
+typedef long long swig_type_31;
+typedef long long swig_type_32;
 typedef _gostring_ swig_type_33;
-typedef _gostring_ swig_type_34;
+typedef _goslice_ swig_type_34;
 typedef _goslice_ swig_type_35;
 typedef _goslice_ swig_type_36;
-typedef long long swig_type_37;
+typedef _goslice_ swig_type_37;
 typedef _gostring_ swig_type_38;
-typedef _goslice_ swig_type_39;
-typedef long long swig_type_40;
-typedef long long swig_type_41;
+typedef _gostring_ swig_type_39;
+typedef _goslice_ swig_type_40;
+typedef _goslice_ swig_type_41;
 typedef long long swig_type_42;
-typedef long long swig_type_43;
-typedef _gostring_ swig_type_44;
-typedef _goslice_ swig_type_45;
-typedef _gostring_ swig_type_46;
-typedef _goslice_ swig_type_47;
+typedef _gostring_ swig_type_43;
+typedef _goslice_ swig_type_44;
+typedef long long swig_type_45;
+typedef long long swig_type_46;
+typedef long long swig_type_47;
 typedef long long swig_type_48;
-typedef long long swig_type_49;
-typedef long long swig_type_50;
-typedef long long swig_type_51;
+typedef _gostring_ swig_type_49;
+typedef _goslice_ swig_type_50;
+typedef _gostring_ swig_type_51;
 typedef _goslice_ swig_type_52;
-typedef _goslice_ swig_type_53;
+typedef long long swig_type_53;
 typedef long long swig_type_54;
-typedef _goslice_ swig_type_55;
-typedef _gostring_ swig_type_56;
+typedef long long swig_type_55;
+typedef long long swig_type_56;
 typedef _goslice_ swig_type_57;
 typedef _goslice_ swig_type_58;
 typedef long long swig_type_59;
 typedef _goslice_ swig_type_60;
-typedef _goslice_ swig_type_61;
-typedef _gostring_ swig_type_62;
+typedef _gostring_ swig_type_61;
+typedef _goslice_ swig_type_62;
 typedef _goslice_ swig_type_63;
 typedef long long swig_type_64;
 typedef _goslice_ swig_type_65;
-typedef long long swig_type_66;
-typedef _goslice_ swig_type_67;
+typedef _goslice_ swig_type_66;
+typedef _gostring_ swig_type_67;
 typedef _goslice_ swig_type_68;
 typedef long long swig_type_69;
 typedef _goslice_ swig_type_70;
-typedef _goslice_ swig_type_71;
+typedef long long swig_type_71;
 typedef _goslice_ swig_type_72;
 typedef _goslice_ swig_type_73;
-typedef _gostring_ swig_type_74;
-typedef long long swig_type_75;
-typedef long long swig_type_76;
+typedef long long swig_type_74;
+typedef _goslice_ swig_type_75;
+typedef _goslice_ swig_type_76;
 typedef _goslice_ swig_type_77;
-typedef _gostring_ swig_type_78;
+typedef _goslice_ swig_type_78;
 typedef _gostring_ swig_type_79;
-extern void _wrap_Swig_free_capi_082c1b48933b1fcf(uintptr_t arg1);
-extern uintptr_t _wrap_Swig_malloc_capi_082c1b48933b1fcf(swig_intgo arg1);
-extern swig_type_1 _wrap_KVX_GO_STATS_SIZE_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_kvx_go_peer_backend_capi_082c1b48933b1fcf(swig_type_2 arg1, swig_type_3 arg2, uintptr_t arg3, swig_type_4 arg4);
-extern swig_intgo _wrap_kvx_go_region_alloc_capi_082c1b48933b1fcf(swig_type_5 arg1, swig_type_6 arg2, swig_intgo arg3);
-extern void _wrap_kvx_go_region_free_capi_082c1b48933b1fcf(swig_type_7 arg1);
-extern swig_intgo _wrap_kvx_go_peer_rails_capi_082c1b48933b1fcf(swig_type_8 arg1, swig_type_9 arg2, swig_type_10 arg3, uintptr_t arg4, swig_type_11 arg5, swig_type_12 arg6);
-extern swig_intgo _wrap_kvx_go_peer_state_capi_082c1b48933b1fcf(swig_type_13 arg1, swig_type_14 arg2, swig_type_15 arg3, swig_type_16 arg4, uintptr_t arg5, swig_type_17 arg6);
-extern swig_intgo _wrap_KVX_VERSION_NUMBER_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_kvx_version_number_capi_082c1b48933b1fcf(void);
-extern swig_type_18 _wrap_kvx_version_string_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_OK_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EPERM_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ENOENT_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ENOMEM_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EBUSY_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EEXIST_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EINVAL_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ERANGE_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ENOBUFS_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ENOTSUP_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EOVERFLOW_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ECONNREFUSED_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ETIMEDOUT_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ECONNRESET_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EHOSTUNREACH_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ECANCELED_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ERRNO_OFFSET_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ECLOSED_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EBADMETA_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EVERSION_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EFINGERPRINT_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EGEOMETRY_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EPEERBROKEN_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EAUTH_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_ECONFIG_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EBACKEND_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_EINTERNAL_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_SCOPE_NONE_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_SCOPE_REQUEST_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_SCOPE_PEER_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_SCOPE_TRANSPORT_capi_082c1b48933b1fcf(void);
-extern swig_type_19 _wrap_kvx_strerror_capi_082c1b48933b1fcf(swig_intgo arg1);
-extern swig_intgo _wrap_kvx_error_scope_of_capi_082c1b48933b1fcf(swig_intgo arg1);
-extern swig_type_20 _wrap_kvx_last_error_message_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_kvx_options_create_capi_082c1b48933b1fcf(swig_type_21 arg1);
-extern void _wrap_kvx_options_destroy_capi_082c1b48933b1fcf(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_options_set_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_22 arg2, swig_type_23 arg3);
-extern swig_intgo _wrap_kvx_options_parse_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_24 arg2);
-extern swig_intgo _wrap_kvx_transport_create_capi_082c1b48933b1fcf(swig_type_25 arg1, uintptr_t arg2, swig_type_26 arg3, swig_type_27 arg4, swig_type_28 arg5, uintptr_t arg6);
-extern swig_intgo _wrap_kvx_transport_close_capi_082c1b48933b1fcf(uintptr_t arg1);
-extern void _wrap_kvx_transport_destroy_capi_082c1b48933b1fcf(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_transport_base_addr_capi_082c1b48933b1fcf(swig_type_29 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_num_blocks_capi_082c1b48933b1fcf(swig_type_30 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_block_len_capi_082c1b48933b1fcf(swig_type_31 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_config_fingerprint_capi_082c1b48933b1fcf(swig_type_32 arg1, uintptr_t arg2);
-extern swig_type_33 _wrap_kvx_transport_backend_capi_082c1b48933b1fcf(uintptr_t arg1);
-extern swig_type_34 _wrap_kvx_transport_backends_capi_082c1b48933b1fcf(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(swig_type_35 arg1, uintptr_t arg2, swig_type_36 arg3, swig_type_37 arg4);
-extern swig_intgo _wrap_kvx_add_remote_peer_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_38 arg2, swig_type_39 arg3, swig_type_40 arg4, swig_type_41 arg5, swig_type_42 arg6, swig_type_43 arg7);
-extern swig_intgo _wrap_kvx_remove_remote_peer_capi_082c1b48933b1fcf(uintptr_t arg1, swig_type_44 arg2);
-extern swig_intgo _wrap_KVX_PEER_UP_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_PEER_RECONNECTING_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_PEER_BROKEN_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_PEER_REPLACE_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_PENDING_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_DONE_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_FAILED_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_082c1b48933b1fcf(swig_type_45 arg1, uintptr_t arg2, swig_type_46 arg3, swig_type_47 arg4, swig_type_48 arg5, swig_type_49 arg6, swig_type_50 arg7, swig_type_51 arg8, swig_intgo arg9);
-extern swig_intgo _wrap_kvx_registration_status_capi_082c1b48933b1fcf(swig_type_52 arg1, swig_type_53 arg2, uintptr_t arg3, swig_type_54 arg4, swig_intgo arg5);
-extern swig_intgo _wrap_kvx_write_blocks_capi_082c1b48933b1fcf(swig_type_55 arg1, uintptr_t arg2, swig_type_56 arg3, swig_type_57 arg4, swig_type_58 arg5, swig_type_59 arg6);
-extern swig_intgo _wrap_kvx_poll_capi_082c1b48933b1fcf(swig_type_60 arg1, swig_type_61 arg2, uintptr_t arg3, swig_type_62 arg4, swig_type_63 arg5, swig_type_64 arg6, swig_type_65 arg7, swig_type_66 arg8);
-extern swig_intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_KVX_CANCEL_WAIT_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_kvx_cancel_capi_082c1b48933b1fcf(swig_type_67 arg1, uintptr_t arg2, swig_type_68 arg3, swig_type_69 arg4, swig_intgo arg5, swig_type_70 arg6);
-extern swig_intgo _wrap_kvx_wait_capi_082c1b48933b1fcf(swig_type_71 arg1, uintptr_t arg2, swig_intgo arg3);
-extern swig_intgo _wrap_kvx_completion_fd_capi_082c1b48933b1fcf(swig_type_72 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_get_stats_capi_082c1b48933b1fcf(swig_type_73 arg1, uintptr_t arg2, swig_type_74 arg3);
-extern swig_type_75 _wrap_kvx_stats_bucket_lower_ns_capi_082c1b48933b1fcf(swig_type_76 arg1);
-extern swig_intgo _wrap_KVX_REGION_HUGE_PAGES_capi_082c1b48933b1fcf(void);
-extern swig_intgo _wrap_kvx_config_fingerprint_capi_082c1b48933b1fcf(swig_type_77 arg1, swig_type_78 arg2);
-extern swig_type_79 _wrap_kvx_backends_capi_082c1b48933b1fcf(void);
+typedef long long swig_type_80;
+typedef long long swig_type_81;
+typedef _goslice_ swig_type_82;
+typedef _gostring_ swig_type_83;
+typedef _gostring_ swig_type_84;
+extern void _wrap_Swig_free_capi_b2c12674b7cea8e1(uintptr_t arg1);
+extern uintptr_t _wrap_Swig_malloc_capi_b2c12674b7cea8e1(swig_intgo arg1);
+extern swig_type_1 _wrap_KVX_GO_STATS_SIZE_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_kvx_go_peer_backend_capi_b2c12674b7cea8e1(swig_type_2 arg1, swig_type_3 arg2, uintptr_t arg3, swig_type_4 arg4);
+extern swig_intgo _wrap_kvx_go_region_alloc_capi_b2c12674b7cea8e1(swig_type_5 arg1, swig_type_6 arg2, swig_intgo arg3);
+extern void _wrap_kvx_go_region_free_capi_b2c12674b7cea8e1(swig_type_7 arg1);
+extern swig_intgo _wrap_kvx_go_peer_rails_capi_b2c12674b7cea8e1(swig_type_8 arg1, swig_type_9 arg2, swig_type_10 arg3, uintptr_t arg4, swig_type_11 arg5, swig_type_12 arg6);
+extern swig_intgo _wrap_kvx_go_peer_state_capi_b2c12674b7cea8e1(swig_type_13 arg1, swig_type_14 arg2, swig_type_15 arg3, swig_type_16 arg4, uintptr_t arg5, swig_type_17 arg6);
+extern swig_intgo _wrap_kvx_go_poll_results_capi_b2c12674b7cea8e1(swig_type_18 arg1, swig_type_19 arg2, swig_type_20 arg3, uintptr_t arg4, swig_type_21 arg5, swig_type_22 arg6);
+extern swig_intgo _wrap_KVX_VERSION_NUMBER_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_kvx_version_number_capi_b2c12674b7cea8e1(void);
+extern swig_type_23 _wrap_kvx_version_string_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_OK_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EPERM_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ENOENT_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ENOMEM_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EBUSY_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EEXIST_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EINVAL_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ERANGE_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ENOBUFS_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ENOTSUP_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EOVERFLOW_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ECONNREFUSED_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ETIMEDOUT_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ECONNRESET_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EHOSTUNREACH_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ECANCELED_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ERRNO_OFFSET_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ECLOSED_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EBADMETA_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EVERSION_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EFINGERPRINT_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EGEOMETRY_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EPEERBROKEN_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EAUTH_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_ECONFIG_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EBACKEND_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_EINTERNAL_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_SCOPE_NONE_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_SCOPE_REQUEST_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_SCOPE_PEER_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_SCOPE_TRANSPORT_capi_b2c12674b7cea8e1(void);
+extern swig_type_24 _wrap_kvx_strerror_capi_b2c12674b7cea8e1(swig_intgo arg1);
+extern swig_intgo _wrap_kvx_error_scope_of_capi_b2c12674b7cea8e1(swig_intgo arg1);
+extern swig_type_25 _wrap_kvx_last_error_message_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_kvx_options_create_capi_b2c12674b7cea8e1(swig_type_26 arg1);
+extern void _wrap_kvx_options_destroy_capi_b2c12674b7cea8e1(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_options_set_capi_b2c12674b7cea8e1(uintptr_t arg1, swig_type_27 arg2, swig_type_28 arg3);
+extern swig_intgo _wrap_kvx_options_parse_capi_b2c12674b7cea8e1(uintptr_t arg1, swig_type_29 arg2);
+extern swig_intgo _wrap_kvx_transport_create_capi_b2c12674b7cea8e1(swig_type_30 arg1, uintptr_t arg2, swig_type_31 arg3, swig_type_32 arg4, swig_type_33 arg5, uintptr_t arg6);
+extern swig_intgo _wrap_kvx_transport_close_capi_b2c12674b7cea8e1(uintptr_t arg1);
+extern void _wrap_kvx_transport_destroy_capi_b2c12674b7cea8e1(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_transport_base_addr_capi_b2c12674b7cea8e1(swig_type_34 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_num_blocks_capi_b2c12674b7cea8e1(swig_type_35 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_block_len_capi_b2c12674b7cea8e1(swig_type_36 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_config_fingerprint_capi_b2c12674b7cea8e1(swig_type_37 arg1, uintptr_t arg2);
+extern swig_type_38 _wrap_kvx_transport_backend_capi_b2c12674b7cea8e1(uintptr_t arg1);
+extern swig_type_39 _wrap_kvx_transport_backends_capi_b2c12674b7cea8e1(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_get_agent_metadata_capi_b2c12674b7cea8e1(swig_type_40 arg1, uintptr_t arg2, swig_type_41 arg3, swig_type_42 arg4);
+extern swig_intgo _wrap_kvx_add_remote_peer_capi_b2c12674b7cea8e1(uintptr_t arg1, swig_type_43 arg2, swig_type_44 arg3, swig_type_45 arg4, swig_type_46 arg5, swig_type_47 arg6, swig_type_48 arg7);
+extern swig_intgo _wrap_kvx_remove_remote_peer_capi_b2c12674b7cea8e1(uintptr_t arg1, swig_type_49 arg2);
+extern swig_intgo _wrap_KVX_PEER_UP_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_PEER_RECONNECTING_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_PEER_BROKEN_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_PEER_REPLACE_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_PENDING_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_DONE_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_FAILED_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_b2c12674b7cea8e1(swig_type_50 arg1, uintptr_t arg2, swig_type_51 arg3, swig_type_52 arg4, swig_type_53 arg5, swig_type_54 arg6, swig_type_55 arg7, swig_type_56 arg8, swig_intgo arg9);
+extern swig_intgo _wrap_kvx_registration_status_capi_b2c12674b7cea8e1(swig_type_57 arg1, swig_type_58 arg2, uintptr_t arg3, swig_type_59 arg4, swig_intgo arg5);
+extern swig_intgo _wrap_kvx_write_blocks_capi_b2c12674b7cea8e1(swig_type_60 arg1, uintptr_t arg2, swig_type_61 arg3, swig_type_62 arg4, swig_type_63 arg5, swig_type_64 arg6);
+extern swig_intgo _wrap_kvx_poll_capi_b2c12674b7cea8e1(swig_type_65 arg1, swig_type_66 arg2, uintptr_t arg3, swig_type_67 arg4, swig_type_68 arg5, swig_type_69 arg6, swig_type_70 arg7, swig_type_71 arg8);
+extern swig_intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_KVX_CANCEL_WAIT_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_kvx_cancel_capi_b2c12674b7cea8e1(swig_type_72 arg1, uintptr_t arg2, swig_type_73 arg3, swig_type_74 arg4, swig_intgo arg5, swig_type_75 arg6);
+extern swig_intgo _wrap_kvx_wait_capi_b2c12674b7cea8e1(swig_type_76 arg1, uintptr_t arg2, swig_intgo arg3);
+extern swig_intgo _wrap_kvx_completion_fd_capi_b2c12674b7cea8e1(swig_type_77 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_get_stats_capi_b2c12674b7cea8e1(swig_type_78 arg1, uintptr_t arg2, swig_type_79 arg3);
+extern swig_type_80 _wrap_kvx_stats_bucket_lower_ns_capi_b2c12674b7cea8e1(swig_type_81 arg1);
+extern swig_intgo _wrap_KVX_REGION_HUGE_PAGES_capi_b2c12674b7cea8e1(void);
+extern swig_intgo _wrap_kvx_config_fingerprint_capi_b2c12674b7cea8e1(swig_type_82 arg1, swig_type_83 arg2);
+extern swig_type_84 _wrap_kvx_backends_capi_b2c12674b7cea8e1(void);
 #undef intgo
 */
 import "C"
@@ -215,8 +221,8 @@ func getSwigcptr(v interface{ Swigcptr() uintptr }) uintptr {
 
 type _ sync.Mutex
 
-//export cgo_panic__capi_082c1b48933b1fcf
-func cgo_panic__capi_082c1b48933b1fcf(p *byte) {
+//export cgo_panic__capi_b2c12674b7cea8e1
+func cgo_panic__capi_b2c12674b7cea8e1(p *byte) {
 	s := (*[1024]byte)(unsafe.Pointer(p))[:]
 	for i, b := range s {
 		if b == 0 {
@@ -240,19 +246,19 @@ func swigCopyString(s string) string {
 
 func Swig_free(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_Swig_free_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0))
+	C._wrap_Swig_free_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0))
 }
 
 func Swig_malloc(arg1 int) (_swig_ret uintptr) {
 	var swig_r uintptr
 	_swig_i_0 := arg1
-	swig_r = (uintptr)(C._wrap_Swig_malloc_capi_082c1b48933b1fcf(C.swig_intgo(_swig_i_0)))
+	swig_r = (uintptr)(C._wrap_Swig_malloc_capi_b2c12674b7cea8e1(C.swig_intgo(_swig_i_0)))
 	return swig_r
 }
 
 func _swig_getKVX_GO_STATS_SIZE() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_KVX_GO_STATS_SIZE_capi_082c1b48933b1fcf())
+	swig_r = (int64)(C._wrap_KVX_GO_STATS_SIZE_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -266,7 +272,7 @@ func Kvx_go_peer_backend(arg1 []byte, arg2 []byte, arg3 uintptr, arg4 string) (_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int)(C._wrap_kvx_go_peer_backend_capi_082c1b48933b1fcf(*(*C.swig_type_2)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_3)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_4)(unsafe.Pointer(&_swig_i_3))))
+	swig_r = (int)(C._wrap_kvx_go_peer_backend_capi_b2c12674b7cea8e1(*(*C.swig_type_2)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_3)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_4)(unsafe.Pointer(&_swig_i_3))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -284,7 +290,7 @@ func Kvx_go_region_alloc(arg1 []uint64, arg2 uint64, arg3 uint) (_swig_ret int) 
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_go_region_alloc_capi_082c1b48933b1fcf(*(*C.swig_type_5)(unsafe.Pointer(&_swig_i_0)), C.swig_type_6(_swig_i_1), C.swig_intgo(_swig_i_2)))
+	swig_r = (int)(C._wrap_kvx_go_region_alloc_capi_b2c12674b7cea8e1(*(*C.swig_type_5)(unsafe.Pointer(&_swig_i_0)), C.swig_type_6(_swig_i_1), C.swig_intgo(_swig_i_2)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -293,7 +299,7 @@ func Kvx_go_region_alloc(arg1 []uint64, arg2 uint64, arg3 uint) (_swig_ret int) 
 
 func Kvx_go_region_free(arg1 uint64) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_go_region_free_capi_082c1b48933b1fcf(C.swig_type_7(_swig_i_0))
+	C._wrap_kvx_go_region_free_capi_b2c12674b7cea8e1(C.swig_type_7(_swig_i_0))
 }
 
 const KVX_GO_RAIL_FIELDS int64 = 5
@@ -306,7 +312,7 @@ func Kvx_go_peer_rails(arg1 []byte, arg2 []uint64, arg3 []uint64, arg4 uintptr, 
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_go_peer_rails_capi_082c1b48933b1fcf(*(*C.swig_type_8)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_9)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_10)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), *(*C.swig_type_11)(unsafe.Pointer(&_swig_i_4)), C.swig_type_12(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_go_peer_rails_capi_b2c12674b7cea8e1(*(*C.swig_type_8)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_9)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_10)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), *(*C.swig_type_11)(unsafe.Pointer(&_swig_i_4)), C.swig_type_12(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -332,7 +338,7 @@ func Kvx_go_peer_state(arg1 []byte, arg2 []byte, arg3 []byte, arg4 []uint64, arg
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_go_peer_state_capi_082c1b48933b1fcf(*(*C.swig_type_13)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_14)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_15)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_16)(unsafe.Pointer(&_swig_i_3)), C.uintptr_t(_swig_i_4), *(*C.swig_type_17)(unsafe.Pointer(&_swig_i_5))))
+	swig_r = (int)(C._wrap_kvx_go_peer_state_capi_b2c12674b7cea8e1(*(*C.swig_type_13)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_14)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_15)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_16)(unsafe.Pointer(&_swig_i_3)), C.uintptr_t(_swig_i_4), *(*C.swig_type_17)(unsafe.Pointer(&_swig_i_5))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -351,13 +357,37 @@ func Kvx_go_peer_state(arg1 []byte, arg2 []byte, arg3 []byte, arg4 []uint64, arg
 	return swig_r
 }
 
+func Kvx_go_poll_results(arg1 []uint64, arg2 []int32, arg3 []uint64, arg4 uintptr, arg5 string, arg6 int64) (_swig_ret int) {
+	var swig_r int
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	_swig_i_2 := arg3
+	_swig_i_3 := arg4
+	_swig_i_4 := arg5
+	_swig_i_5 := arg6
+	swig_r = (int)(C._wrap_kvx_go_poll_results_capi_b2c12674b7cea8e1(*(*C.swig_type_18)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_19)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_20)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), *(*C.swig_type_21)(unsafe.Pointer(&_swig_i_4)), C.swig_type_22(_swig_i_5)))
+	if Swig_escape_always_false {
+		Swig_escape_val = arg1
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg2
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg3
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg5
+	}
+	return swig_r
+}
+
 const KVX_VERSION_MAJOR int = 0
 const KVX_VERSION_MINOR int = 8
 const KVX_VERSION_PATCH int = 0
 
 func _swig_getKVX_VERSION_NUMBER() (_swig_ret int) {
 	var swig_r int
-	swig_r = (int)(C._wrap_KVX_VERSION_NUMBER_capi_082c1b48933b1fcf())
+	swig_r = (int)(C._wrap_KVX_VERSION_NUMBER_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -365,13 +395,13 @@ var KVX_VERSION_NUMBER int = _swig_getKVX_VERSION_NUMBER()
 
 func Kvx_version_number() (_swig_ret uint) {
 	var swig_r uint
-	swig_r = (uint)(C._wrap_kvx_version_number_capi_082c1b48933b1fcf())
+	swig_r = (uint)(C._wrap_kvx_version_number_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
 func Kvx_version_string() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_kvx_version_string_capi_082c1b48933b1fcf()
+	swig_r_p := C._wrap_kvx_version_string_capi_b2c12674b7cea8e1()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -382,7 +412,7 @@ type Enum_SS_kvx_error int
 
 func _swig_getKVX_OK() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_OK_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_OK_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -390,7 +420,7 @@ var KVX_OK Enum_SS_kvx_error = _swig_getKVX_OK()
 
 func _swig_getKVX_EPERM() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPERM_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPERM_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -398,7 +428,7 @@ var KVX_EPERM Enum_SS_kvx_error = _swig_getKVX_EPERM()
 
 func _swig_getKVX_ENOENT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOENT_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOENT_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -406,7 +436,7 @@ var KVX_ENOENT Enum_SS_kvx_error = _swig_getKVX_ENOENT()
 
 func _swig_getKVX_ENOMEM() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOMEM_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOMEM_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -414,7 +444,7 @@ var KVX_ENOMEM Enum_SS_kvx_error = _swig_getKVX_ENOMEM()
 
 func _swig_getKVX_EBUSY() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBUSY_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBUSY_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -422,7 +452,7 @@ var KVX_EBUSY Enum_SS_kvx_error = _swig_getKVX_EBUSY()
 
 func _swig_getKVX_EEXIST() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EEXIST_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EEXIST_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -430,7 +460,7 @@ var KVX_EEXIST Enum_SS_kvx_error = _swig_getKVX_EEXIST()
 
 func _swig_getKVX_EINVAL() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINVAL_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINVAL_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -438,7 +468,7 @@ var KVX_EINVAL Enum_SS_kvx_error = _swig_getKVX_EINVAL()
 
 func _swig_getKVX_ERANGE() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERANGE_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERANGE_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -446,7 +476,7 @@ var KVX_ERANGE Enum_SS_kvx_error = _swig_getKVX_ERANGE()
 
 func _swig_getKVX_ENOBUFS() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOBUFS_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOBUFS_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -454,7 +484,7 @@ var KVX_ENOBUFS Enum_SS_kvx_error = _swig_getKVX_ENOBUFS()
 
 func _swig_getKVX_ENOTSUP() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOTSUP_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOTSUP_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -462,7 +492,7 @@ var KVX_ENOTSUP Enum_SS_kvx_error = _swig_getKVX_ENOTSUP()
 
 func _swig_getKVX_EOVERFLOW() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EOVERFLOW_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EOVERFLOW_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -470,7 +500,7 @@ var KVX_EOVERFLOW Enum_SS_kvx_error = _swig_getKVX_EOVERFLOW()
 
 func _swig_getKVX_ECONNREFUSED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNREFUSED_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNREFUSED_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -478,7 +508,7 @@ var KVX_ECONNREFUSED Enum_SS_kvx_error = _swig_getKVX_ECONNREFUSED()
 
 func _swig_getKVX_ETIMEDOUT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ETIMEDOUT_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ETIMEDOUT_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -486,7 +516,7 @@ var KVX_ETIMEDOUT Enum_SS_kvx_error = _swig_getKVX_ETIMEDOUT()
 
 func _swig_getKVX_ECONNRESET() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNRESET_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNRESET_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -494,7 +524,7 @@ var KVX_ECONNRESET Enum_SS_kvx_error = _swig_getKVX_ECONNRESET()
 
 func _swig_getKVX_EHOSTUNREACH() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EHOSTUNREACH_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EHOSTUNREACH_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -502,7 +532,7 @@ var KVX_EHOSTUNREACH Enum_SS_kvx_error = _swig_getKVX_EHOSTUNREACH()
 
 func _swig_getKVX_ECANCELED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECANCELED_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECANCELED_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -510,7 +540,7 @@ var KVX_ECANCELED Enum_SS_kvx_error = _swig_getKVX_ECANCELED()
 
 func _swig_getKVX_ERRNO_OFFSET() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERRNO_OFFSET_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERRNO_OFFSET_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -518,7 +548,7 @@ var KVX_ERRNO_OFFSET Enum_SS_kvx_error = _swig_getKVX_ERRNO_OFFSET()
 
 func _swig_getKVX_ECLOSED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECLOSED_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECLOSED_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -526,7 +556,7 @@ var KVX_ECLOSED Enum_SS_kvx_error = _swig_getKVX_ECLOSED()
 
 func _swig_getKVX_EBADMETA() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBADMETA_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBADMETA_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -534,7 +564,7 @@ var KVX_EBADMETA Enum_SS_kvx_error = _swig_getKVX_EBADMETA()
 
 func _swig_getKVX_EVERSION() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EVERSION_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EVERSION_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -542,7 +572,7 @@ var KVX_EVERSION Enum_SS_kvx_error = _swig_getKVX_EVERSION()
 
 func _swig_getKVX_EFINGERPRINT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EFINGERPRINT_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EFINGERPRINT_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -550,7 +580,7 @@ var KVX_EFINGERPRINT Enum_SS_kvx_error = _swig_getKVX_EFINGERPRINT()
 
 func _swig_getKVX_EGEOMETRY() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EGEOMETRY_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EGEOMETRY_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -558,7 +588,7 @@ var KVX_EGEOMETRY Enum_SS_kvx_error = _swig_getKVX_EGEOMETRY()
 
 func _swig_getKVX_EPEERBROKEN() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPEERBROKEN_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPEERBROKEN_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -566,7 +596,7 @@ var KVX_EPEERBROKEN Enum_SS_kvx_error = _swig_getKVX_EPEERBROKEN()
 
 func _swig_getKVX_EAUTH() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EAUTH_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EAUTH_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -574,7 +604,7 @@ var KVX_EAUTH Enum_SS_kvx_error = _swig_getKVX_EAUTH()
 
 func _swig_getKVX_ECONFIG() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONFIG_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONFIG_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -582,7 +612,7 @@ var KVX_ECONFIG Enum_SS_kvx_error = _swig_getKVX_ECONFIG()
 
 func _swig_getKVX_EBACKEND() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBACKEND_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBACKEND_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -590,7 +620,7 @@ var KVX_EBACKEND Enum_SS_kvx_error = _swig_getKVX_EBACKEND()
 
 func _swig_getKVX_EINTERNAL() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINTERNAL_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINTERNAL_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -600,7 +630,7 @@ type Enum_SS_kvx_error_scope int
 
 func _swig_getKVX_SCOPE_NONE() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_NONE_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_NONE_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -608,7 +638,7 @@ var KVX_SCOPE_NONE Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_NONE()
 
 func _swig_getKVX_SCOPE_REQUEST() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_REQUEST_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_REQUEST_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -616,7 +646,7 @@ var KVX_SCOPE_REQUEST Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_REQUEST()
 
 func _swig_getKVX_SCOPE_PEER() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_PEER_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_PEER_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -624,7 +654,7 @@ var KVX_SCOPE_PEER Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_PEER()
 
 func _swig_getKVX_SCOPE_TRANSPORT() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_TRANSPORT_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_TRANSPORT_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -633,7 +663,7 @@ var KVX_SCOPE_TRANSPORT Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_TRANSPORT()
 func Kvx_strerror(arg1 int) (_swig_ret string) {
 	var swig_r string
 	_swig_i_0 := arg1
-	swig_r_p := C._wrap_kvx_strerror_capi_082c1b48933b1fcf(C.swig_intgo(_swig_i_0))
+	swig_r_p := C._wrap_kvx_strerror_capi_b2c12674b7cea8e1(C.swig_intgo(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -643,13 +673,13 @@ func Kvx_strerror(arg1 int) (_swig_ret string) {
 func Kvx_error_scope_of(arg1 int) (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
 	_swig_i_0 := arg1
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_kvx_error_scope_of_capi_082c1b48933b1fcf(C.swig_intgo(_swig_i_0)))
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_kvx_error_scope_of_capi_b2c12674b7cea8e1(C.swig_intgo(_swig_i_0)))
 	return swig_r
 }
 
 func Kvx_last_error_message() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_kvx_last_error_message_capi_082c1b48933b1fcf()
+	swig_r_p := C._wrap_kvx_last_error_message_capi_b2c12674b7cea8e1()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -662,7 +692,7 @@ const KVX_FINGERPRINT_LEN int = 16
 func Kvx_options_create(arg1 []uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
-	swig_r = (int)(C._wrap_kvx_options_create_capi_082c1b48933b1fcf(*(*C.swig_type_21)(unsafe.Pointer(&_swig_i_0))))
+	swig_r = (int)(C._wrap_kvx_options_create_capi_b2c12674b7cea8e1(*(*C.swig_type_26)(unsafe.Pointer(&_swig_i_0))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -671,7 +701,7 @@ func Kvx_options_create(arg1 []uintptr) (_swig_ret int) {
 
 func Kvx_options_destroy(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_options_destroy_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0))
+	C._wrap_kvx_options_destroy_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0))
 }
 
 func Kvx_options_set(arg1 uintptr, arg2 string, arg3 string) (_swig_ret int) {
@@ -679,7 +709,7 @@ func Kvx_options_set(arg1 uintptr, arg2 string, arg3 string) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_options_set_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_22)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_23)(unsafe.Pointer(&_swig_i_2))))
+	swig_r = (int)(C._wrap_kvx_options_set_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0), *(*C.swig_type_27)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_28)(unsafe.Pointer(&_swig_i_2))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -693,7 +723,7 @@ func Kvx_options_parse(arg1 uintptr, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_options_parse_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_24)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_options_parse_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0), *(*C.swig_type_29)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -708,7 +738,7 @@ func Kvx_transport_create(arg1 []uintptr, arg2 uintptr, arg3 uint64, arg4 uint64
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_transport_create_capi_082c1b48933b1fcf(*(*C.swig_type_25)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_type_26(_swig_i_2), C.swig_type_27(_swig_i_3), *(*C.swig_type_28)(unsafe.Pointer(&_swig_i_4)), C.uintptr_t(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_transport_create_capi_b2c12674b7cea8e1(*(*C.swig_type_30)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_type_31(_swig_i_2), C.swig_type_32(_swig_i_3), *(*C.swig_type_33)(unsafe.Pointer(&_swig_i_4)), C.uintptr_t(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -721,20 +751,20 @@ func Kvx_transport_create(arg1 []uintptr, arg2 uintptr, arg3 uint64, arg4 uint64
 func Kvx_transport_close(arg1 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
-	swig_r = (int)(C._wrap_kvx_transport_close_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0)))
+	swig_r = (int)(C._wrap_kvx_transport_close_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0)))
 	return swig_r
 }
 
 func Kvx_transport_destroy(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_transport_destroy_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0))
+	C._wrap_kvx_transport_destroy_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0))
 }
 
 func Kvx_transport_base_addr(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_base_addr_capi_082c1b48933b1fcf(*(*C.swig_type_29)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_base_addr_capi_b2c12674b7cea8e1(*(*C.swig_type_34)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -745,7 +775,7 @@ func Kvx_transport_num_blocks(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_num_blocks_capi_082c1b48933b1fcf(*(*C.swig_type_30)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_num_blocks_capi_b2c12674b7cea8e1(*(*C.swig_type_35)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -756,7 +786,7 @@ func Kvx_transport_block_len(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_block_len_capi_082c1b48933b1fcf(*(*C.swig_type_31)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_block_len_capi_b2c12674b7cea8e1(*(*C.swig_type_36)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -767,7 +797,7 @@ func Kvx_transport_config_fingerprint(arg1 []byte, arg2 uintptr) (_swig_ret int)
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_config_fingerprint_capi_082c1b48933b1fcf(*(*C.swig_type_32)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_config_fingerprint_capi_b2c12674b7cea8e1(*(*C.swig_type_37)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -777,7 +807,7 @@ func Kvx_transport_config_fingerprint(arg1 []byte, arg2 uintptr) (_swig_ret int)
 func Kvx_transport_backend(arg1 uintptr) (_swig_ret string) {
 	var swig_r string
 	_swig_i_0 := arg1
-	swig_r_p := C._wrap_kvx_transport_backend_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0))
+	swig_r_p := C._wrap_kvx_transport_backend_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -787,7 +817,7 @@ func Kvx_transport_backend(arg1 uintptr) (_swig_ret string) {
 func Kvx_transport_backends(arg1 uintptr) (_swig_ret string) {
 	var swig_r string
 	_swig_i_0 := arg1
-	swig_r_p := C._wrap_kvx_transport_backends_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0))
+	swig_r_p := C._wrap_kvx_transport_backends_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -800,7 +830,7 @@ func Kvx_get_agent_metadata(arg1 []uint64, arg2 uintptr, arg3 []byte, arg4 int64
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(*(*C.swig_type_35)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_36)(unsafe.Pointer(&_swig_i_2)), C.swig_type_37(_swig_i_3)))
+	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_b2c12674b7cea8e1(*(*C.swig_type_40)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_41)(unsafe.Pointer(&_swig_i_2)), C.swig_type_42(_swig_i_3)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -819,7 +849,7 @@ func Kvx_add_remote_peer(arg1 uintptr, arg2 string, arg3 []byte, arg4 int64, arg
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_38)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_39)(unsafe.Pointer(&_swig_i_2)), C.swig_type_40(_swig_i_3), C.swig_type_41(_swig_i_4), C.swig_type_42(_swig_i_5), C.swig_type_43(_swig_i_6)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0), *(*C.swig_type_43)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_44)(unsafe.Pointer(&_swig_i_2)), C.swig_type_45(_swig_i_3), C.swig_type_46(_swig_i_4), C.swig_type_47(_swig_i_5), C.swig_type_48(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -833,7 +863,7 @@ func Kvx_remove_remote_peer(arg1 uintptr, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_082c1b48933b1fcf(C.uintptr_t(_swig_i_0), *(*C.swig_type_44)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0), *(*C.swig_type_49)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -846,7 +876,7 @@ type Enum_SS_kvx_peer_link int
 
 func _swig_getKVX_PEER_UP() (_swig_ret Enum_SS_kvx_peer_link) {
 	var swig_r Enum_SS_kvx_peer_link
-	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_UP_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_UP_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -854,7 +884,7 @@ var KVX_PEER_UP Enum_SS_kvx_peer_link = _swig_getKVX_PEER_UP()
 
 func _swig_getKVX_PEER_RECONNECTING() (_swig_ret Enum_SS_kvx_peer_link) {
 	var swig_r Enum_SS_kvx_peer_link
-	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_RECONNECTING_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_RECONNECTING_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -862,7 +892,7 @@ var KVX_PEER_RECONNECTING Enum_SS_kvx_peer_link = _swig_getKVX_PEER_RECONNECTING
 
 func _swig_getKVX_PEER_BROKEN() (_swig_ret Enum_SS_kvx_peer_link) {
 	var swig_r Enum_SS_kvx_peer_link
-	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_BROKEN_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_BROKEN_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -874,7 +904,7 @@ type Enum_SS_kvx_add_peer_flag int
 
 func _swig_getKVX_PEER_REPLACE() (_swig_ret Enum_SS_kvx_add_peer_flag) {
 	var swig_r Enum_SS_kvx_add_peer_flag
-	swig_r = (Enum_SS_kvx_add_peer_flag)(C._wrap_KVX_PEER_REPLACE_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_add_peer_flag)(C._wrap_KVX_PEER_REPLACE_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -884,7 +914,7 @@ type Enum_SS_kvx_registration_state int
 
 func _swig_getKVX_REGISTRATION_PENDING() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_PENDING_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_PENDING_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -892,7 +922,7 @@ var KVX_REGISTRATION_PENDING Enum_SS_kvx_registration_state = _swig_getKVX_REGIS
 
 func _swig_getKVX_REGISTRATION_DONE() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_DONE_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_DONE_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -900,7 +930,7 @@ var KVX_REGISTRATION_DONE Enum_SS_kvx_registration_state = _swig_getKVX_REGISTRA
 
 func _swig_getKVX_REGISTRATION_FAILED() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_FAILED_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_FAILED_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -917,7 +947,7 @@ func Kvx_add_remote_peer_async(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := arg9
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_082c1b48933b1fcf(*(*C.swig_type_45)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_46)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_47)(unsafe.Pointer(&_swig_i_3)), C.swig_type_48(_swig_i_4), C.swig_type_49(_swig_i_5), C.swig_type_50(_swig_i_6), C.swig_type_51(_swig_i_7), C.swig_intgo(_swig_i_8)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_b2c12674b7cea8e1(*(*C.swig_type_50)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_51)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_52)(unsafe.Pointer(&_swig_i_3)), C.swig_type_53(_swig_i_4), C.swig_type_54(_swig_i_5), C.swig_type_55(_swig_i_6), C.swig_type_56(_swig_i_7), C.swig_intgo(_swig_i_8)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -937,7 +967,7 @@ func Kvx_registration_status(arg1 []int32, arg2 []int32, arg3 uintptr, arg4 uint
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int)(C._wrap_kvx_registration_status_capi_082c1b48933b1fcf(*(*C.swig_type_52)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_53)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_54(_swig_i_3), C.swig_intgo(_swig_i_4)))
+	swig_r = (int)(C._wrap_kvx_registration_status_capi_b2c12674b7cea8e1(*(*C.swig_type_57)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_58)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_59(_swig_i_3), C.swig_intgo(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -955,7 +985,7 @@ func Kvx_write_blocks(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []uint64, a
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_write_blocks_capi_082c1b48933b1fcf(*(*C.swig_type_55)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_56)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_57)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_58)(unsafe.Pointer(&_swig_i_4)), C.swig_type_59(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_write_blocks_capi_b2c12674b7cea8e1(*(*C.swig_type_60)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_61)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_62)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_63)(unsafe.Pointer(&_swig_i_4)), C.swig_type_64(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -981,7 +1011,7 @@ func Kvx_poll(arg1 []uint64, arg2 []uint64, arg3 uintptr, arg4 string, arg5 []ui
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
-	swig_r = (int)(C._wrap_kvx_poll_capi_082c1b48933b1fcf(*(*C.swig_type_60)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_61)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_62)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_63)(unsafe.Pointer(&_swig_i_4)), C.swig_type_64(_swig_i_5), *(*C.swig_type_65)(unsafe.Pointer(&_swig_i_6)), C.swig_type_66(_swig_i_7)))
+	swig_r = (int)(C._wrap_kvx_poll_capi_b2c12674b7cea8e1(*(*C.swig_type_65)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_66)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_67)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_68)(unsafe.Pointer(&_swig_i_4)), C.swig_type_69(_swig_i_5), *(*C.swig_type_70)(unsafe.Pointer(&_swig_i_6)), C.swig_type_71(_swig_i_7)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1004,7 +1034,7 @@ type Enum_SS_kvx_cancel_mode int
 
 func _swig_getKVX_CANCEL_IMMEDIATE() (_swig_ret Enum_SS_kvx_cancel_mode) {
 	var swig_r Enum_SS_kvx_cancel_mode
-	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_IMMEDIATE_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_IMMEDIATE_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -1012,7 +1042,7 @@ var KVX_CANCEL_IMMEDIATE Enum_SS_kvx_cancel_mode = _swig_getKVX_CANCEL_IMMEDIATE
 
 func _swig_getKVX_CANCEL_WAIT() (_swig_ret Enum_SS_kvx_cancel_mode) {
 	var swig_r Enum_SS_kvx_cancel_mode
-	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_WAIT_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_WAIT_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -1026,7 +1056,7 @@ func Kvx_cancel(arg1 []uint64, arg2 uintptr, arg3 []uint64, arg4 int64, arg5 int
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_cancel_capi_082c1b48933b1fcf(*(*C.swig_type_67)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_68)(unsafe.Pointer(&_swig_i_2)), C.swig_type_69(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_70)(unsafe.Pointer(&_swig_i_5))))
+	swig_r = (int)(C._wrap_kvx_cancel_capi_b2c12674b7cea8e1(*(*C.swig_type_72)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_73)(unsafe.Pointer(&_swig_i_2)), C.swig_type_74(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_75)(unsafe.Pointer(&_swig_i_5))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1044,7 +1074,7 @@ func Kvx_wait(arg1 []uint64, arg2 uintptr, arg3 int) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_wait_capi_082c1b48933b1fcf(*(*C.swig_type_71)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
+	swig_r = (int)(C._wrap_kvx_wait_capi_b2c12674b7cea8e1(*(*C.swig_type_76)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1055,7 +1085,7 @@ func Kvx_completion_fd(arg1 []int32, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_completion_fd_capi_082c1b48933b1fcf(*(*C.swig_type_72)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_completion_fd_capi_b2c12674b7cea8e1(*(*C.swig_type_77)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1069,7 +1099,7 @@ func Kvx_get_stats(arg1 []uint64, arg2 uintptr, arg3 string) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_get_stats_capi_082c1b48933b1fcf(*(*C.swig_type_73)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_74)(unsafe.Pointer(&_swig_i_2))))
+	swig_r = (int)(C._wrap_kvx_get_stats_capi_b2c12674b7cea8e1(*(*C.swig_type_78)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_79)(unsafe.Pointer(&_swig_i_2))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1082,7 +1112,7 @@ func Kvx_get_stats(arg1 []uint64, arg2 uintptr, arg3 string) (_swig_ret int) {
 func Kvx_stats_bucket_lower_ns(arg1 int64) (_swig_ret uint64) {
 	var swig_r uint64
 	_swig_i_0 := arg1
-	swig_r = (uint64)(C._wrap_kvx_stats_bucket_lower_ns_capi_082c1b48933b1fcf(C.swig_type_76(_swig_i_0)))
+	swig_r = (uint64)(C._wrap_kvx_stats_bucket_lower_ns_capi_b2c12674b7cea8e1(C.swig_type_81(_swig_i_0)))
 	return swig_r
 }
 
@@ -1090,7 +1120,7 @@ type Enum_SS_kvx_region_flag int
 
 func _swig_getKVX_REGION_HUGE_PAGES() (_swig_ret Enum_SS_kvx_region_flag) {
 	var swig_r Enum_SS_kvx_region_flag
-	swig_r = (Enum_SS_kvx_region_flag)(C._wrap_KVX_REGION_HUGE_PAGES_capi_082c1b48933b1fcf())
+	swig_r = (Enum_SS_kvx_region_flag)(C._wrap_KVX_REGION_HUGE_PAGES_capi_b2c12674b7cea8e1())
 	return swig_r
 }
 
@@ -1100,7 +1130,7 @@ func Kvx_config_fingerprint(arg1 []byte, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_082c1b48933b1fcf(*(*C.swig_type_77)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_78)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_b2c12674b7cea8e1(*(*C.swig_type_82)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_83)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1112,7 +1142,7 @@ func Kvx_config_fingerprint(arg1 []byte, arg2 string) (_swig_ret int) {
 
 func Kvx_backends() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_kvx_backends_capi_082c1b48933b1fcf()
+	swig_r_p := C._wrap_kvx_backends_capi_b2c12674b7cea8e1()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)

@@ -180,4 +180,33 @@ int kvx_go_peer_state(char *out_backend, char *out_path, char *out_reason, uint6
 }
 %}
 
+/* kvx_poll_results fills kvx_result structs (integers of two widths): this
+ * wrapper copies, for cap results at most, each one's id into out_ids and its
+ * status into out_status, in the C array's order, and their number into
+ * out_n[0]. The caller sizes both slices for cap. */
+%ignore kvx_poll_results;
+%ignore kvx_result;
+%apply uint64_t *KVX_SLICE { uint64_t *out_ids };
+%apply int *KVX_SLICE { int *out_status };
+%inline %{
+int kvx_go_poll_results(uint64_t *out_ids, int *out_status, uint64_t *out_n, kvx_transport *t,
+                        const char *peer_id, size_t cap) {
+    kvx_result small[64], *res = small;
+    size_t n = 0, i;
+    int rc;
+    if (cap > sizeof small / sizeof small[0] && !(res = (kvx_result *)calloc(cap, sizeof *res))) return KVX_ENOMEM;
+    rc = kvx_poll_results(&n, t, peer_id, cap ? res : NULL, cap);
+    if (rc == 0) {
+        if (n > cap) n = cap;
+        out_n[0] = n;
+        for (i = 0; i < n; i++) {
+            out_ids[i] = res[i].id;
+            out_status[i] = res[i].status;
+        }
+    }
+    if (res != small) free(res);
+    return rc;
+}
+%}
+
 %include "kvxfer.h"

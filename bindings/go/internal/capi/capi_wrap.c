@@ -13,9 +13,9 @@ extern
 #ifdef __cplusplus
   "C"
 #endif
-  void cgo_panic__capi_082c1b48933b1fcf(const char*);
+  void cgo_panic__capi_b2c12674b7cea8e1(const char*);
 static void _swig_gopanic(const char *p) {
-  cgo_panic__capi_082c1b48933b1fcf(p);
+  cgo_panic__capi_b2c12674b7cea8e1(p);
 }
 
 
@@ -266,11 +266,31 @@ int kvx_go_peer_state(char *out_backend, char *out_path, char *out_reason, uint6
     return rc;
 }
 
+
+int kvx_go_poll_results(uint64_t *out_ids, int *out_status, uint64_t *out_n, kvx_transport *t,
+                        const char *peer_id, size_t cap) {
+    kvx_result small[64], *res = small;
+    size_t n = 0, i;
+    int rc;
+    if (cap > sizeof small / sizeof small[0] && !(res = (kvx_result *)calloc(cap, sizeof *res))) return KVX_ENOMEM;
+    rc = kvx_poll_results(&n, t, peer_id, cap ? res : NULL, cap);
+    if (rc == 0) {
+        if (n > cap) n = cap;
+        out_n[0] = n;
+        for (i = 0; i < n; i++) {
+            out_ids[i] = res[i].id;
+            out_status[i] = res[i].status;
+        }
+    }
+    if (res != small) free(res);
+    return rc;
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-void _wrap_Swig_free_capi_082c1b48933b1fcf(void *_swig_go_0) {
+void _wrap_Swig_free_capi_b2c12674b7cea8e1(void *_swig_go_0) {
   void *arg1 = (void *) 0 ;
   
   arg1 = *(void **)&_swig_go_0; 
@@ -280,7 +300,7 @@ void _wrap_Swig_free_capi_082c1b48933b1fcf(void *_swig_go_0) {
 }
 
 
-void *_wrap_Swig_malloc_capi_082c1b48933b1fcf(intgo _swig_go_0) {
+void *_wrap_Swig_malloc_capi_b2c12674b7cea8e1(intgo _swig_go_0) {
   int arg1 ;
   void *result = 0 ;
   void *_swig_go_result;
@@ -293,7 +313,7 @@ void *_wrap_Swig_malloc_capi_082c1b48933b1fcf(intgo _swig_go_0) {
 }
 
 
-long long _wrap_KVX_GO_STATS_SIZE_capi_082c1b48933b1fcf() {
+long long _wrap_KVX_GO_STATS_SIZE_capi_b2c12674b7cea8e1() {
   size_t result;
   long long _swig_go_result;
   
@@ -304,7 +324,7 @@ long long _wrap_KVX_GO_STATS_SIZE_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_kvx_go_peer_backend_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3) {
+intgo _wrap_kvx_go_peer_backend_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -338,7 +358,7 @@ intgo _wrap_kvx_go_peer_backend_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _gos
 }
 
 
-intgo _wrap_kvx_go_region_alloc_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, long long _swig_go_1, intgo _swig_go_2) {
+intgo _wrap_kvx_go_region_alloc_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, long long _swig_go_1, intgo _swig_go_2) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   uint64_t arg2 ;
   unsigned int arg3 ;
@@ -357,7 +377,7 @@ intgo _wrap_kvx_go_region_alloc_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, long
 }
 
 
-void _wrap_kvx_go_region_free_capi_082c1b48933b1fcf(long long _swig_go_0) {
+void _wrap_kvx_go_region_free_capi_b2c12674b7cea8e1(long long _swig_go_0) {
   uint64_t arg1 ;
   
   arg1 = (uint64_t)_swig_go_0; 
@@ -367,7 +387,7 @@ void _wrap_kvx_go_region_free_capi_082c1b48933b1fcf(long long _swig_go_0) {
 }
 
 
-intgo _wrap_kvx_go_peer_rails_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, kvx_transport *_swig_go_3, _gostring_ _swig_go_4, long long _swig_go_5) {
+intgo _wrap_kvx_go_peer_rails_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, kvx_transport *_swig_go_3, _gostring_ _swig_go_4, long long _swig_go_5) {
   char *arg1 = (char *) 0 ;
   uint64_t *arg2 = (uint64_t *) 0 ;
   uint64_t *arg3 = (uint64_t *) 0 ;
@@ -407,7 +427,7 @@ intgo _wrap_kvx_go_peer_rails_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _gosli
 }
 
 
-intgo _wrap_kvx_go_peer_state_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, _goslice_ _swig_go_3, kvx_transport *_swig_go_4, _gostring_ _swig_go_5) {
+intgo _wrap_kvx_go_peer_state_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, _goslice_ _swig_go_3, kvx_transport *_swig_go_4, _gostring_ _swig_go_5) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -449,7 +469,47 @@ intgo _wrap_kvx_go_peer_state_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _gosli
 }
 
 
-intgo _wrap_KVX_VERSION_NUMBER_capi_082c1b48933b1fcf() {
+intgo _wrap_kvx_go_poll_results_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, kvx_transport *_swig_go_3, _gostring_ _swig_go_4, long long _swig_go_5) {
+  uint64_t *arg1 = (uint64_t *) 0 ;
+  int *arg2 = (int *) 0 ;
+  uint64_t *arg3 = (uint64_t *) 0 ;
+  kvx_transport *arg4 = (kvx_transport *) 0 ;
+  char *arg5 = (char *) 0 ;
+  size_t arg6 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (uint64_t *)(_swig_go_0.len ? _swig_go_0.array : NULL); 
+  arg2 = (int *)(_swig_go_1.len ? _swig_go_1.array : NULL); 
+  arg3 = (uint64_t *)(_swig_go_2.len ? _swig_go_2.array : NULL); 
+  arg4 = (kvx_transport *)_swig_go_3; 
+  
+  arg5 = NULL;
+  if (_swig_go_4.n > 0) {
+    arg5 = (char *)malloc(_swig_go_4.n + 1);
+    if (!arg5) {
+      _swig_gopanic("kvxfer: out of memory copying a string argument");
+    }
+    memcpy(arg5, _swig_go_4.p, _swig_go_4.n);
+    arg5[_swig_go_4.n] = '\0';
+  }
+  
+  arg6 = (size_t)_swig_go_5; 
+  
+  result = (int)kvx_go_poll_results(arg1,arg2,arg3,arg4,(char const *)arg5,arg6);
+  _swig_go_result = result; 
+  
+  
+  
+  
+  
+  
+  free(arg5); 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_VERSION_NUMBER_capi_b2c12674b7cea8e1() {
   int result;
   intgo _swig_go_result;
   
@@ -460,7 +520,7 @@ intgo _wrap_KVX_VERSION_NUMBER_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_kvx_version_number_capi_082c1b48933b1fcf() {
+intgo _wrap_kvx_version_number_capi_b2c12674b7cea8e1() {
   unsigned int result;
   intgo _swig_go_result;
   
@@ -471,7 +531,7 @@ intgo _wrap_kvx_version_number_capi_082c1b48933b1fcf() {
 }
 
 
-_gostring_ _wrap_kvx_version_string_capi_082c1b48933b1fcf() {
+_gostring_ _wrap_kvx_version_string_capi_b2c12674b7cea8e1() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -482,7 +542,7 @@ _gostring_ _wrap_kvx_version_string_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_OK_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_OK_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -494,7 +554,7 @@ intgo _wrap_KVX_OK_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EPERM_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EPERM_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -506,7 +566,7 @@ intgo _wrap_KVX_EPERM_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ENOENT_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ENOENT_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -518,7 +578,7 @@ intgo _wrap_KVX_ENOENT_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ENOMEM_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ENOMEM_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -530,7 +590,7 @@ intgo _wrap_KVX_ENOMEM_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EBUSY_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EBUSY_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -542,7 +602,7 @@ intgo _wrap_KVX_EBUSY_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EEXIST_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EEXIST_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -554,7 +614,7 @@ intgo _wrap_KVX_EEXIST_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EINVAL_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EINVAL_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -566,7 +626,7 @@ intgo _wrap_KVX_EINVAL_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ERANGE_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ERANGE_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -578,7 +638,7 @@ intgo _wrap_KVX_ERANGE_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ENOBUFS_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ENOBUFS_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -590,7 +650,7 @@ intgo _wrap_KVX_ENOBUFS_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ENOTSUP_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ENOTSUP_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -602,7 +662,7 @@ intgo _wrap_KVX_ENOTSUP_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EOVERFLOW_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EOVERFLOW_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -614,7 +674,7 @@ intgo _wrap_KVX_EOVERFLOW_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ECONNREFUSED_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ECONNREFUSED_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -626,7 +686,7 @@ intgo _wrap_KVX_ECONNREFUSED_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ETIMEDOUT_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ETIMEDOUT_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -638,7 +698,7 @@ intgo _wrap_KVX_ETIMEDOUT_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ECONNRESET_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ECONNRESET_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -650,7 +710,7 @@ intgo _wrap_KVX_ECONNRESET_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EHOSTUNREACH_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EHOSTUNREACH_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -662,7 +722,7 @@ intgo _wrap_KVX_EHOSTUNREACH_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ECANCELED_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ECANCELED_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -674,7 +734,7 @@ intgo _wrap_KVX_ECANCELED_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ERRNO_OFFSET_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ERRNO_OFFSET_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -686,7 +746,7 @@ intgo _wrap_KVX_ERRNO_OFFSET_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ECLOSED_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ECLOSED_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -698,7 +758,7 @@ intgo _wrap_KVX_ECLOSED_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EBADMETA_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EBADMETA_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -710,7 +770,7 @@ intgo _wrap_KVX_EBADMETA_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EVERSION_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EVERSION_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -722,7 +782,7 @@ intgo _wrap_KVX_EVERSION_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EFINGERPRINT_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EFINGERPRINT_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -734,7 +794,7 @@ intgo _wrap_KVX_EFINGERPRINT_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EGEOMETRY_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EGEOMETRY_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -746,7 +806,7 @@ intgo _wrap_KVX_EGEOMETRY_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EPEERBROKEN_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EPEERBROKEN_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -758,7 +818,7 @@ intgo _wrap_KVX_EPEERBROKEN_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EAUTH_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EAUTH_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -770,7 +830,7 @@ intgo _wrap_KVX_EAUTH_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_ECONFIG_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_ECONFIG_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -782,7 +842,7 @@ intgo _wrap_KVX_ECONFIG_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EBACKEND_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EBACKEND_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -794,7 +854,7 @@ intgo _wrap_KVX_EBACKEND_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_EINTERNAL_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_EINTERNAL_capi_b2c12674b7cea8e1() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -806,7 +866,7 @@ intgo _wrap_KVX_EINTERNAL_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_SCOPE_NONE_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_SCOPE_NONE_capi_b2c12674b7cea8e1() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -818,7 +878,7 @@ intgo _wrap_KVX_SCOPE_NONE_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_SCOPE_REQUEST_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_SCOPE_REQUEST_capi_b2c12674b7cea8e1() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -830,7 +890,7 @@ intgo _wrap_KVX_SCOPE_REQUEST_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_SCOPE_PEER_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_SCOPE_PEER_capi_b2c12674b7cea8e1() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -842,7 +902,7 @@ intgo _wrap_KVX_SCOPE_PEER_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_SCOPE_TRANSPORT_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_SCOPE_TRANSPORT_capi_b2c12674b7cea8e1() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -854,7 +914,7 @@ intgo _wrap_KVX_SCOPE_TRANSPORT_capi_082c1b48933b1fcf() {
 }
 
 
-_gostring_ _wrap_kvx_strerror_capi_082c1b48933b1fcf(intgo _swig_go_0) {
+_gostring_ _wrap_kvx_strerror_capi_b2c12674b7cea8e1(intgo _swig_go_0) {
   int arg1 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -867,7 +927,7 @@ _gostring_ _wrap_kvx_strerror_capi_082c1b48933b1fcf(intgo _swig_go_0) {
 }
 
 
-intgo _wrap_kvx_error_scope_of_capi_082c1b48933b1fcf(intgo _swig_go_0) {
+intgo _wrap_kvx_error_scope_of_capi_b2c12674b7cea8e1(intgo _swig_go_0) {
   int arg1 ;
   kvx_error_scope result;
   intgo _swig_go_result;
@@ -880,7 +940,7 @@ intgo _wrap_kvx_error_scope_of_capi_082c1b48933b1fcf(intgo _swig_go_0) {
 }
 
 
-_gostring_ _wrap_kvx_last_error_message_capi_082c1b48933b1fcf() {
+_gostring_ _wrap_kvx_last_error_message_capi_b2c12674b7cea8e1() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -891,7 +951,7 @@ _gostring_ _wrap_kvx_last_error_message_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_kvx_options_create_capi_082c1b48933b1fcf(_goslice_ _swig_go_0) {
+intgo _wrap_kvx_options_create_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0) {
   kvx_options **arg1 = (kvx_options **) 0 ;
   int result;
   intgo _swig_go_result;
@@ -906,7 +966,7 @@ intgo _wrap_kvx_options_create_capi_082c1b48933b1fcf(_goslice_ _swig_go_0) {
 }
 
 
-void _wrap_kvx_options_destroy_capi_082c1b48933b1fcf(kvx_options *_swig_go_0) {
+void _wrap_kvx_options_destroy_capi_b2c12674b7cea8e1(kvx_options *_swig_go_0) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   
   arg1 = (kvx_options *)_swig_go_0; 
@@ -916,7 +976,7 @@ void _wrap_kvx_options_destroy_capi_082c1b48933b1fcf(kvx_options *_swig_go_0) {
 }
 
 
-intgo _wrap_kvx_options_set_capi_082c1b48933b1fcf(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_options_set_capi_b2c12674b7cea8e1(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   char *arg2 = (char *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -943,7 +1003,7 @@ intgo _wrap_kvx_options_set_capi_082c1b48933b1fcf(kvx_options *_swig_go_0, _gost
 }
 
 
-intgo _wrap_kvx_options_parse_capi_082c1b48933b1fcf(kvx_options *_swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_options_parse_capi_b2c12674b7cea8e1(kvx_options *_swig_go_0, _gostring_ _swig_go_1) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -963,7 +1023,7 @@ intgo _wrap_kvx_options_parse_capi_082c1b48933b1fcf(kvx_options *_swig_go_0, _go
 }
 
 
-intgo _wrap_kvx_transport_create_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
+intgo _wrap_kvx_transport_create_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
   kvx_transport **arg1 = (kvx_transport **) 0 ;
   void *arg2 = (void *) 0 ;
   uint64_t arg3 ;
@@ -999,7 +1059,7 @@ intgo _wrap_kvx_transport_create_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, voi
 }
 
 
-intgo _wrap_kvx_transport_close_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0) {
+intgo _wrap_kvx_transport_close_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   int result;
   intgo _swig_go_result;
@@ -1012,7 +1072,7 @@ intgo _wrap_kvx_transport_close_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0)
 }
 
 
-void _wrap_kvx_transport_destroy_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0) {
+void _wrap_kvx_transport_destroy_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   
   arg1 = (kvx_transport *)_swig_go_0; 
@@ -1022,7 +1082,7 @@ void _wrap_kvx_transport_destroy_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0
 }
 
 
-intgo _wrap_kvx_transport_base_addr_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_base_addr_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1039,7 +1099,7 @@ intgo _wrap_kvx_transport_base_addr_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_num_blocks_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_num_blocks_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1056,7 +1116,7 @@ intgo _wrap_kvx_transport_num_blocks_capi_082c1b48933b1fcf(_goslice_ _swig_go_0,
 }
 
 
-intgo _wrap_kvx_transport_block_len_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_block_len_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1073,7 +1133,7 @@ intgo _wrap_kvx_transport_block_len_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_config_fingerprint_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_config_fingerprint_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   char *arg1 = (char *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1090,7 +1150,7 @@ intgo _wrap_kvx_transport_config_fingerprint_capi_082c1b48933b1fcf(_goslice_ _sw
 }
 
 
-_gostring_ _wrap_kvx_transport_backend_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0) {
+_gostring_ _wrap_kvx_transport_backend_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -1103,7 +1163,7 @@ _gostring_ _wrap_kvx_transport_backend_capi_082c1b48933b1fcf(kvx_transport *_swi
 }
 
 
-_gostring_ _wrap_kvx_transport_backends_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0) {
+_gostring_ _wrap_kvx_transport_backends_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -1116,7 +1176,7 @@ _gostring_ _wrap_kvx_transport_backends_capi_082c1b48933b1fcf(kvx_transport *_sw
 }
 
 
-intgo _wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
+intgo _wrap_kvx_get_agent_metadata_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1139,7 +1199,7 @@ intgo _wrap_kvx_get_agent_metadata_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, k
 }
 
 
-intgo _wrap_kvx_add_remote_peer_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
+intgo _wrap_kvx_add_remote_peer_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1177,7 +1237,7 @@ intgo _wrap_kvx_add_remote_peer_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0,
 }
 
 
-intgo _wrap_kvx_remove_remote_peer_capi_082c1b48933b1fcf(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_remove_remote_peer_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -1203,7 +1263,7 @@ intgo _wrap_kvx_remove_remote_peer_capi_082c1b48933b1fcf(kvx_transport *_swig_go
 }
 
 
-intgo _wrap_KVX_PEER_UP_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_PEER_UP_capi_b2c12674b7cea8e1() {
   enum kvx_peer_link result;
   intgo _swig_go_result;
   
@@ -1215,7 +1275,7 @@ intgo _wrap_KVX_PEER_UP_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_PEER_RECONNECTING_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_PEER_RECONNECTING_capi_b2c12674b7cea8e1() {
   enum kvx_peer_link result;
   intgo _swig_go_result;
   
@@ -1227,7 +1287,7 @@ intgo _wrap_KVX_PEER_RECONNECTING_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_PEER_BROKEN_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_PEER_BROKEN_capi_b2c12674b7cea8e1() {
   enum kvx_peer_link result;
   intgo _swig_go_result;
   
@@ -1239,7 +1299,7 @@ intgo _wrap_KVX_PEER_BROKEN_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_PEER_REPLACE_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_PEER_REPLACE_capi_b2c12674b7cea8e1() {
   enum kvx_add_peer_flag result;
   intgo _swig_go_result;
   
@@ -1251,7 +1311,7 @@ intgo _wrap_KVX_PEER_REPLACE_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_PENDING_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_REGISTRATION_PENDING_capi_b2c12674b7cea8e1() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1263,7 +1323,7 @@ intgo _wrap_KVX_REGISTRATION_PENDING_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_DONE_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_REGISTRATION_DONE_capi_b2c12674b7cea8e1() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1275,7 +1335,7 @@ intgo _wrap_KVX_REGISTRATION_DONE_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_FAILED_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_REGISTRATION_FAILED_capi_b2c12674b7cea8e1() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1287,7 +1347,7 @@ intgo _wrap_KVX_REGISTRATION_FAILED_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_kvx_add_remote_peer_async_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
+intgo _wrap_kvx_add_remote_peer_async_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1331,7 +1391,7 @@ intgo _wrap_kvx_add_remote_peer_async_capi_082c1b48933b1fcf(_goslice_ _swig_go_0
 }
 
 
-intgo _wrap_kvx_registration_status_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
+intgo _wrap_kvx_registration_status_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
   int *arg1 = (int *) 0 ;
   int *arg2 = (int *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1356,7 +1416,7 @@ intgo _wrap_kvx_registration_status_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_write_blocks_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
+intgo _wrap_kvx_write_blocks_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1396,7 +1456,7 @@ intgo _wrap_kvx_write_blocks_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_tra
 }
 
 
-intgo _wrap_kvx_poll_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
+intgo _wrap_kvx_poll_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
   size_t *arg1 = (size_t *) 0 ;
   size_t *arg2 = (size_t *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1442,7 +1502,7 @@ intgo _wrap_kvx_poll_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _goslice_ _swig
 }
 
 
-intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_b2c12674b7cea8e1() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1454,7 +1514,7 @@ intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_KVX_CANCEL_WAIT_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_CANCEL_WAIT_capi_b2c12674b7cea8e1() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1466,7 +1526,7 @@ intgo _wrap_KVX_CANCEL_WAIT_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_kvx_cancel_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
+intgo _wrap_kvx_cancel_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   uint64_t *arg3 = (uint64_t *) 0 ;
@@ -1495,7 +1555,7 @@ intgo _wrap_kvx_cancel_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport
 }
 
 
-intgo _wrap_kvx_wait_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, intgo _swig_go_2) {
+intgo _wrap_kvx_wait_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, intgo _swig_go_2) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int arg3 ;
@@ -1514,7 +1574,7 @@ intgo _wrap_kvx_wait_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *
 }
 
 
-intgo _wrap_kvx_completion_fd_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_completion_fd_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   int *arg1 = (int *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1531,7 +1591,7 @@ intgo _wrap_kvx_completion_fd_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_tr
 }
 
 
-intgo _wrap_kvx_get_stats_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_get_stats_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
   kvx_stats *arg1 = (kvx_stats *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1561,7 +1621,7 @@ intgo _wrap_kvx_get_stats_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, kvx_transp
 }
 
 
-long long _wrap_kvx_stats_bucket_lower_ns_capi_082c1b48933b1fcf(long long _swig_go_0) {
+long long _wrap_kvx_stats_bucket_lower_ns_capi_b2c12674b7cea8e1(long long _swig_go_0) {
   size_t arg1 ;
   uint64_t result;
   long long _swig_go_result;
@@ -1574,7 +1634,7 @@ long long _wrap_kvx_stats_bucket_lower_ns_capi_082c1b48933b1fcf(long long _swig_
 }
 
 
-intgo _wrap_KVX_REGION_HUGE_PAGES_capi_082c1b48933b1fcf() {
+intgo _wrap_KVX_REGION_HUGE_PAGES_capi_b2c12674b7cea8e1() {
   enum kvx_region_flag result;
   intgo _swig_go_result;
   
@@ -1586,7 +1646,7 @@ intgo _wrap_KVX_REGION_HUGE_PAGES_capi_082c1b48933b1fcf() {
 }
 
 
-intgo _wrap_kvx_config_fingerprint_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_config_fingerprint_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -1614,7 +1674,7 @@ intgo _wrap_kvx_config_fingerprint_capi_082c1b48933b1fcf(_goslice_ _swig_go_0, _
 }
 
 
-_gostring_ _wrap_kvx_backends_capi_082c1b48933b1fcf() {
+_gostring_ _wrap_kvx_backends_capi_b2c12674b7cea8e1() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   

@@ -262,6 +262,22 @@ extern "C" {
         failed_cap: usize,
     ) -> ::std::os::raw::c_int;
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvx_result {
+    pub id: u64,
+    pub status: i32,
+    pub reserved: u32,
+}
+extern "C" {
+    pub fn kvx_poll_results(
+        out_n: *mut usize,
+        t: *mut kvx_transport,
+        peer_id: *const ::std::os::raw::c_char,
+        out: *mut kvx_result,
+        cap: usize,
+    ) -> ::std::os::raw::c_int;
+}
 pub const KVX_CANCEL_IMMEDIATE: kvx_cancel_mode = 0;
 pub const KVX_CANCEL_WAIT: kvx_cancel_mode = 1;
 pub type kvx_cancel_mode = ::std::os::raw::c_uint;
@@ -314,6 +330,10 @@ pub struct kvx_stats {
     pub latency_ns_p999: u64,
     pub latency_ns_max: u64,
     pub latency_buckets: [u64; 304usize],
+    pub transfers_failed_timeout: u64,
+    pub transfers_failed_connection: u64,
+    pub transfers_failed_removed: u64,
+    pub transfers_failed_other: u64,
 }
 extern "C" {
     pub fn kvx_get_stats(

@@ -5,7 +5,7 @@ use std::ffi::CStr;
 
 #[test]
 fn every_function_links() {
-    let fns: [*const (); 29] = [
+    let fns: [*const (); 38] = [
         sys::kvx_version_number as *const (),
         sys::kvx_version_string as *const (),
         sys::kvx_strerror as *const (),
@@ -28,6 +28,7 @@ fn every_function_links() {
         sys::kvx_remove_remote_peer as *const (),
         sys::kvx_write_blocks as *const (),
         sys::kvx_poll as *const (),
+        sys::kvx_poll_results as *const (),
         sys::kvx_cancel as *const (),
         sys::kvx_config_fingerprint as *const (),
         sys::kvx_peer_backend as *const (),
@@ -35,6 +36,14 @@ fn every_function_links() {
         sys::kvx_get_peer_state as *const (),
         sys::kvx_region_alloc as *const (),
         sys::kvx_region_free as *const (),
+        sys::kvx_options_parse as *const (),
+        sys::kvx_backends as *const (),
+        sys::kvx_add_remote_peer_async as *const (),
+        sys::kvx_registration_status as *const (),
+        sys::kvx_wait as *const (),
+        sys::kvx_completion_fd as *const (),
+        sys::kvx_get_stats as *const (),
+        sys::kvx_stats_bucket_lower_ns as *const (),
     ];
     assert!(fns.iter().all(|f| !f.is_null()));
 }

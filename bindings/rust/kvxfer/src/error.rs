@@ -52,8 +52,9 @@ pub enum ErrorKind {
     ConnectionReset,
     /// KVX_EHOSTUNREACH
     HostUnreachable,
-    /// KVX_ECANCELED: a registration was cancelled (its peer removed, or
-    /// added again with replace) before it connected.
+    /// KVX_ECANCELED: cancelled because the peer was removed, or added again
+    /// with replace: a registration before it connected, or (since 0.9) a
+    /// transfer before it ended ([`crate::TransferResult`]).
     Canceled,
     /// KVX_ECLOSED: the transport was closed.
     Closed,

@@ -49,7 +49,7 @@ pub use peer::{PeerLink, PeerState, PEER_REASON_LEN};
 pub use region::SharedRegion;
 pub use registration::PendingPeer;
 pub use stats::{latency_bucket_bounds, RailStats, Stats, LATENCY_BUCKETS, RAIL_NAME_LEN};
-pub use transport::{CancelMode, PollResult, Transport};
+pub use transport::{CancelMode, PollResult, TransferResult, Transport};
 
 /// The raw bindings, for what this crate does not wrap.
 pub use kvxfer_sys as sys;
@@ -111,6 +111,7 @@ const _: () = {
         send_sync::<Options>();
         send_sync::<Error>();
         send_sync::<PollResult>();
+        send_sync::<TransferResult>();
         send_sync::<PendingPeer<'static, 'static>>();
         send_sync::<Stats>();
         send_sync::<RailStats>();

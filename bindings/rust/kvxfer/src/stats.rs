@@ -39,6 +39,16 @@ pub struct Stats {
     pub latency_ns_max: u64,
     /// Counts per bucket ([`LATENCY_BUCKETS`] of them).
     pub latency_buckets: Vec<u64>,
+    /// `transfers_failed` by cause (since 0.9), as
+    /// [`Transport::poll_results`] reports each failure; the four add up to
+    /// `transfers_failed`. `TimedOut`: the stall timeout.
+    pub transfers_failed_timeout: u64,
+    /// `ConnectionReset`: the peer's connection failed.
+    pub transfers_failed_connection: u64,
+    /// `Canceled`: the peer was removed or replaced, or the transport closed.
+    pub transfers_failed_removed: u64,
+    /// Any other code.
+    pub transfers_failed_other: u64,
 }
 
 /// `(lo, hi)` in ns of latency bucket `i`, as the library records them
@@ -98,6 +108,10 @@ pub(crate) fn get(t: &Transport<'_>, peer_id: Option<&str>) -> Result<Stats> {
         latency_ns_p999: s.latency_ns_p999,
         latency_ns_max: s.latency_ns_max,
         latency_buckets: s.latency_buckets.to_vec(),
+        transfers_failed_timeout: s.transfers_failed_timeout,
+        transfers_failed_connection: s.transfers_failed_connection,
+        transfers_failed_removed: s.transfers_failed_removed,
+        transfers_failed_other: s.transfers_failed_other,
     })
 }
 

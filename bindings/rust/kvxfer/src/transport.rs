@@ -15,7 +15,9 @@ use std::ptr::{self, NonNull};
 use std::time::Duration;
 
 /// Transfers that finished since the last poll; each id appears exactly once
-/// over all polls, in `done` or in `failed`.
+/// over all polls ([`Transport::poll`] and [`Transport::poll_results`]), in
+/// `done` or in `failed`. [`Transport::poll_results`] also says why each
+/// failed one failed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PollResult {
     /// Transfers whose bytes are in the peer's region.
@@ -28,6 +30,28 @@ impl PollResult {
     /// Nothing finished.
     pub fn is_empty(&self) -> bool {
         self.done.is_empty() && self.failed.is_empty()
+    }
+}
+
+/// A finished transfer and how it ended ([`Transport::poll_results`],
+/// `kvx_result`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransferResult {
+    /// The transfer id [`Transport::write_blocks`] returned.
+    pub id: u64,
+    /// `None`: done, its bytes are in the peer's region. Otherwise why it
+    /// failed, an [`Error`] whose [`kind`](Error::kind) is `TimedOut` (its
+    /// peer made no progress for `transfer_timeout_ms`, the stall timeout),
+    /// `ConnectionReset` (its peer's connection failed), `Canceled` (its peer
+    /// was removed or replaced), or another kind for a backend's own failure
+    /// (`PermissionDenied`, `Backend`, ...); its message names the transfer.
+    pub error: Option<Error>,
+}
+
+impl TransferResult {
+    /// The transfer is done (no error).
+    pub fn is_done(&self) -> bool {
+        self.error.is_none()
     }
 }
 
@@ -562,6 +586,61 @@ impl<'r> Transport<'r> {
             res.done.truncate(nd0 + nd.min(CHUNK));
             res.failed.truncate(nf0 + nf.min(CHUNK));
             if nd < CHUNK && nf < CHUNK {
+                return Ok(res);
+            }
+        }
+    }
+
+    /// Collect every finished transfer, as [`Transport::poll`] does, with the
+    /// reason of each failure (`kvx_poll_results`): one [`TransferResult`]
+    /// per transfer, its `error` `None` when done, else an [`Error`] of kind
+    /// `TimedOut` (the stall timeout), `ConnectionReset` (the peer's
+    /// connection failed), `Canceled` (the peer was removed or replaced), or
+    /// another kind (a backend's own failure). `poll` and `poll_results` take
+    /// from the same queues: each id is reported exactly once, by one of
+    /// them. An unknown peer id yields nothing; [`Transport::peer_state`]
+    /// tells what a peer went through meanwhile.
+    pub fn poll_results(&self, peer_id: Option<&str>) -> Result<Vec<TransferResult>> {
+        const CHUNK: usize = 256;
+        let id: Option<CString> = match peer_id {
+            Some(p) => Some(cstring("peer id", p)?),
+            None => None,
+        };
+        let id_ptr = id.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        let zero = sys::kvx_result {
+            id: 0,
+            status: 0,
+            reserved: 0,
+        };
+        let mut buf = vec![zero; CHUNK];
+        let mut res = Vec::new();
+        loop {
+            let mut n = 0usize;
+            // SAFETY: live handle; buf has CHUNK writable entries; id_ptr is
+            // NULL or NUL-terminated.
+            let rc = unsafe {
+                sys::kvx_poll_results(&mut n, self.ptr(), id_ptr, buf.as_mut_ptr(), CHUNK)
+            };
+            if rc != 0 {
+                // As in poll: only KVX_ECLOSED can follow a first success.
+                return Err(Error::from_last(rc));
+            }
+            let n = n.min(CHUNK);
+            res.extend(buf[..n].iter().map(|r| TransferResult {
+                id: r.id,
+                error: if r.status == 0 {
+                    None
+                } else {
+                    Some(Error::new(
+                        r.status,
+                        match peer_id {
+                            Some(p) => format!("transfer {} to peer '{}' failed", r.id, p),
+                            None => format!("transfer {} failed", r.id),
+                        },
+                    ))
+                },
+            }));
+            if n < CHUNK {
                 return Ok(res);
             }
         }
