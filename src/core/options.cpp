@@ -22,8 +22,8 @@ constexpr OptionSpec kCoreOptions[] = {
      "Budget of `kvx_add_remote_peer()` for connecting and authenticating, in milliseconds."},
     {"transfer_timeout_ms", OptType::uint, 1, 3600000, "30000",
      "A peer with transfers outstanding that makes no progress for this long (T, in milliseconds) has them failed and "
-     "its connection ends (it reconnects: `peer_redial_ms`). While the kernel resends into a silent network (tcp: a retransmission timeout or unanswered "
-     "probes on one of its connections), after 2T + its retransmission timeout + 250 ms instead (at least 2T + "
+     "its connection ends (it reconnects: `peer_redial_ms`). When the kernel resent into a silent network in the stall's "
+     "second half (tcp: a retransmission timeout or unanswered probes on one of its connections), after 2T + its retransmission timeout + 250 ms instead (at least 2T + "
      "max(T/4, 500 ms), at most 3T): resends double their interval, and an outage shorter than T fails nothing (for "
      "T of 2000 and more). The tcp sockets of both sides get keepalive (from T/2) and `TCP_USER_TIMEOUT` (3T + 1 s) "
      "from it, so the connection of a peer host that vanishes without a FIN is released after about 3T + 2 s. A "

@@ -805,7 +805,22 @@ std::vector<Transport::Stalled> Transport::stalled_peers(Clock::time_point *next
         if (p->outstanding.load() == 0 || p->timed_out.load()) continue;
         const int64_t since = p->progress_ns.load(std::memory_order_relaxed);
         int64_t due = since + (p->grace_from_ns == since ? p->grace_ns : timeout_ns);
-        const uint64_t rto_us = due <= now && p->grace_from_ns != since ? link->network_silent_rto_us() : 0;
+        if (p->silent_since_ns != since) {  // a new stall (or progress since the last look)
+            p->silent_since_ns = since;
+            p->silent_sampled_ns = 0;
+            p->silent_rto_us = 0;
+        }
+        // The network may be silent in the middle of the stall and answer
+        // again by its end while data the peer sent us still waits for its
+        // kernel's next resend (a keepalive probe answered just before the
+        // timeout says nothing of that): look from half the timeout on, at
+        // most every 50 ms, and count what was seen.
+        if (p->grace_from_ns != since && now >= since + timeout_ns / 2 &&
+            (due <= now || now >= p->silent_sampled_ns + ns(50))) {
+            p->silent_sampled_ns = now;
+            p->silent_rto_us = std::max(p->silent_rto_us, link->network_silent_rto_us());
+        }
+        const uint64_t rto_us = due <= now && p->grace_from_ns != since ? p->silent_rto_us : 0;
         if (rto_us != 0) {
             const uint64_t grace_ms = stall_grace_ms(core_.transfer_timeout_ms, (rto_us + 999) / 1000);
             p->grace_from_ns = since;

@@ -123,6 +123,11 @@ private:
         // The watchdog thread's: the progress_ns of the stall that was given
         // grace_ns (the network was silent: stall_grace_ms), 0 when none.
         int64_t grace_from_ns = 0, grace_ns = 0;
+        // The watchdog thread's: the stall (its progress_ns) whose second
+        // half it samples the network in, when it last did, and the largest
+        // retransmission timeout it saw silent then (0: none).
+        int64_t silent_since_ns = 0, silent_sampled_ns = 0;
+        uint64_t silent_rto_us = 0;
         // Transfers counted in outstanding whose write_blocks has not returned
         // from link->submit() yet: a remove racing them shuts the link down
         // before they reach it, and submit() fails them (not a backend's leak).
