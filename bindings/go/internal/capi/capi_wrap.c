@@ -514,7 +514,7 @@ intgo _wrap_KVX_VERSION_NUMBER_capi_b2c12674b7cea8e1() {
   intgo _swig_go_result;
   
   
-  result = (int)((0*10000+8*100+0));
+  result = (int)((0*10000+9*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
