@@ -15,6 +15,7 @@
 #include "core/transport.h"
 #include "kvxfer.h"
 #include "util/error.h"
+#include "util/log.h"
 #include "util/shared_region.h"
 
 struct kvx_transport {
@@ -376,6 +377,29 @@ KVX_API int kvx_config_fingerprint(char *out, const char *config_json) {
 
 KVX_API uint64_t kvx_stats_bucket_lower_ns(size_t i) {
     return i < kvx::LatencyHistogram::kBuckets ? kvx::LatencyHistogram::lower_bound(i) : UINT64_MAX;
+}
+
+KVX_API int kvx_set_log_handler(kvx_log_fn fn, void *user, int level) {
+    return guard([&] {
+        KVX_REQUIRE(level >= KVX_LOG_OFF && level <= KVX_LOG_DEBUG,
+                    "log level %d is not KVX_LOG_OFF (-1) to KVX_LOG_DEBUG (3)", level);
+        kvx::log_set_handler(reinterpret_cast<void *>(fn), user, level);
+    });
+}
+
+KVX_API int kvx_get_log_level(void) {
+    for (int l = KVX_LOG_DEBUG; l >= KVX_LOG_ERROR; l--)
+        if (kvx::log_enabled(static_cast<kvx::LogLevel>(l))) return l;
+    return KVX_LOG_OFF;
+}
+
+KVX_API int kvx_log_flush(int timeout_ms) {
+    return guard([&] {
+        KVX_REQUIRE(timeout_ms >= -1, "timeout_ms %d is below -1", timeout_ms);
+        if (kvx::log_on_handler_thread()) kvx::fail(KVX_EBUSY, "kvx_log_flush called from the log handler");
+        if (!kvx::log_flush(timeout_ms))
+            kvx::fail(KVX_ETIMEDOUT, "log messages still waiting for the handler after %d ms", timeout_ms);
+    });
 }
 
 KVX_API const char *kvx_backends(void) {

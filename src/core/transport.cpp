@@ -262,9 +262,12 @@ wire::AgentMetadata Transport::check_peer(const std::string &id, const uint8_t *
              "(0x%llx, %llu, %llu)",
              id.c_str(), (unsigned long long)base_addr, (unsigned long long)num_blocks, (unsigned long long)block_len,
              (unsigned long long)m.base_addr, (unsigned long long)m.num_blocks, (unsigned long long)m.block_len);
-    if (!fingerprint_.empty() && !m.fingerprint.empty() && fingerprint_ != m.fingerprint)
+    if (!fingerprint_.empty() && !m.fingerprint.empty() && fingerprint_ != m.fingerprint) {
+        KVX_LOG_PEER(warn, id.c_str(), "peer '%s': refused: its config fingerprint %s differs from the local %s",
+                     id.c_str(), m.fingerprint.c_str(), fingerprint_.c_str());
         fail(KVX_EFINGERPRINT, "peer '%s': config fingerprint %s differs from the local %s", id.c_str(),
              m.fingerprint.c_str(), fingerprint_.c_str());
+    }
     candidates(id, m, nullptr);  // no backend in common: refused before connecting
     return m;
 }
@@ -308,14 +311,14 @@ std::shared_ptr<BackendPeer> Transport::connect_link(const std::string &id, cons
             if (!core_.fallback)
                 fail(e.code(), "%s (backend %s; peer_backend_fallback=0, so no other path was tried)", e.what(),
                      b.name());
-            KVX_LOG(warn, "peer '%s': backend %s failed to connect (%s): trying the next path", id.c_str(), b.name(),
+            KVX_LOG_PEER(warn, id.c_str(), "peer '%s': backend %s failed to connect (%s): trying the next path", id.c_str(), b.name(),
                     e.what());
             skipped += strfmt("%s%s: failed (%s)", skipped.empty() ? "" : "; ", b.name(), e.what());
             continue;
         }
         *backend = b.name();
         const char *path = link->path();
-        KVX_LOG(info, "peer '%s': uses backend %s%s%s%s%s%s", id.c_str(), b.name(), *path ? " (" : "", path,
+        KVX_LOG_PEER(info, id.c_str(), "peer '%s': uses backend %s%s%s%s%s%s", id.c_str(), b.name(), *path ? " (" : "", path,
                 *path ? ")" : "", skipped.empty() ? "" : "; not ", skipped.c_str());
         return link;
     }
@@ -388,7 +391,7 @@ void Transport::remove_peer(const std::string &id) {
     // it until after it left outstanding, and none is added after the erase.)
     const uint64_t racing = peer->submitting.load();
     if (uint64_t left = peer->outstanding.load(); left > racing)
-        KVX_LOG(error, "peer '%s': backend %s left %llu transfers unreported at remove", id.c_str(),
+        KVX_LOG_PEER(error, id.c_str(), "peer '%s': backend %s left %llu transfers unreported at remove", id.c_str(),
                 peer->backend, (unsigned long long)(left - racing));
 }
 
@@ -508,7 +511,7 @@ void Transport::finish_locked(uint64_t id, Peer &peer, int status) {
     inflight_.erase(id);
     peer.outstanding.fetch_sub(1);
     queue_locked(peer.id, id, status);
-    if (status != 0) KVX_LOG(debug, "transfer %llu to peer '%s' failed: %s", (unsigned long long)id, peer.id.c_str(),
+    if (status != 0) KVX_LOG_PEER(debug, peer.id.c_str(), "transfer %llu to peer '%s' failed: %s", (unsigned long long)id, peer.id.c_str(),
                              error_name(status));
 }
 
@@ -731,7 +734,7 @@ void Transport::watchdog() {
         for (auto &s : stalled) {
             // Progress or completion since the look: not stalled after all.
             if (s.peer->progress_ns.load() != s.since || s.peer->outstanding.load() == 0) continue;
-            KVX_LOG(warn, "peer '%s' made no progress for %llu ms with %llu transfers in flight: failing them",
+            KVX_LOG_PEER(warn, s.peer->id.c_str(), "peer '%s' made no progress for %llu ms with %llu transfers in flight: failing them",
                     s.peer->id.c_str(), (unsigned long long)(Peer::now_ns() - s.since) / 1000000,
                     (unsigned long long)s.peer->outstanding.load());
             s.peer->timed_out.store(true);
@@ -826,7 +829,7 @@ std::vector<Transport::Stalled> Transport::stalled_peers(Clock::time_point *next
             p->grace_from_ns = since;
             p->grace_ns = ns(grace_ms);
             due = since + p->grace_ns;
-            KVX_LOG(warn, "peer '%s' made no progress for %u ms while the network loses its packets (the kernel is "
+            KVX_LOG_PEER(warn, p->id.c_str(), "peer '%s' made no progress for %u ms while the network loses its packets (the kernel is "
                           "resending, timeout %llu ms): waiting for a resend, up to %llu ms in all",
                     p->id.c_str(), core_.transfer_timeout_ms, (unsigned long long)(rto_us + 999) / 1000,
                     (unsigned long long)grace_ms);

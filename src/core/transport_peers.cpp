@@ -76,6 +76,9 @@ void Transport::connect_and_publish(const Registrations::Ref &r, const wire::Age
             throw e;
         }
         registrations_.finish_locked(r, code, msg);
+        const std::string own = "peer '" + r->id + "': ";
+        KVX_LOG_PEER(warn, r->id.c_str(), "peer '%s': not added: %s", r->id.c_str(),
+                     msg.c_str() + (msg.compare(0, own.size(), own) == 0 ? own.size() : 0));
         throw;
     }
     Error called_off{0, ""};
@@ -152,14 +155,14 @@ void Transport::went_down_locked(Peer &p, std::string why) {
     p.reason = std::move(why);
     if (core_.redial_ms == 0) {
         p.state = Peer::Link::broken;
-        KVX_LOG(warn, "peer '%s' (%s): %s; it stays broken until removed (peer_redial_ms=0)", p.id.c_str(),
+        KVX_LOG_PEER(warn, p.id.c_str(), "peer '%s' (%s): %s; it stays broken until removed (peer_redial_ms=0)", p.id.c_str(),
                 p.backend, p.reason.c_str());
         return;
     }
     p.state = Peer::Link::down;
     p.due_ns = now + ms_ns(core_.redial_ms);
     down_peers_++;
-    KVX_LOG(warn, "peer '%s' (%s): %s; reconnecting in the background, first attempt in %u ms", p.id.c_str(),
+    KVX_LOG_PEER(warn, p.id.c_str(), "peer '%s' (%s): %s; reconnecting in the background, first attempt in %u ms", p.id.c_str(),
             p.backend, p.reason.c_str(), core_.redial_ms);
 }
 
@@ -244,16 +247,16 @@ void Transport::redial(const std::shared_ptr<Peer> &p) {
         const uint32_t factor = std::min<uint32_t>(1u << std::min<uint32_t>(p->attempts, 3), kRedialMaxFactor);
         p->due_ns = now + ms_ns(uint64_t{core_.redial_ms} * factor);
         if (worth_a_warning(p->attempts))
-            KVX_LOG(warn, "peer '%s': reconnection attempt %u failed after %lld ms (%s); next in %llu ms",
+            KVX_LOG_PEER(warn, p->id.c_str(), "peer '%s': reconnection attempt %u failed after %lld ms (%s); next in %llu ms",
                     p->id.c_str(), p->attempts, (long long)((now - t0) / 1000000), why.c_str(),
                     (unsigned long long)core_.redial_ms * factor);
         else
-            KVX_LOG(debug, "peer '%s': reconnection attempt %u failed (%s)", p->id.c_str(), p->attempts, why.c_str());
+            KVX_LOG_PEER(debug, p->id.c_str(), "peer '%s': reconnection attempt %u failed (%s)", p->id.c_str(), p->attempts, why.c_str());
         wd_cv_.notify_all();
         return;
     }
     const char *was = p->backend;
-    KVX_LOG(warn, "peer '%s': reconnected on %s%s%s after %lld ms down (%u failed attempts)", p->id.c_str(), backend,
+    KVX_LOG_PEER(warn, p->id.c_str(), "peer '%s': reconnected on %s%s%s after %lld ms down (%u failed attempts)", p->id.c_str(), backend,
             strcmp(was, backend) != 0 ? ", was " : "", strcmp(was, backend) != 0 ? was : "",
             (long long)((now - p->since_ns) / 1000000), p->attempts);
     p->link = std::move(link);
