@@ -409,7 +409,10 @@ typedef enum kvx_peer_link {
     KVX_PEER_RECONNECTING = 1,
     /** Its connection failed and it does not reconnect (peer_redial_ms=0):
      *  remove and re-add it. */
-    KVX_PEER_BROKEN = 2
+    KVX_PEER_BROKEN = 2,
+    /** Being added (kvx_add_remote_peer() or _async() under way): only in
+     *  kvx_list_peers(), since 0.10; kvx_get_peer_state() says KVX_ENOENT. */
+    KVX_PEER_CONNECTING = 3
 } kvx_peer_link;
 
 /** Most bytes of kvx_peer_state.reason, with its NUL. */
@@ -441,7 +444,13 @@ typedef struct kvx_peer_state {
     uint32_t attempts;
     /** Why it is not up, NUL-terminated ("" when up); the message of error. */
     char reason[KVX_PEER_REASON_LEN];
-    uint64_t reserved[5]; /**< 0 */
+    /** Since 0.10: when it last made progress (a transfer of it ended, or it
+     *  got work while it had none in flight), CLOCK_REALTIME ns; 0 before
+     *  its first transfer. The stall timeout counts from here. Like the
+     *  other times here, kept on the monotonic clock and converted at each
+     *  call: two calls may give it a few ns apart. */
+    int64_t last_progress_ns;
+    uint64_t reserved[4]; /**< 0 */
 } kvx_peer_state;
 
 /**
@@ -457,6 +466,30 @@ typedef struct kvx_peer_state {
  * Thread safety: any thread. A snapshot: the state may change right after.
  */
 KVX_API int kvx_get_peer_state(kvx_transport *t, const char *peer_id, kvx_peer_state *out);
+
+/** One peer of kvx_list_peers() (since 0.10). 512 bytes. */
+typedef struct kvx_peer_info {
+    char peer_id[KVX_PEER_ID_MAX + 1]; /**< NUL-terminated */
+    /** As kvx_get_peer_state() gives it, or, while the peer is being added,
+     *  link KVX_PEER_CONNECTING with since_ns the add's start and every other
+     *  field 0 or "". */
+    kvx_peer_state state;
+} kvx_peer_info;
+
+/**
+ * Every peer of a transport (since 0.10): the registered ones (up,
+ * reconnecting or broken) and those being added (connecting), in byte order
+ * of their ids. A removed peer is not listed (its counters are forgotten
+ * too, kvx_get_stats()); a peer being replaced (KVX_PEER_REPLACE) is listed
+ * once, connecting.
+ * @param out_n  receives the number of peers, also when it exceeds cap (then
+ *               only the first cap are written: call again with more room).
+ * @param out    cap entries (may be NULL when cap is 0); the caller owns them.
+ * A snapshot taken at one instant; peers may come and go right after.
+ * @return 0; KVX_EINVAL (NULL argument); KVX_ECLOSED.
+ * Thread safety: any thread.
+ */
+KVX_API int kvx_list_peers(size_t *out_n, kvx_transport *t, kvx_peer_info *out, size_t cap);
 
 /** Flags of kvx_add_remote_peer_async(), or-ed together (since 0.2). */
 typedef enum kvx_add_peer_flag {

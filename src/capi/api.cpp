@@ -275,27 +275,51 @@ KVX_API int kvx_peer_rails(kvx_transport *t, const char *peer_id, kvx_rail_stats
 
 static_assert(sizeof(kvx_peer_state) == 256, "kvx_peer_state is 256 bytes (kvxfer.h)");
 
+namespace {
+
+// The C struct of a core peer state; times from steady-clock to CLOCK_REALTIME.
+void to_c(kvx_peer_state *out, const kvx::Transport::PeerState &st) {
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const int64_t real_now = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+    const int64_t steady_now = kvx::Clock::now().time_since_epoch().count();
+    auto real = [&](int64_t steady) { return steady == 0 ? 0 : real_now - (steady_now - steady); };
+    *out = kvx_peer_state{};
+    out->link = st.link;
+    out->error = st.error;
+    out->backend = st.backend;
+    out->path = st.path;
+    out->in_flight = st.in_flight;
+    out->since_ns = real(st.since_ns);
+    out->next_attempt_ns = real(st.next_attempt_ns);
+    out->reconnects = st.reconnects;
+    out->attempts = st.attempts;
+    out->last_progress_ns = real(st.progress_ns);
+    snprintf(out->reason, sizeof out->reason, "%s", st.reason.c_str());
+}
+
+}  // namespace
+
 KVX_API int kvx_get_peer_state(kvx_transport *t, const char *peer_id, kvx_peer_state *out) {
     return guard([&] {
         KVX_REQUIRE(t && out, "NULL argument");
-        const kvx::Transport::PeerState st = t->impl.peer_state(peer_id_arg(peer_id));
-        // Steady-clock times to CLOCK_REALTIME: the same instant, now, on both.
-        timespec ts{};
-        clock_gettime(CLOCK_REALTIME, &ts);
-        const int64_t real_now = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-        const int64_t steady_now = kvx::Clock::now().time_since_epoch().count();
-        auto real = [&](int64_t steady) { return steady == 0 ? 0 : real_now - (steady_now - steady); };
-        *out = kvx_peer_state{};
-        out->link = st.link;
-        out->error = st.error;
-        out->backend = st.backend;
-        out->path = st.path;
-        out->in_flight = st.in_flight;
-        out->since_ns = real(st.since_ns);
-        out->next_attempt_ns = real(st.next_attempt_ns);
-        out->reconnects = st.reconnects;
-        out->attempts = st.attempts;
-        snprintf(out->reason, sizeof out->reason, "%s", st.reason.c_str());
+        to_c(out, t->impl.peer_state(peer_id_arg(peer_id)));
+    });
+}
+
+static_assert(sizeof(kvx_peer_info) == 512, "kvx_peer_info is 512 bytes (kvxfer.h)");
+
+KVX_API int kvx_list_peers(size_t *out_n, kvx_transport *t, kvx_peer_info *out, size_t cap) {
+    return guard([&] {
+        KVX_REQUIRE(out_n && t, "NULL argument");
+        KVX_REQUIRE(out || cap == 0, "out is NULL with cap %zu", cap);
+        const auto peers = t->impl.list_peers();
+        for (size_t i = 0; i < peers.size() && i < cap; i++) {
+            memset(out[i].peer_id, 0, sizeof out[i].peer_id);
+            memcpy(out[i].peer_id, peers[i].first.data(), peers[i].first.size());
+            to_c(&out[i].state, peers[i].second);
+        }
+        *out_n = peers.size();
     });
 }
 

@@ -17,6 +17,7 @@ Registrations::Ref Registrations::reserve_locked(const std::string &id, uint64_t
     auto r = std::make_shared<Pending>();
     r->reg = reg;
     r->id = id;
+    r->began_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
     by_id_[id] = r;
     if (reg) outcomes_[reg] = Status{};
     return r;

@@ -70,6 +70,7 @@ public:
         bool current = true;   // still holds the reservation of id
         int cancel_code = 0;   // why not: KVX_ECANCELED or KVX_ECLOSED
         bool finished = false;
+        int64_t began_ns = 0;  // steady-clock ns of the add (kvx_list_peers)
         std::atomic<bool> called_off{false};  // set with cancel_code: the attempt stops connecting
     };
     using Ref = std::shared_ptr<Pending>;
@@ -82,6 +83,10 @@ public:
 
     bool pending_locked(const std::string &id) const { return by_id_.count(id) != 0; }
     size_t count_locked() const { return by_id_.size(); }
+    // Each registration in progress: its id and when it began.
+    template <typename F> void each_locked(F f) const {
+        for (const auto &[id, r] : by_id_) f(id, r->began_ns);
+    }
 
     // Reserves id for a new registration (reg 0: synchronous). If another
     // registration holds it: KVX_EEXIST, or with replace that one is

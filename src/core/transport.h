@@ -54,8 +54,12 @@ public:
         int64_t since_ns = 0, next_attempt_ns = 0;
         uint32_t reconnects = 0, attempts = 0;
         std::string reason;
+        int64_t progress_ns = 0;  // last progress (steady ns)
     };
     PeerState peer_state(const std::string &id) const;
+    // kvx_list_peers: every registered peer and registration in progress
+    // (link KVX_PEER_CONNECTING), by id.
+    std::vector<std::pair<std::string, PeerState>> list_peers() const;
     const std::vector<uint8_t> &metadata() const;
 
     void add_peer(const std::string &id, const uint8_t *meta, size_t meta_len, uint64_t base_addr,
@@ -164,6 +168,8 @@ public:
 private:
 
     const std::shared_ptr<Peer> &registered_locked(const std::string &id) const;
+    // p's state but its path (the link's: read without mu_).
+    PeerState peer_state_locked(const Peer &p) const;
     // Reconnection (transport_peers.cpp). The watchdog marks peers whose
     // link broke (mu_ held) and starts due attempts on the connect workers.
     void went_down_locked(Peer &p, std::string why);

@@ -1,6 +1,7 @@
 // Transport: peer registration (synchronous and asynchronous, replace,
 // cancel) and telemetry. The data path's hooks into both stay in
 // transport.cpp; what they call lives here.
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -294,6 +295,38 @@ void Transport::refuse_broken_locked(Peer &p) {
          core_.redial_ms ? "" : " only with peer_redial_ms > 0: remove and re-add it");
 }
 
+Transport::PeerState Transport::peer_state_locked(const Peer &p) const {
+    PeerState out;
+    out.backend = p.backend;
+    out.in_flight = p.outstanding.load();
+    out.since_ns = p.since_ns;
+    out.reconnects = p.reconnects;
+    out.attempts = p.attempts;
+    out.error = p.error;
+    out.reason = p.reason;
+    out.progress_ns = p.progress_ns.load();
+    switch (p.state) {
+    case Peer::Link::up:
+        out.link = KVX_PEER_UP;
+        // Broken, and the watchdog has not looked yet (it does within a slice).
+        if (p.timed_out.load() || p.link->broken()) {
+            out.link = core_.redial_ms ? KVX_PEER_RECONNECTING : KVX_PEER_BROKEN;
+            out.error = p.timed_out.load() ? KVX_ETIMEDOUT : KVX_ECONNRESET;
+            out.reason = p.timed_out.load() ? "a transfer timed out" : "its connection failed";
+            out.since_ns = Peer::now_ns();
+        }
+        break;
+    case Peer::Link::down:
+        out.link = KVX_PEER_RECONNECTING;
+        out.next_attempt_ns = p.attempting ? 0 : p.due_ns;
+        break;
+    case Peer::Link::broken:
+        out.link = KVX_PEER_BROKEN;
+        break;
+    }
+    return out;
+}
+
 Transport::PeerState Transport::peer_state(const std::string &id) const {
     std::shared_ptr<BackendPeer> link;
     PeerState out;
@@ -301,34 +334,32 @@ Transport::PeerState Transport::peer_state(const std::string &id) const {
         std::lock_guard<std::mutex> lk(mu_);
         const std::shared_ptr<Peer> &p = registered_locked(id);
         link = p->link;
-        out.backend = p->backend;
-        out.in_flight = p->outstanding.load();
-        out.since_ns = p->since_ns;
-        out.reconnects = p->reconnects;
-        out.attempts = p->attempts;
-        out.error = p->error;
-        out.reason = p->reason;
-        switch (p->state) {
-        case Peer::Link::up:
-            out.link = KVX_PEER_UP;
-            // Broken, and the watchdog has not looked yet (it does within a slice).
-            if (p->timed_out.load() || link->broken()) {
-                out.link = core_.redial_ms ? KVX_PEER_RECONNECTING : KVX_PEER_BROKEN;
-                out.error = p->timed_out.load() ? KVX_ETIMEDOUT : KVX_ECONNRESET;
-                out.reason = p->timed_out.load() ? "a transfer timed out" : "its connection failed";
-                out.since_ns = Peer::now_ns();
-            }
-            break;
-        case Peer::Link::down:
-            out.link = KVX_PEER_RECONNECTING;
-            out.next_attempt_ns = p->attempting ? 0 : p->due_ns;
-            break;
-        case Peer::Link::broken:
-            out.link = KVX_PEER_BROKEN;
-            break;
-        }
+        out = peer_state_locked(*p);
     }
     out.path = link->path();
+    return out;
+}
+
+std::vector<std::pair<std::string, Transport::PeerState>> Transport::list_peers() const {
+    std::vector<std::pair<std::string, PeerState>> out;
+    std::vector<std::shared_ptr<BackendPeer>> links;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        check_open_locked();
+        out.reserve(peers_.size() + registrations_.count_locked());
+        for (const auto &[id, p] : peers_) {
+            out.emplace_back(id, peer_state_locked(*p));
+            links.push_back(p->link);
+        }
+        registrations_.each_locked([&](const std::string &id, int64_t began_ns) {
+            PeerState st;
+            st.link = KVX_PEER_CONNECTING;
+            st.since_ns = began_ns;
+            out.emplace_back(id, st);
+        });
+    }
+    for (size_t i = 0; i < links.size(); i++) out[i].second.path = links[i]->path();
+    std::sort(out.begin(), out.end(), [](const auto &a, const auto &b) { return a.first < b.first; });
     return out;
 }
 

@@ -801,6 +801,7 @@ int main(void) {
         cmocka_unit_test(test_many_transfers_small_poll),
         cmocka_unit_test(test_poll_scoped),
         cmocka_unit_test(test_poll_results),
+        cmocka_unit_test(test_list_peers),
         cmocka_unit_test(test_cancel_immediate),
         cmocka_unit_test(test_cancel_wait),
         cmocka_unit_test(test_cancel_finished_unpolled),

@@ -1,6 +1,6 @@
 /* Shared by the conformance_api sources: test_api.c (peers, transfers,
  * cancel, close, threads), test_api_create.c (creation, options, region
- * checks) and test_api_poll.c (completions). */
+ * checks), test_api_poll.c (completions) and test_api_peers.c (peer list). */
 #ifndef KVXFER_TEST_API_H
 #define KVXFER_TEST_API_H
 
@@ -31,5 +31,8 @@ void test_region_hugepages(void **state);
 void test_many_transfers_small_poll(void **state);
 void test_poll_scoped(void **state);
 void test_poll_results(void **state);
+
+/* test_api_peers.c */
+void test_list_peers(void **state);
 
 #endif
