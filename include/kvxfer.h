@@ -795,13 +795,15 @@ typedef struct kvx_stats {
     uint64_t transfers_failed_removed;    /**< KVX_ECANCELED: the peer was removed or
                                                replaced, or the transport closed */
     uint64_t transfers_failed_other;      /**< any other code */
+    /* since 0.10 */
+    uint64_t latency_ns_sum;              /**< the histogram's samples added up (ns) */
 } kvx_stats;
 
 /** Initializer of a kvx_stats: kvx_stats s = KVX_STATS_INIT; */
 #define KVX_STATS_INIT                                                              \
     {                                                                               \
         sizeof(kvx_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-            0, 0, { 0 }, 0, 0, 0, 0                                                 \
+            0, 0, { 0 }, 0, 0, 0, 0, 0                                              \
     }
 
 /**
@@ -839,6 +841,28 @@ KVX_API int kvx_get_stats(kvx_stats *out, kvx_transport *t, const char *peer_id)
  * Thread safety: any thread, at any time (no transport needed).
  */
 KVX_API uint64_t kvx_stats_bucket_lower_ns(size_t i);
+
+/**
+ * The transport's counters and peers as Prometheus text (exposition format
+ * 0.0.4, since 0.10), to serve on an HTTP /metrics endpoint or hand to a
+ * Prometheus client library. docs/metrics.md lists every family: transport
+ * totals (kvxfer_transfers_total{outcome}, kvxfer_transfer_failures_total
+ * {cause}, bytes, in flight, peers by state, connects, a latency histogram
+ * in seconds) and the same per peer (label peer; kvxfer_peer_info{peer,
+ * backend,path}, kvxfer_peer_state{peer,state}, last progress). Label values
+ * are escaped; bytes of a peer id that are not UTF-8 show as U+FFFD. The
+ * totals count every peer the transport had; a peer's series end at its
+ * removal. The text has no timestamps (the scraper adds them).
+ * @param out_len  receives the text's length plus its NUL, also on
+ *                 KVX_ENOBUFS (the text may be longer at the next call).
+ * @param buf      cap bytes (may be NULL when cap is 0), receives the text,
+ *                 NUL-terminated; the caller owns it.
+ * @return 0; KVX_ENOBUFS (cap too small: nothing written); KVX_EINVAL (NULL
+ *         argument); KVX_ECLOSED; KVX_ENOTSUP (telemetry compiled out).
+ * Thread safety: any thread. Each peer's counters are one snapshot; the
+ * peers are read one after another.
+ */
+KVX_API int kvx_metrics_text(size_t *out_len, kvx_transport *t, char *buf, size_t cap);
 
 /* ---------------------------------------------------------------- utilities */
 

@@ -10,6 +10,7 @@
 
 #include "registry/registry.h"
 #include "core/fingerprint.h"
+#include "core/metrics.h"
 #include "core/options.h"
 #include "core/telemetry.h"
 #include "core/transport.h"
@@ -396,6 +397,18 @@ KVX_API int kvx_config_fingerprint(char *out, const char *config_json) {
         KVX_REQUIRE(out != nullptr, "out is NULL");
         std::string fp = kvx::config_fingerprint(config_json);
         memcpy(out, fp.c_str(), fp.size() + 1);
+    });
+}
+
+KVX_API int kvx_metrics_text(size_t *out_len, kvx_transport *t, char *buf, size_t cap) {
+    return guard([&] {
+        KVX_REQUIRE(out_len && t, "NULL argument");
+        KVX_REQUIRE(buf || cap == 0, "buf is NULL with cap %zu", cap);
+        const std::string text = kvx::metrics_text(t->impl);
+        *out_len = text.size() + 1;
+        if (cap < text.size() + 1)
+            kvx::fail(KVX_ENOBUFS, "the metrics text needs %zu bytes, the buffer has %zu", text.size() + 1, cap);
+        memcpy(buf, text.c_str(), text.size() + 1);
     });
 }
 

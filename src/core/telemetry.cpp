@@ -8,6 +8,7 @@ namespace kvx {
 void LatencyHistogram::add(const LatencyHistogram &o) {
     for (size_t i = 0; i < kBuckets; i++) buckets_[i] += o.buckets_[i];
     count_ += o.count_;
+    sum_ += o.sum_;
     max_ = std::max(max_, o.max_);
 }
 
@@ -84,6 +85,7 @@ void Telemetry::fill(kvx_stats *out, const Counters &c, uint64_t peers, uint64_t
     s.transfers_failed_connection = c.failed_connection;
     s.transfers_failed_removed = c.failed_removed;
     s.transfers_failed_other = c.failed_other;
+    s.latency_ns_sum = c.latency.sum();
     // A caller built against an older (smaller) or newer (larger) kvx_stats
     // gets the common prefix; size says how much that was.
     const size_t n = std::min<uint64_t>(out->size, sizeof s) / 8 * 8;

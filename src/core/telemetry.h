@@ -43,6 +43,7 @@ public:
     void record(uint64_t ns) {
         buckets_[bucket_of(ns)]++;
         count_++;
+        sum_ += ns;
         if (ns > max_) max_ = ns;
     }
     void add(const LatencyHistogram &o);
@@ -50,11 +51,12 @@ public:
     uint64_t percentile(unsigned per_mille) const;
     uint64_t count() const { return count_; }
     uint64_t max() const { return max_; }
+    uint64_t sum() const { return sum_; }
     const std::array<uint64_t, kBuckets> &buckets() const { return buckets_; }
 
 private:
     std::array<uint64_t, kBuckets> buckets_{};
-    uint64_t count_ = 0, max_ = 0;
+    uint64_t count_ = 0, max_ = 0, sum_ = 0;
 };
 
 struct Counters {

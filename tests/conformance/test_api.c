@@ -802,6 +802,7 @@ int main(void) {
         cmocka_unit_test(test_poll_scoped),
         cmocka_unit_test(test_poll_results),
         cmocka_unit_test(test_list_peers),
+        cmocka_unit_test(test_metrics_text),
         cmocka_unit_test(test_cancel_immediate),
         cmocka_unit_test(test_cancel_wait),
         cmocka_unit_test(test_cancel_finished_unpolled),

@@ -1,6 +1,6 @@
 /* Shared by the conformance_api sources: test_api.c (peers, transfers,
  * cancel, close, threads), test_api_create.c (creation, options, region
- * checks), test_api_poll.c (completions) and test_api_peers.c (peer list). */
+ * checks), test_api_poll.c (completions) and test_api_peers.c (peer list, metrics). */
 #ifndef KVXFER_TEST_API_H
 #define KVXFER_TEST_API_H
 
@@ -34,5 +34,6 @@ void test_poll_results(void **state);
 
 /* test_api_peers.c */
 void test_list_peers(void **state);
+void test_metrics_text(void **state);
 
 #endif

@@ -1,6 +1,9 @@
 /* Conformance, what an operator reads: kvx_list_peers() (every state,
- * order, a short array). Part of the
- * conformance_api program (test_api.c has main()). */
+ * order, a short array) and kvx_metrics_text() (values that match
+ * kvx_get_stats(), escaped labels, the buffer protocol). Part of the
+ * conformance_api program (test_api.c has main()). The text's syntax is
+ * checked with the Prometheus client's own parser in
+ * bindings/python/tests/test_metrics.py. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,4 +108,62 @@ void test_list_peers(void **state) {
     region_free(&ra);
     region_free(&rb);
     region_free(&rc);
+}
+
+/* The text: whole, NUL-terminated, after a size query; values as
+ * kvx_get_stats() gives them; peer ids escaped. */
+void test_metrics_text(void **state) {
+    (void)state;
+    pair p;
+    pair_up(&p, NB, NB, CFG);
+    const char odd[] = "q\"\\\n\xff";
+    add_peer(p.a, odd, &p.mb);
+    write_and_wait(p.a, "b", 5);
+    write_and_wait(p.a, odd, 2);
+    size_t len = 0;
+    char small[16];
+    memset(small, 0x5A, sizeof small);
+    assert_int_equal(kvx_metrics_text(&len, p.a, small, sizeof small), KVX_ENOBUFS);
+    assert_true(len > sizeof small);
+    assert_true((unsigned char)small[0] == 0x5A);
+    assert_non_null(strstr(kvx_last_error_message(), "needs"));
+    assert_int_equal(kvx_metrics_text(&len, p.a, NULL, 0), KVX_ENOBUFS);
+    char *text = malloc(len + 4096);
+    size_t got = 0;
+    CHECK_OK(kvx_metrics_text(&got, p.a, text, len + 4096));
+    assert_int_equal(strlen(text) + 1, got);
+
+    kvx_stats s = KVX_STATS_INIT, sb = KVX_STATS_INIT;
+    CHECK_OK(kvx_get_stats(&s, p.a, NULL));
+    CHECK_OK(kvx_get_stats(&sb, p.a, "b"));
+    char line[512];
+    snprintf(line, sizeof line, "\nkvxfer_transfers_total{outcome=\"done\"} %llu\n",
+             (unsigned long long)s.transfers_done);
+    assert_non_null(strstr(text, line));
+    assert_int_equal(s.transfers_done, 7);
+    snprintf(line, sizeof line, "\nkvxfer_transfer_bytes_total{outcome=\"done\"} %llu\n", (unsigned long long)s.bytes_done);
+    assert_non_null(strstr(text, line));
+    assert_non_null(strstr(text, "\nkvxfer_peer_transfers_total{peer=\"b\",outcome=\"done\"} 5\n"));
+    assert_non_null(strstr(text, "\nkvxfer_peer_transfers_total{peer=\"q\\\"\\\\\\n\xEF\xBF\xBD\",outcome=\"done\"} 2\n"));
+    assert_non_null(strstr(text, "\nkvxfer_peer_state{peer=\"b\",state=\"up\"} 1\n"));
+    assert_non_null(strstr(text, "\nkvxfer_peer_state{peer=\"b\",state=\"broken\"} 0\n"));
+    assert_non_null(strstr(text, "\nkvxfer_peers{state=\"up\"} 2\n"));
+    snprintf(line, sizeof line, "\nkvxfer_peer_info{peer=\"b\",backend=\"%s\",path=\"", test_backend());
+    assert_non_null(strstr(text, line));
+    snprintf(line, sizeof line, "\nkvxfer_transfer_latency_seconds_count %llu\n", (unsigned long long)s.latency_count);
+    assert_non_null(strstr(text, line));
+    assert_non_null(strstr(text, "\nkvxfer_transfer_latency_seconds_bucket{le=\"+Inf\"} 7\n"));
+    snprintf(line, sizeof line, "\nkvxfer_transfer_latency_seconds_sum %llu.%09llu\n",
+             (unsigned long long)(s.latency_ns_sum / 1000000000), (unsigned long long)(s.latency_ns_sum % 1000000000));
+    assert_non_null(strstr(text, line));
+    assert_true(s.latency_ns_sum >= s.latency_count && s.latency_ns_sum >= sb.latency_ns_sum);
+    assert_non_null(strstr(text, "# TYPE kvxfer_transfer_latency_seconds histogram\n"));
+    /* No raw newline or invalid byte from the odd id: every line is a comment or a sample. */
+    for (const char *l = text; *l; l = strchr(l, '\n') + 1) {
+        assert_true(*l == '#' || strncmp(l, "kvxfer_", 7) == 0);
+        assert_non_null(strchr(l, '\n'));
+    }
+    free(text);
+    assert_int_equal(kvx_metrics_text(NULL, p.a, NULL, 0), KVX_EINVAL);
+    pair_down(&p);
 }
