@@ -130,7 +130,7 @@ private:
     std::unique_ptr<Aead> rx_, tx_;
     std::vector<uint8_t> plain_;  // the opened frame head
     std::array<uint8_t, kTagLen> tag_{};
-    Clock::time_point last_landed_{};  // of the last chunk of payload
+    Clock::time_point last_landed_{};  // of the last chunk of payload (staged: the look before the last record landed)
     size_t unchecked_ = 0;             // payload landed since the last look for a reset
     size_t payload_left_ = 0;          // of the frame being read
     uint64_t acked_unsent_ = 0;        // payload of the frames whose acks wait in out_
@@ -148,6 +148,7 @@ private:
     size_t aside_len_ = 0, probe_want_ = 0;
     std::array<iovec, 64> probe_iov_{};  // a chunk's iovecs (at most kChunkIovs)
     uint64_t probe_timer_ = 0;
+    Clock::time_point probe_due_{};  // when the probe's wait ends (probe_over: later than that, it says nothing)
     int lowat_ = 1;  // SO_RCVLOWAT: wake for a payload only once this much has arrived
     // Staged records: the record being read (its ciphertext and tag), then
     // its plaintext until it lands; the pipe the landing goes through.

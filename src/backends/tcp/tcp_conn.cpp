@@ -438,7 +438,8 @@ TcpConn::Next TcpConn::start_probe() {
     socklen_t len = sizeof ti;
     const int rtt_us = ::getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 ? int(ti.tcpi_rtt) : 0;
     const auto wait = std::chrono::milliseconds(std::clamp(4 * rtt_us / 1000 + 1, 2, 200));
-    probe_timer_ = ctx_.loop->add_timer(Clock::now() + wait, this, kProbe);
+    probe_due_ = Clock::now() + wait;
+    probe_timer_ = ctx_.loop->add_timer(probe_due_, this, kProbe);
     if (probe_timer_ == 0) return Next::close;  // the loop is stopping
     state_ = State::probe;
     return Next::wait;
@@ -466,20 +467,32 @@ TcpConn::Next TcpConn::stale_landing(const iovec *chunk, size_t cnt) {
 void TcpConn::probe_over() {
     ctx_.loop->cancel_timer(probe_timer_);
     probe_timer_ = 0;
+    // The clocks before the look for a reset: a thread stopped on its way out
+    // of that getsockopt finds the record stale in land_record and probes again.
+    const Clock::time_point looked = Clock::now();
+    const int64_t looked_ns = realtime_ns();
     if (int err = net::pending_error(fd_.get())) {
         KVX_LOG(info, "tcp: dropped %zu bytes that waited in the socket: the initiator reset the connection (%s)",
                 staged_ ? record_len_ : aside_len_, strerror(err));
         return server_.close(*this);  // frees this
     }
+    // This thread did not run through the end of the wait (stopped, starved):
+    // the acknowledgement the probe drew left before that, and an initiator
+    // that reset the connection meanwhile may have had its reset dropped
+    // (RFC 5961). The probe says nothing then: probe again.
+    if (looked - probe_due_ > kStaleAfter) {
+        if ((staged_ ? probe_record() : start_probe()) == Next::close) return server_.close(*this);
+        return;
+    }
     if (staged_) {
         state_ = State::payload;
-        arrived_ns_ = realtime_ns();  // alive as of now: the record (and what the probe read aside) is fresh
+        arrived_ns_ = looked_ns;  // alive as of the look: the record (and what the probe read aside) is fresh
         if (land_record() == Next::close) return server_.close(*this);
         return on_event(0, EPOLLIN);  // what arrived meanwhile; may free this
     }
     state_ = State::payload;
     unchecked_ = aside_len_;
-    last_landed_ = Clock::now();
+    last_landed_ = looked;
     land_from(aside_.data(), aside_len_, probe_iov_.data());
     std::vector<uint8_t>().swap(aside_);
     if (payload_landed(aside_len_, probe_want_) == Next::close) return server_.close(*this);
@@ -579,21 +592,32 @@ ssize_t TcpConn::recv_stamped(iovec *v, size_t n) {
 // the kernel copy remain: a freeze there is the window cleartext has too
 // (between its look and its readv).
 TcpConn::Next TcpConn::land_record() {
-    // The look for a reset first, then the clock: a thread stopped on its way
-    // out of that getsockopt (where a stop signal takes effect) sees the time
-    // it was stopped and probes.
+    // The clock first, then the look for a reset: a thread stopped anywhere
+    // after the clock was read (on its way out of that getsockopt, or before
+    // the first syscall of the landing) sees the gap and probes (land_kernel
+    // measures from `looked`).
+    const Clock::time_point looked = Clock::now();
     if (int err = net::pending_error(fd_.get())) {
         KVX_LOG(debug, "tcp: dropping an opened record: the connection was %s",
                 err == ECONNRESET ? "reset by the initiator" : strerror(err));
         return Next::close;
     }
+    // Stale: its bytes arrived more than kStaleAfter ago, and nothing landed
+    // (nor did a probe find the connection alive) within kStaleAfter either.
+    // Bytes that queued in the socket behind others while this thread kept
+    // landing (a backlog: the sender is faster) did not wait for a frozen
+    // target, as cleartext's last_landed_ says too; probing each of them
+    // would cost a probe's wait (four smoothed round trips, which delayed
+    // acknowledgements stretch to tens of ms) per record, the backlog would
+    // never drain, and the connection would crawl at a few MB/s.
     const int64_t stale_ns = std::chrono::nanoseconds(kStaleAfter).count();
-    if (realtime_ns() - arrived_ns_ > stale_ns) return probe_record();
-    switch (land_kernel(stage_.get() + record_at_, record_len_ - record_at_, Clock::now())) {
+    if (realtime_ns() - arrived_ns_ > stale_ns && looked - last_landed_ > kStaleAfter) return probe_record();
+    switch (land_kernel(stage_.get() + record_at_, record_len_ - record_at_, looked)) {
     case Landing::failed: return Next::close;
     case Landing::stopped: return probe_record();  // the rest lands after a probe
     case Landing::done: break;
     }
+    last_landed_ = looked;  // the look this landing was made under, not its end: a stop after it shows
     stage_have_ = record_at_ = 0;
     payload_left_ -= record_len_;
     if (payload_left_ > 0) return Next::more;
@@ -639,11 +663,12 @@ void TcpConn::start_staging() {
 // n bytes from src into the region where iov_ says (from iov_at_ on, which
 // advances) by the kernel: src is spliced into the pipe (vmsplice; a copy by
 // write() where that is refused), as much as the pipe takes, and the pipe is
-// read into the region, until all of it landed. A stop signal takes effect
-// only at a syscall's end, so the clock (steady, from `since`, the look for
-// a reset) is read after each one: a gap means the thread was stopped (or
-// did not run), and the landing stops before the next read into the region:
-// `stopped`, with what landed counted in record_at_.
+// read into the region, until all of it landed. A stop can come at any
+// instruction, so the clock (steady, from `since`, read before the look for
+// a reset) is read after each syscall: a gap means the thread was stopped
+// (or did not run), and the landing stops before the next read into the
+// region: `stopped`, with what landed counted in record_at_. A stop between
+// the last clock read and the readv is the window that remains.
 TcpConn::Landing TcpConn::land_kernel(const uint8_t *src, size_t n, Clock::time_point since) {
     static std::atomic<bool> no_vmsplice{false};
     auto gap = [&since] {
