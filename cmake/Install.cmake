@@ -3,7 +3,7 @@
 #   runtime      libkvxfer.so.0 and libkvxfer.so.0.MINOR.PATCH
 #   development  kvxfer.h, the libkvxfer.so link, kvxfer.pc, the CMake package
 #                (kvxfer::kvxfer), man pages of section 3 and kvxfer(7)
-#   tools        kvxfer-bench and its man page
+#   tools        kvxfer-bench, kvxfer-info and their man pages
 # `cmake --install BUILD --prefix P` installs all of them; a relocated prefix
 # works because kvxfer.pc and the CMake package locate themselves.
 include(CMakePackageConfigHelpers)
@@ -35,6 +35,9 @@ install(FILES ${CMAKE_BINARY_DIR}/kvxferConfig.cmake ${CMAKE_BINARY_DIR}/kvxferC
 if(TARGET kvxfer-bench)
   install(TARGETS kvxfer-bench RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools)
 endif()
+# kvxfer-info carries its own copy of the library (the core archive), so it
+# reports this build whatever libkvxfer.so.0 the loader would find.
+install(TARGETS kvxfer-info RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools)
 
 # Man pages (roff sources in docs/man), installed gzip -9n compressed. A page
 # whose whole text is ".so man3/OTHER.3" is an alias: installed as a symlink to

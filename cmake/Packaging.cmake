@@ -94,7 +94,7 @@ iWARP) or authenticated TCP. It implements the data-plane contract of vLLM's
 DataTransport behind a small C ABI.")
 set(_kvx_summary_runtime "one-sided KV-cache block transfer library")
 set(_kvx_summary_development "one-sided KV-cache block transfer library (development files)")
-set(_kvx_summary_tools "benchmark and verifier for kvxfer block transfers")
+set(_kvx_summary_tools "benchmark, verifier and host diagnostics for kvxfer")
 set(_kvx_summary_python "Python 3 bindings of the kvxfer transfer library")
 set(_kvx_more_runtime "This package contains the shared library libkvxfer.so.0.")
 set(_kvx_more_development
@@ -103,7 +103,10 @@ package (find_package(kvxfer) gives the target kvxfer::kvxfer) and the
 section 3 and 7 manual pages.")
 set(_kvx_more_tools
 "This package contains kvxfer-bench, which measures throughput and latency of
-block transfers between two processes or two hosts and verifies every byte.")
+block transfers between two processes or two hosts and verifies every byte,
+and kvxfer-info, which reports which backends are usable on this host and
+why not (RDMA devices with their ports and GIDs, locked memory, ptrace
+scope, huge pages, the AES-GCM code), as text or JSON.")
 set(_kvx_more_python "This package contains the Python 3 module kvxfer.")
 
 # ---------------------------------------------------------------- DEB

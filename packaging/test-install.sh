@@ -6,7 +6,7 @@
 #   - a C program through pkg-config (PKG_CONFIG_LIBDIR = the root's pkgconfig
 #     directory, so no other kvxfer.pc can be seen),
 #   - a C++ program through find_package(kvxfer) (CMAKE_PREFIX_PATH=ROOT/usr),
-#   - kvxfer-bench from the root,
+#   - kvxfer-bench and kvxfer-info from the root,
 #   - the Go package (#cgo pkg-config) and the Rust crates (pkg-config), when
 #     bindings/go and bindings/rust exist and the toolchains are installed,
 #   - the Python module from the python3-kvxfer package, when it was built.
@@ -81,16 +81,19 @@ version=$(kvx_version)
 step "layout"
 for f in usr/include/kvxfer.h "$rel_lib/libkvxfer.so.$version" \
          "$rel_lib/pkgconfig/kvxfer.pc" "$rel_lib/cmake/kvxfer/kvxferConfig.cmake" \
-         "$rel_lib/cmake/kvxfer/kvxferConfigVersion.cmake" usr/bin/kvxfer-bench \
-         usr/share/man/man7/kvxfer.7.gz usr/share/man/man1/kvxfer-bench.1.gz; do
+         "$rel_lib/cmake/kvxfer/kvxferConfigVersion.cmake" usr/bin/kvxfer-bench usr/bin/kvxfer-info \
+         usr/share/man/man7/kvxfer.7.gz usr/share/man/man1/kvxfer-bench.1.gz \
+         usr/share/man/man1/kvxfer-info.1.gz; do
     [ -f "$root/$f" ] || fail "missing /$f"
 done
 [ "$(readlink "$libdir/libkvxfer.so.0")" = "libkvxfer.so.$version" ] || fail "libkvxfer.so.0 link"
 [ "$(readlink "$libdir/libkvxfer.so")" = "libkvxfer.so.0" ] || fail "libkvxfer.so link"
 readelf -d "$libdir/libkvxfer.so.$version" | grep -q 'SONAME.*\[libkvxfer\.so\.0\]' || fail "SONAME is not libkvxfer.so.0"
 readelf -d "$libdir/libkvxfer.so.$version" | grep -Eq 'RPATH|RUNPATH' && fail "library has an RPATH/RUNPATH"
-readelf -d "$root/usr/bin/kvxfer-bench" | grep -Eq 'RPATH|RUNPATH' && fail "kvxfer-bench has an RPATH/RUNPATH"
-for f in "$libdir/libkvxfer.so.$version" "$root/usr/bin/kvxfer-bench"; do
+for t in kvxfer-bench kvxfer-info; do
+    readelf -d "$root/usr/bin/$t" | grep -Eq 'RPATH|RUNPATH' && fail "$t has an RPATH/RUNPATH"
+done
+for f in "$libdir/libkvxfer.so.$version" "$root/usr/bin/kvxfer-bench" "$root/usr/bin/kvxfer-info"; do
     file -L "$f" | grep -q ', stripped' || fail "$f is not stripped"
 done
 for fn in $(sed -n 's/^ *\(kvx_[a-z_]*\);$/\1/p' "$kvx_src/src/kvxfer.map"); do
@@ -99,7 +102,7 @@ done
 # An alias page is a symlink to its group's page.
 man -M "$root/usr/share/man" -w kvx_transport_destroy | grep -q "^$root/usr/share/man/man3/kvx_transport_close.3.gz" ||
     fail "man kvx_transport_destroy does not resolve to kvx_transport_close(3) in the root"
-echo "ok: header, library $version (SONAME libkvxfer.so.0), links, kvxfer.pc, CMake package, kvxfer-bench, man pages"
+echo "ok: header, library $version (SONAME libkvxfer.so.0), links, kvxfer.pc, CMake package, kvxfer-bench, kvxfer-info, man pages"
 
 step "the exported interface carries no private dependency"
 if grep -v '^ *#' "$libdir"/cmake/kvxfer/*.cmake | grep -Ei 'openssl|crypto|ibverbs|rdmacm|nlohmann|kvxfer_core|Threads'; then
@@ -170,6 +173,15 @@ echo "ok: find_package(kvxfer 1) refused by version $version"
 step "kvxfer-bench from the root"
 run "$work/bench.out" "kvxfer-bench" "$root/usr/bin/kvxfer-bench" --backend tcp --block-size 64K \
     --duration 0.3 --warmup 0 --no-progress --option tcp.listen=127.0.0.1:0
+
+step "kvxfer-info from the root"
+run "$work/info.txt" "kvxfer-info" "$root/usr/bin/kvxfer-info"
+"$root/usr/bin/kvxfer-info" --json >"$work/info.json" || fail "kvxfer-info --json exited with $?"
+/usr/bin/python3 -c 'import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["version"] == sys.argv[2], j["version"]
+assert j["backends"]["tcp"]["usable"], j["backends"]["tcp"]["reason"]' "$work/info.json" "$version" ||
+    fail "kvxfer-info --json: not version $version with tcp usable"
 
 # ------------------------------------------------------------------ Go
 step "Go package via #cgo pkg-config"

@@ -102,7 +102,9 @@ vm() {
     local b
     b=$(cd "$BUILD" && pwd)
     tests/rdma-vm/run-vm.sh -t 1500 -w "$b" -- \
-        "cd '$b' && echo '--- the conformance suite over two rails (rxe0, rxe1)' &&
+        "cd '$b' && echo '--- kvxfer-info: the Soft-RoCE devices listed, their ports ACTIVE, verbs usable' &&
+         ctest --output-on-failure -R '^tools_info_vm\$' &&
+         echo '--- the conformance suite over two rails (rxe0, rxe1)' &&
          KVX_TEST_BACKEND=verbs ctest --output-on-failure -L conformance -E '^conformance_procs\$' &&
          echo '--- one rail: the verbs tests, and the processes whose timing assumes one (metadata surgery on rail 0, a kill mid-transfer)' &&
          KVX_TEST_BACKEND=verbs KVX_TEST_OPTIONS=verbs.devices=\$KVX_VM_DEV ctest --output-on-failure \

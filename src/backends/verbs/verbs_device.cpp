@@ -182,6 +182,10 @@ uint8_t prefix_of(const sockaddr_storage &addr) {
 
 namespace {
 
+// Ends the reasons of find_placements() when it finds no port: the tool
+// that shows what it looked at (kvxfer-info leaves it out of its output).
+constexpr const char *kInfoHint = "; run kvxfer-info for this host's RDMA devices";
+
 bool ipv4_mapped(const ibv_gid &g) {
     static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
     return memcmp(g.raw, prefix, 12) == 0;
@@ -346,7 +350,7 @@ std::vector<Placement> find_placements(const Selection &sel, std::string *why) {
     errno = 0;
     ibv_device **list = ibv_get_device_list(&n);
     if (!list) {
-        *why = strfmt("libibverbs cannot list RDMA devices: %s", strerror(errno ? errno : ENODEV));
+        *why = strfmt("libibverbs cannot list RDMA devices: %s%s", strerror(errno ? errno : ENODEV), kInfoHint);
         return out;
     }
     std::string notes;
@@ -364,10 +368,10 @@ std::vector<Placement> find_placements(const Selection &sel, std::string *why) {
         if (!notes.empty()) KVX_LOG(info, "verbs: ports not served: %s", notes.c_str() + 2);
         return out;
     }
-    if (n == 0) *why = "no RDMA device found";
+    if (n == 0) *why = strfmt("no RDMA device found%s", kInfoHint);
     else if (!missing.empty() && missing.size() == sel.devices.size())
-        *why = strfmt("verbs.device%s '%s' not found", sel.one ? "" : "s entry", missing.front().c_str());
-    else *why = "no ACTIVE RDMA port with an IP address" + notes;
+        *why = strfmt("verbs.device%s '%s' not found%s", sel.one ? "" : "s entry", missing.front().c_str(), kInfoHint);
+    else *why = "no ACTIVE RDMA port with an IP address" + notes + kInfoHint;
     return out;
 }
 
