@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
 .PHONY: all deps build run test test-unit test-asan test-tsan test-fuzz test-bindings test-interop test-vm \
-        bench-compare bench-compare-verbs bench-compare-verbs-rails deb rpm test-install abi-check option-docs install clean
+        bench-compare bench-compare-verbs bench-compare-verbs-rails deb rpm wheels test-wheels test-install abi-check option-docs install clean
 
 all: build
 
@@ -52,6 +52,15 @@ test-interop: deps build
 test-vm: deps build
 	scripts/test.sh vm
 
+# A self-contained wheel (libkvxfer.so.0 inside, RUNPATH $$ORIGIN) per CPython
+# 3.9-3.13 found (pyenv's or /usr/bin's): build-wheel/wheels/*.whl, from a
+# Release build in build-wheel. test-wheels: each in a fresh venv.
+wheels:
+	bindings/python/build-wheels.sh build-wheel
+
+test-wheels: deps
+	bindings/python/test-wheels.sh build-wheel
+
 # Packages land in build-deb/packages and build-rpm/packages.
 deb: deps
 	packaging/build-deb.sh build-deb
@@ -91,4 +100,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-deb build-rpm build-noverbs
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-deb build-rpm build-noverbs build-wheel

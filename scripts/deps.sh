@@ -6,7 +6,7 @@ build="cmake make g++ pkgconf libssl-dev nlohmann-json3-dev libibverbs-dev librd
 # Intel's ipsec-mb (tcp.aead_impl): packaged for amd64 only; optional elsewhere.
 if [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ]; then build="$build libipsec-mb-dev"; fi
 test="libcmocka-dev python3 iperf3 clang libclang-rt-14-dev valgrind universal-ctags
-  swig python3-dev python3-pytest python3-numpy python3-prometheus-client python3-setuptools python3-pip python3-wheel python3-venv
+  swig python3-dev python3-pytest python3-numpy python3-prometheus-client patchelf python3-setuptools python3-pip python3-wheel python3-venv
   golang-go bindgen libclang1-14 libclang-common-14-dev rustc cargo
   dpkg-dev file lintian rpm rpmlint abigail-tools
   qemu-system-x86 busybox-static kmod xz-utils iproute2 nftables ibverbs-providers ibverbs-utils rdmacm-utils perftest"

@@ -61,6 +61,8 @@ bindings() {
     stage "bindings: Python (SWIG), Go (SWIG + cgo), Rust (bindgen)"
     configure "$BUILD"
     bindings/python/test.sh "$BUILD"
+    # a wheel per CPython 3.9-3.13 found (absent ones skipped), each tested in a fresh venv
+    bindings/python/test-wheels.sh "$BUILD"
     bindings/go/test.sh "$BUILD"
     bindings/rust/test.sh "$BUILD"
 }

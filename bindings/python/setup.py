@@ -13,6 +13,9 @@ Other environment switches:
 
 Offline wheel (as the project's test script does):
   PKG_CONFIG_PATH=... pip wheel --no-build-isolation --no-deps --no-index -w dist ./python
+One self-contained wheel per CPython 3.9-3.13 on the machine, without
+setuptools in those interpreters: build-wheels.sh (build_wheels.py, which runs
+SWIG with the flags of BuildExt below: keep the two in step).
 """
 
 import glob
