@@ -9,7 +9,10 @@
 
 #ifdef KVX_HAVE_IPSEC_MB
 #include <cpuid.h>
+#include <dlfcn.h>
 #include <intel-ipsec-mb.h>
+
+#include <string>
 #endif
 
 namespace kvx::tcp {
@@ -38,15 +41,61 @@ int os_vector_state() {
 
 bool has(uint64_t features, uint64_t flags) { return (features & flags) == flags; }
 
+// libIPSec_MB, loaded on first use: libkvxfer does not need it to load, and
+// a host without it keeps protected tcp on OpenSSL. These are the functions
+// it exports that this file calls; its AES-GCM code is reached through the
+// manager's function pointers (the IMB_AES128_GCM_* macros).
+struct Imb {
+    decltype(&alloc_mb_mgr) alloc = nullptr;
+    decltype(&free_mb_mgr) free = nullptr;
+    decltype(&init_mb_mgr_sse) init_sse = nullptr;
+    decltype(&init_mb_mgr_avx2) init_avx2 = nullptr;
+    decltype(&init_mb_mgr_avx512) init_avx512 = nullptr;
+#if IMB_VERSION_NUM < IMB_VERSION(2, 0, 0)
+    decltype(&init_mb_mgr_avx) init_avx = nullptr;
+#endif
+    decltype(&imb_get_errno) get_errno = nullptr;
+    std::string error;  // why it is not loaded ("" when it is)
+};
+
+const Imb &imb() {
+    static const Imb lib = [] {
+        Imb l;
+        void *h = ::dlopen(KVX_IPSEC_MB_SONAME, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            const char *e = ::dlerror();
+            l.error = std::string("cannot load " KVX_IPSEC_MB_SONAME ": ") + (e ? e : "unknown error") +
+                      " (install ipsec-mb, e.g. apt-get install libipsec-mb1)";
+            return l;
+        }
+        auto sym = [&](auto &fn, const char *name) {
+            fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
+            if (!fn && l.error.empty()) l.error = std::string(KVX_IPSEC_MB_SONAME " has no ") + name;
+        };
+        sym(l.alloc, "alloc_mb_mgr");
+        sym(l.free, "free_mb_mgr");
+        sym(l.init_sse, "init_mb_mgr_sse");
+        sym(l.init_avx2, "init_mb_mgr_avx2");
+        sym(l.init_avx512, "init_mb_mgr_avx512");
+#if IMB_VERSION_NUM < IMB_VERSION(2, 0, 0)
+        sym(l.init_avx, "init_mb_mgr_avx");
+#endif
+        sym(l.get_errno, "imb_get_errno");
+        return l;  // the handle stays open for the life of the process
+    }();
+    return lib;
+}
+
 // The ipsec-mb code this host may run, chosen once from the CPU's features
 // as ipsec-mb detects them (alloc_mb_mgr runs none of its vector code) and
 // the kernel's vector state, before any of its code (self-test included) runs.
 IpsecMbCode host_code() {
     static const IpsecMbCode c = [] {
-        IMB_MGR *g = alloc_mb_mgr(0);
+        if (!imb().error.empty()) return IpsecMbCode::none;
+        IMB_MGR *g = imb().alloc(0);
         if (!g) return IpsecMbCode::none;
         const uint64_t features = g->features;
-        free_mb_mgr(g);
+        imb().free(g);
         return choose_ipsec_mb_code(os_vector_state(), features);
     }();
     return c;
@@ -59,19 +108,19 @@ IMB_MGR *mgr() {
     static IMB_MGR *const m = []() -> IMB_MGR * {
         const IpsecMbCode code = host_code();
         if (code == IpsecMbCode::none) return nullptr;
-        IMB_MGR *g = alloc_mb_mgr(0);
+        IMB_MGR *g = imb().alloc(0);
         if (!g) return nullptr;
         switch (code) {
         case IpsecMbCode::avx512_vaes:
-        case IpsecMbCode::avx512: init_mb_mgr_avx512(g); break;
-        case IpsecMbCode::avx2: init_mb_mgr_avx2(g); break;
+        case IpsecMbCode::avx512: imb().init_avx512(g); break;
+        case IpsecMbCode::avx2: imb().init_avx2(g); break;
 #if IMB_VERSION_NUM < IMB_VERSION(2, 0, 0)  // 2.0 dropped its AVX (not AVX2) code
-        case IpsecMbCode::avx: init_mb_mgr_avx(g); break;
+        case IpsecMbCode::avx: imb().init_avx(g); break;
 #endif
-        default: init_mb_mgr_sse(g); break;
+        default: imb().init_sse(g); break;
         }
-        if (imb_get_errno(g) != 0) {
-            free_mb_mgr(g);
+        if (imb().get_errno(g) != 0) {
+            imb().free(g);
             return nullptr;
         }
         return g;
@@ -102,6 +151,7 @@ AeadImpl aead_impl(const Options &o) {
     // auto: only its VAES code, and ipsec-mb is set up (and self-tests) only then
     if (want == "auto") return host_code() == IpsecMbCode::avx512_vaes && mgr() ? AeadImpl::ipsec_mb : AeadImpl::openssl;
     if (mgr()) return AeadImpl::ipsec_mb;
+    if (!imb().error.empty()) fail(KVX_ENOTSUP, "option tcp.aead_impl: ipsec-mb: %s", imb().error.c_str());
     fail(KVX_ENOTSUP, "option tcp.aead_impl: ipsec-mb cannot run on this CPU (it needs SSE4.2, AES-NI and PCLMULQDQ)");
 #else
     if (want == "auto") return AeadImpl::openssl;
