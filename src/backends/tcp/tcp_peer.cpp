@@ -297,7 +297,10 @@ bool TcpPeer::read_acks(Stream &s) {
     ssize_t r = ::recv(s.fd.get(), buf + s.ack_have, sizeof buf - s.ack_have, MSG_DONTWAIT);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
     if (r <= 0) {
-        KVX_LOG(warn, "tcp: peer '%s': connection lost: %s", peer_id_.c_str(), r == 0 ? "closed" : strerror(errno));
+        // A close is how a target that shuts down says goodbye: the core
+        // says at warn what that does to the peer (reconnecting, broken).
+        if (r == 0) KVX_LOG(info, "tcp: peer '%s': the target closed the connection", peer_id_.c_str());
+        else KVX_LOG(warn, "tcp: peer '%s': connection lost: %s", peer_id_.c_str(), strerror(errno));
         fail_now(KVX_ECONNRESET);
         return false;
     }
