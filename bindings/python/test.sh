@@ -96,7 +96,8 @@ WHEEL=$(ls "$OUT"/dist/kvxfer-*.whl)
 "$PY" - "$WHEEL" <<'EOF'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-need = ["kvxfer/__init__.py", "kvxfer/_transport.py", "kvxfer/_args.py", "kvxfer/_errors.py", "kvxfer/_native.py", "kvxfer/vllm.py"]
+need = ["kvxfer/__init__.py", "kvxfer/_transport.py", "kvxfer/_args.py", "kvxfer/_errors.py", "kvxfer/_native.py",
+        "kvxfer/vllm.py", "kvxfer/_peers.py", "kvxfer/_waiters.py", "kvxfer/_log.py", "kvxfer/prometheus.py"]
 missing = [n for n in need if n not in names]
 if not any(n.startswith("kvxfer/__native") and n.endswith(".so") for n in names):
     missing.append("kvxfer/__native*.so")

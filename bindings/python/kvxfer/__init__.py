@@ -15,6 +15,12 @@ import).
 
 kvxfer.vllm holds the adapter that makes vLLM's P2P KV-offload tier use
 kvxfer instead of NIXL (a vLLM plugin; see its docstring).
+
+The library's log messages go to the logging logger "kvxfer" (level from
+KVX_LOG, else the logger's at import; kvxfer.set_log_level() changes both;
+kvxfer.log_to_stderr() returns them to the library's stderr lines). Importing
+kvxfer prints nothing and configures no logging. Transport.metrics_text() is
+Prometheus text; kvxfer.prometheus.Collector feeds prometheus_client.
 """
 
 import os as _os
@@ -23,13 +29,14 @@ from . import _native
 from ._errors import (ArgumentError, ClosedError, Error, ErrorCode, ErrorInfo, PeerError, RequestError, Scope,
                       TransportError, error_scope, strerror)
 from . import _transport
-from ._transport import (CANCEL_MODES, PeerLink, PeerState, PollResult, Result, Transport, backends,
+from ._transport import (CANCEL_MODES, PeerInfo, PeerLink, PeerState, PollResult, Result, Transport, backends,
                          config_fingerprint, latency_bucket_bounds)
 from ._region import alloc_region
 
 __all__ = [
     "Transport", "PollResult", "config_fingerprint", "CANCEL_MODES", "latency_bucket_bounds", "backends", "alloc_region",
-    "Result", "PeerLink", "PeerState",
+    "Result", "PeerLink", "PeerState", "PeerInfo",
+    "set_log_level", "get_log_level", "log_to_stderr", "route_logs", "log_flush", "LOGGER_NAME",
     "Error", "RequestError", "ArgumentError", "PeerError", "TransportError", "ClosedError",
     "ErrorCode", "ErrorInfo", "Scope", "strerror", "error_scope",
     "library_version", "library_version_number", "HEADER_VERSION_NUMBER", "DataTransport",
@@ -45,6 +52,9 @@ __version__ = "%d.%d.%d" % (_native.KVX_VERSION_MAJOR, _native.KVX_VERSION_MINOR
 if library_version_number // 10000 != HEADER_VERSION_NUMBER // 10000 or library_version_number < HEADER_VERSION_NUMBER:
     raise ImportError("kvxfer: the binding was built for libkvxfer %s but %s is loaded"
                       % (__version__, library_version))
+
+# (after the version check: routes the library's log records to logging)
+from ._log import LOGGER_NAME, get_log_level, log_flush, log_to_stderr, route_logs, set_log_level  # noqa: E402
 
 
 def _register_with_vllm():

@@ -1,9 +1,7 @@
 """kvxfer.Transport: vLLM's DataTransport contract over libkvxfer."""
 
 import array
-import collections
 import concurrent.futures
-import enum
 import os
 import threading
 import time
@@ -13,16 +11,14 @@ from . import _native
 from ._args import (_BACKENDS, _SEQUENCES, _U64_MAX, _UNORDERED, _as_u64, _c_fingerprint, _config_json, _enum_or_int,
                     _geometry, _option_items, _peer_arg, _u64_arg, config_fingerprint)
 from ._errors import ArgumentError, ClosedError, Error, ErrorCode, ErrorInfo, last_error, strerror
+from ._peers import PeerInfo, PeerLink, PeerState, _peer_infos, _peer_state
+from ._waiters import _WAITERS_MAX, WAITER as _WAITER  # noqa: F401 (_WAITERS_MAX: for the tests)
 
-__all__ = ["Transport", "PollResult", "Result", "PeerLink", "PeerState", "config_fingerprint", "CANCEL_MODES",
-           "latency_bucket_bounds", "backends"]
+__all__ = ["Transport", "PollResult", "Result", "PeerLink", "PeerState", "PeerInfo", "config_fingerprint",
+           "CANCEL_MODES", "latency_bucket_bounds", "backends"]
 
 _POLL_CAP = 256
 _WAIT_SLICE_MS = 100  # wait(): the longest sleep in C between two looks for signals
-# add_remote_peer_async's waiter pool (_RegistrationWaiter):
-_WAITERS_MAX = 4  # threads at most: each blocks in C on one registration; the rest are looked at between waits
-_WAITER_IDLE_S = 0.5  # a waiter with nothing to wait for this long exits (but the last idle one)
-_WAITER_SLICE_MS = 20  # how long the pool's last free waiter blocks on one registration between looks at the rest
 CANCEL_MODES = {"immediate": _native.KVX_CANCEL_IMMEDIATE, "wait": _native.KVX_CANCEL_WAIT}
 
 
@@ -88,42 +84,6 @@ def _poll_result(done, failed, errors):
     return r
 
 
-class PeerLink(enum.IntEnum):
-    """Where a registered peer's connection stands (kvx_peer_link)."""
-
-    UP = _native.KVX_PEER_UP                      # connected: writes go out on peer_backend()'s path
-    RECONNECTING = _native.KVX_PEER_RECONNECTING  # failed; reconnects in the background (peer_redial_ms)
-    BROKEN = _native.KVX_PEER_BROKEN              # failed, no reconnection (peer_redial_ms=0): remove and re-add
-
-
-class PeerState(NamedTuple):
-    """A registered peer's state (Transport.peer_state, kvx_get_peer_state(3)).
-
-    link: a PeerLink (UP, RECONNECTING, BROKEN).
-    error: the ErrorCode of what took the connection down (ETIMEDOUT: the
-        stall timeout; ECONNRESET: the connection failed), then of the last
-        failed reconnection attempt; ErrorCode.OK (0) while it never failed.
-    backend, path: its path, as peer_backend() says ("tcp", "").
-    in_flight: its transfers submitted and not yet reported by poll().
-    since_ns: when it entered this state (ns since the epoch).
-    next_attempt_ns: RECONNECTING: when the next attempt starts (ns since
-        the epoch); 0 while one runs, and in the other states.
-    reconnects: times it reconnected since it was added.
-    attempts: failed attempts since it went down (0 when up).
-    reason: why it is not up ("" when up): the message of error.
-    """
-
-    link: PeerLink
-    error: int
-    backend: str
-    path: str
-    in_flight: int
-    since_ns: int
-    next_attempt_ns: int
-    reconnects: int
-    attempts: int
-    reason: str
-
 def latency_bucket_bounds(i: int) -> tuple:
     """(lo_ns, hi_ns) of bucket i of the latency histogram (kvx_get_stats(3)),
     from the library (kvx_stats_bucket_lower_ns(3)); hi_ns is None for the
@@ -139,139 +99,6 @@ def backends() -> tuple:
     preference (kvx_backends(3)), e.g. ("shm", "verbs", "tcp"). Listed when
     built in, usable on this host or not; "auto" serves on the usable ones."""
     return _BACKENDS
-
-
-class _RegistrationWaiter:
-    """Settles the futures of add_remote_peer_async() in this process: a
-    pool of at most _WAITERS_MAX threads waiting in kvx_registration_status()
-    without the GIL, shared by every transport.
-
-    A waiter takes the oldest registration nobody waits on and waits for its
-    outcome; after each wait it also looks at every other queued one without
-    waiting (timeout 0: a lock and a table look-up in C each) and settles
-    those that ended, so an outcome is picked up whichever registration it
-    belongs to. A waiter waits without a limit (nothing polls) when another
-    waiter is idle to take what comes next; the one that takes a registration
-    and leaves none idle, with the pool full, waits in slices of
-    _WAITER_SLICE_MS instead, looking at the queue between slices. Thus no
-    registration waits for a waiter to get free (a wait on one registration
-    can last a connect timeout, and longer for one queued in C behind slow
-    connects): with more pending than waiters, an outcome is settled within
-    about a slice of being known, and the oldest registrations, which the
-    waiters hold, are mostly the first to end (the library connects them in
-    the order of the calls); with fewer pending than waiters, at once.
-
-    The caller of add_remote_peer_async only queues (a thread start can take
-    milliseconds on a busy host): the first transport starts the first
-    waiter, and a waiter that takes a registration and leaves none idle
-    starts another while fewer than _WAITERS_MAX run. A waiter that finds
-    nothing to wait for within _WAITER_IDLE_S exits, unless it is the only
-    idle one (which the others may rely on): the pool shrinks back to one
-    thread."""
-
-    def __init__(self):
-        self._cv = threading.Condition()
-        self._queue = collections.deque()  # (handle, reg, future) no waiter holds, oldest first
-        self._idle = 0  # waiters holding none (one being started counts)
-        self._threads = 0
-
-    def start(self):
-        with self._cv:
-            spawn = self._threads == 0
-            if spawn:
-                self._reserve_locked()
-        if spawn:
-            self._spawn()
-
-    def add(self, handle, reg, future):
-        with self._cv:
-            self._queue.append((handle, reg, future))
-            self._cv.notify()
-
-    def after_fork_in_child(self):
-        self.__init__()
-
-    def _reserve_locked(self):
-        self._threads += 1
-        self._idle += 1
-
-    def _spawn(self):
-        # Never with self._cv held: Thread.start() waits for the thread to
-        # run, which can take milliseconds, and add() must not wait for that.
-        try:
-            threading.Thread(target=self._work, name="kvxfer-registrations", daemon=True).start()
-        except RuntimeError:  # cannot start a thread: the others serve
-            with self._cv:
-                self._threads -= 1
-                self._idle -= 1
-
-    def _work(self):
-        while True:
-            took = self._take()
-            if took is None:
-                return
-            item, timeout_ms = took
-            settled = self._settle(*item, timeout_ms)
-            self._sweep()
-            with self._cv:
-                if not settled:  # a slice ended: first in line again
-                    self._queue.appendleft(item)
-                    self._cv.notify()  # an idle waiter may take it
-                self._idle += 1
-
-    def _take(self):
-        """(the oldest queued registration, how long to wait for it in ms),
-        or None when this waiter is to exit (idle too long)."""
-        with self._cv:
-            while not self._queue:
-                if not self._cv.wait(_WAITER_IDLE_S) and not self._queue and self._idle > 1:
-                    self._threads -= 1
-                    self._idle -= 1
-                    return None
-            item = self._queue.popleft()
-            self._idle -= 1
-            spawn = self._idle == 0 and self._threads < _WAITERS_MAX
-            if spawn:
-                self._reserve_locked()
-        if spawn:
-            self._spawn()
-        with self._cv:  # (after the spawn: it may have failed)
-            return item, (-1 if self._idle > 0 else _WAITER_SLICE_MS)
-
-    def _sweep(self):
-        """Settles every queued registration whose outcome is known, without waiting."""
-        with self._cv:
-            items = list(self._queue)
-            self._queue.clear()
-        if not items:
-            return
-        pending = [it for it in items if not self._settle(*it, 0)]
-        if pending:
-            with self._cv:
-                self._queue.extendleft(reversed(pending))  # ahead of what came meanwhile
-                self._cv.notify(len(pending))  # idle waiters that slept while they were out
-
-    @staticmethod
-    def _settle(handle, reg, future, timeout_ms):
-        """Waits up to timeout_ms (-1: no limit) for reg's outcome and settles
-        future with it; False if reg is still pending."""
-        try:
-            rc, state, err = _native.kvx_registration_status(handle, reg, timeout_ms)
-            if rc == 0 and state == _native.KVX_REGISTRATION_PENDING:
-                return False
-            exc = None if rc == 0 and state == _native.KVX_REGISTRATION_DONE else last_error(rc or err)
-        except Exception as e:  # noqa: BLE001 - a handle gone bad: the future carries it
-            exc = e
-        if exc is None:
-            future.set_result(None)
-        else:
-            future.set_exception(exc)
-        return True
-
-
-_WAITER = _RegistrationWaiter()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_WAITER.after_fork_in_child)
 
 
 # ------------------------------------------------------------------ Transport
@@ -487,9 +314,35 @@ class Transport:
         rc, d = _native.kvxpy_peer_state(h, _peer_arg(peer_id))
         if rc:
             raise self._error(rc)
-        d["link"] = _enum_or_int(PeerLink, d["link"])
-        d["error"] = _enum_or_int(ErrorCode, d["error"])
-        return PeerState(**d)
+        return _peer_state(d)
+
+    def peers(self) -> list:
+        """Every peer of the transport (kvx_list_peers(3)), sorted by id (byte
+        order): the registered ones (link UP, RECONNECTING, BROKEN) and those
+        being added (CONNECTING: add_remote_peer() or _async() under way), as
+        PeerInfo(peer_id, link, error, backend, path, in_flight, since_ns,
+        next_attempt_ns, reconnects, attempts, reason, last_progress_ns);
+        p.state is the link's name ("up", ...). A removed peer is not
+        listed; a peer being replaced is listed once, connecting. A snapshot
+        taken at one instant. Raises ClosedError after close()."""
+        h = self._handle()
+        rc, items = _native.kvxpy_list_peers(h)
+        if rc:
+            raise self._error(rc)
+        return _peer_infos(items)
+
+    def metrics_text(self) -> str:
+        """The transport's counters and peers as Prometheus text (exposition
+        format 0.0.4, kvx_metrics_text(3); docs/metrics.md lists the
+        families): serve it on a /metrics endpoint as it is, or register
+        kvxfer.prometheus.Collector(self) with prometheus_client. Raises
+        ClosedError after close(), RequestError (KVX_ENOTSUP) for a library
+        built without telemetry."""
+        h = self._handle()
+        rc, text = _native.kvxpy_metrics_text(h)
+        if rc:
+            raise self._error(rc)
+        return text
 
     @property
     def closed(self) -> bool:
@@ -818,8 +671,10 @@ class Transport:
         code; they add up to transfers_failed), transfers_inflight,
         bytes_inflight, peers, peers_connecting, connects,
         connect_failures, connect_ns_total/_max/_last, latency_count,
-        latency_ns_p50/_p90/_p99/_p999/_max, and latency_histogram: [(lo_ns, hi_ns, count), ...] for the non-empty
-        buckets (hi_ns None for the last, open one). Latency: from
+        latency_ns_p50/_p90/_p99/_p999/_max, latency_ns_sum (the latencies
+        added up, exact), and latency_histogram: [(lo_ns, hi_ns, count),
+        ...] for the non-empty buckets (hi_ns None for the last, open
+        one). Latency: from
         write_blocks() until the library learnt the bytes landed
         (kvx_get_stats(3)). Works after close(). Raises RequestError
         (KVX_ENOENT) for an unknown peer, (KVX_ENOTSUP) for a library built

@@ -281,6 +281,16 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
  * the caller's array of kvx_result. */
 %ignore kvx_poll_results;
 %ignore kvx_result;
+/* kvxpy_list_peers() returns a list of (peer_id, state dict) instead of
+ * filling the caller's array; kvxpy_metrics_text() a str. */
+%ignore kvx_list_peers;
+%ignore kvx_peer_info;
+%ignore kvx_metrics_text;
+/* kvxpy_set_log_handler() takes a Python callable (kvxfer/_log.py); the
+ * library calls it through kvxpy_log_trampoline. */
+%ignore kvx_set_log_handler;
+%ignore kvx_log_record;
+%ignore kvx_log_fn;
 /* Raw memory has no safe Python owner here; Python regions are buffers
  * (an mmap of a /dev/shm file takes the shm backend's mapped path). */
 %ignore kvx_region_alloc;
@@ -300,6 +310,9 @@ static kvxpy_handle *kvxpy_from_capsule(PyObject *o, int any_process) {
 %nothread kvxpy_peer_rails;
 %nothread kvxpy_peer_state;
 %nothread kvxpy_poll_results;
+%nothread kvxpy_list_peers;
+%nothread kvxpy_metrics_text;
+%nothread kvxpy_set_log_handler;
 /* Never blocks (it only checks and queues), so the GIL stays with the
  * caller: no hand-off to another thread in the middle of a call that
  * vLLM's scheduler makes on its hot path. */
@@ -338,7 +351,8 @@ static PyObject *kvxpy_rail_dict(const kvx_rail_stats *r) {
 
 /* A kvx_peer_state as a dict: link, error (the KVX_E* code, 0 while it never
  * failed), backend and path (str), in_flight, since_ns, next_attempt_ns,
- * reconnects, attempts, reason (str; the reserved fields are left out). */
+ * reconnects, attempts, reason (str), last_progress_ns (the reserved fields
+ * are left out). */
 static PyObject *kvxpy_peer_state_dict(const kvx_peer_state *s) {
     PyObject *d = PyDict_New();
     if (!d) return NULL;
@@ -352,7 +366,8 @@ static PyObject *kvxpy_peer_state_dict(const kvx_peer_state *s) {
         kvxpy_set_item(d, "reconnects", PyLong_FromUnsignedLong(s->reconnects)) != 0 ||
         kvxpy_set_item(d, "attempts", PyLong_FromUnsignedLong(s->attempts)) != 0 ||
         kvxpy_set_item(d, "reason", PyUnicode_DecodeUTF8(s->reason, (Py_ssize_t)strnlen(s->reason, sizeof s->reason),
-                                                         "replace")) != 0) {
+                                                         "replace")) != 0 ||
+        kvxpy_set_item(d, "last_progress_ns", PyLong_FromLongLong(s->last_progress_ns)) != 0) {
         Py_DECREF(d);
         return NULL;
     }
@@ -494,7 +509,7 @@ PyObject *kvxpy_stats(PyObject *handle, const char *peer_id) {
         KVXPY_FIELD(latency_count), KVXPY_FIELD(latency_ns_p50), KVXPY_FIELD(latency_ns_p90),
         KVXPY_FIELD(latency_ns_p99), KVXPY_FIELD(latency_ns_p999), KVXPY_FIELD(latency_ns_max),
         KVXPY_FIELD(transfers_failed_timeout), KVXPY_FIELD(transfers_failed_connection),
-        KVXPY_FIELD(transfers_failed_removed), KVXPY_FIELD(transfers_failed_other),
+        KVXPY_FIELD(transfers_failed_removed), KVXPY_FIELD(transfers_failed_other), KVXPY_FIELD(latency_ns_sum),
 #undef KVXPY_FIELD
     };
     kvxpy_handle *h = kvxpy_from_capsule(handle, 0);
@@ -619,5 +634,159 @@ PyObject *kvxpy_peer_state(PyObject *handle, const char *peer_id) {
     if (!(d = kvxpy_peer_state_dict(&s))) return NULL;
     return Py_BuildValue("(iN)", 0, d);
 }
+
+/* kvx_list_peers as (rc, list of (peer_id, state dict (kvxpy_peer_state_dict))
+ * or None), sorted by id as the library gives them: asks with room for the
+ * last count plus some, again with more while the list grows meanwhile. */
+PyObject *kvxpy_list_peers(PyObject *handle) {
+    kvxpy_handle *h = kvxpy_from_capsule(handle, 0);
+    kvx_peer_info *out = NULL;
+    size_t cap = 0, n = 0, i;
+    PyObject *list;
+    int rc;
+    if (!h) return NULL;
+    for (;;) {
+        kvx_transport *t = h->t;
+        Py_BEGIN_ALLOW_THREADS
+        rc = kvx_list_peers(&n, t, out, cap);
+        Py_END_ALLOW_THREADS
+        if (rc != 0 || n <= cap) break;
+        PyMem_Free(out);
+        if (n > (size_t)PY_SSIZE_T_MAX / sizeof *out - 16) { PyErr_NoMemory(); return NULL; }
+        cap = n + 16; /* a few more: peers may be added before the next call */
+        if (!(out = (kvx_peer_info *)PyMem_Calloc(cap, sizeof *out))) return PyErr_NoMemory();
+    }
+    if (rc != 0) { PyMem_Free(out); return Py_BuildValue("(iO)", rc, Py_None); }
+    if (!(list = PyList_New((Py_ssize_t)n))) { PyMem_Free(out); return NULL; }
+    for (i = 0; i < n; i++) {
+        const kvx_peer_info *p = &out[i];
+        PyObject *d = kvxpy_peer_state_dict(&p->state), *item;
+        PyObject *id = d ? PyUnicode_DecodeUTF8(p->peer_id, (Py_ssize_t)strnlen(p->peer_id, sizeof p->peer_id),
+                                                "replace") : NULL;
+        item = id ? PyTuple_Pack(2, id, d) : NULL;
+        Py_XDECREF(id);
+        Py_XDECREF(d);
+        if (!item) { Py_DECREF(list); PyMem_Free(out); return NULL; }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    PyMem_Free(out);
+    return Py_BuildValue("(iN)", 0, list);
+}
+
+/* kvx_metrics_text as (rc, str or None): asks for the size, then with room
+ * for it plus some, again while the text grows meanwhile (KVX_ENOBUFS). */
+PyObject *kvxpy_metrics_text(PyObject *handle) {
+    kvxpy_handle *h = kvxpy_from_capsule(handle, 0);
+    kvx_transport *t;
+    char *buf = NULL;
+    size_t cap = 0, len = 0;
+    PyObject *text;
+    int rc;
+    if (!h) return NULL;
+    t = h->t;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = kvx_metrics_text(&len, t, buf, cap);
+        Py_END_ALLOW_THREADS
+        if (rc != KVX_ENOBUFS) break;
+        PyMem_Free(buf);
+        if (len > (size_t)PY_SSIZE_T_MAX - 4096) { PyErr_NoMemory(); return NULL; }
+        cap = len + len / 8 + 1024; /* the text may grow before the next call */
+        if (!(buf = (char *)PyMem_Malloc(cap))) return PyErr_NoMemory();
+    }
+    if (rc != 0 || !buf) {
+        PyMem_Free(buf);
+        return Py_BuildValue("(iO)", rc ? rc : KVX_EINTERNAL, Py_None);
+    }
+    text = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)strnlen(buf, cap), "replace");
+    PyMem_Free(buf);
+    if (!text) return NULL;
+    return Py_BuildValue("(iN)", 0, text);
+}
 %}
 
+%{
+/* ------------------------------------------------------------ logging */
+
+/* The Python callable the library's log records go to (kvxfer/_log.py), or
+ * NULL. Read and changed with the GIL held only. */
+static PyObject *kvxpy_log_callable = NULL;
+
+static PyObject *kvxpy_log_str(const char *s) {
+    if (!s) { Py_INCREF(Py_None); return Py_None; }
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+}
+
+/* Whether the interpreter is shutting down: the GIL must not be taken then
+ * (a thread that tries is ended). kvxfer/_log.py unsets the handler at exit,
+ * before that; this is the guard for what it cannot see (os._exit aside). */
+static int kvxpy_finalizing(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+/* The kvx_log_fn: on the library's log thread, with no library lock held.
+ * Calls the callable with (level, message, component, peer_id or None,
+ * time_ns, suppressed, dropped, thread_id); reads only the fields the
+ * library's record has (record->size). */
+static void kvxpy_log_trampoline(const kvx_log_record *r, void *user) {
+    PyGILState_STATE g;
+    PyObject *fn, *res = NULL;
+    int has_tail;
+    (void)user;
+    if (!Py_IsInitialized() || kvxpy_finalizing()) return;
+    g = PyGILState_Ensure();
+    fn = kvxpy_log_callable;
+    if (fn) {
+        Py_INCREF(fn);
+        has_tail = r->size >= offsetof(kvx_log_record, thread_id) + sizeof r->thread_id;
+        res = PyObject_CallFunction(fn, "(iNNNLKKi)", (int)r->level, kvxpy_log_str(r->message),
+                                    kvxpy_log_str(r->component), kvxpy_log_str(r->peer_id),
+                                    (long long)r->time_ns, (unsigned long long)(has_tail ? r->suppressed : 0),
+                                    (unsigned long long)(has_tail ? r->dropped : 0), has_tail ? (int)r->thread_id : 0);
+        if (!res) PyErr_WriteUnraisable(fn);
+        Py_XDECREF(res);
+        Py_DECREF(fn);
+    }
+    PyGILState_Release(g);
+}
+%}
+
+%inline %{
+/* kvx_set_log_handler with a Python callable (see kvxpy_log_trampoline), or
+ * None: back to the library's stderr lines. Returns the rc. The GIL is
+ * released while the library waits for a handler call in progress (which
+ * needs the GIL). A callable replaces the previous one at once (records
+ * waiting for it go to the new one); None takes effect when the library
+ * returns, and the previous callable is released afterwards. */
+PyObject *kvxpy_set_log_handler(PyObject *fn, int level) {
+    PyObject *old = NULL;
+    int rc;
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "the log handler must be callable or None");
+        return NULL;
+    }
+    if (fn != Py_None) {
+        Py_INCREF(fn);
+        old = kvxpy_log_callable;
+        kvxpy_log_callable = fn;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvx_set_log_handler(fn != Py_None ? kvxpy_log_trampoline : NULL, NULL, level);
+    Py_END_ALLOW_THREADS
+    if (fn == Py_None) {
+        if (rc == 0) {
+            old = kvxpy_log_callable;
+            kvxpy_log_callable = NULL;
+        }
+    } else if (rc != 0) {  /* not installed: the previous one stays */
+        kvxpy_log_callable = old;
+        old = fn;
+    }
+    Py_XDECREF(old);
+    return PyLong_FromLong(rc);
+}
+%}

@@ -142,8 +142,9 @@ def test_peer_state_is_a_dict():
     # kvx_get_peer_state and its struct are replaced by kvxpy_peer_state: (rc, dict or None)
     assert not hasattr(_native, "kvx_get_peer_state") and not hasattr(_native, "kvx_peer_state")
     assert _native.KVX_PEER_REASON_LEN == 160
-    assert (_native.KVX_PEER_UP, _native.KVX_PEER_RECONNECTING, _native.KVX_PEER_BROKEN) == (0, 1, 2)
-    assert [int(v) for v in kvxfer.PeerLink] == [0, 1, 2]
+    assert (_native.KVX_PEER_UP, _native.KVX_PEER_RECONNECTING, _native.KVX_PEER_BROKEN,
+            _native.KVX_PEER_CONNECTING) == (0, 1, 2, 3)
+    assert [int(v) for v in kvxfer.PeerLink] == [0, 1, 2, 3]
     mem, h = _open()
     try:
         assert _native.kvxpy_peer_state(h, "p") == (_native.KVX_ENOENT, None)
