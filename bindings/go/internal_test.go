@@ -89,20 +89,35 @@ func TestRailStatsLayout(t *testing.T) {
 }
 
 // PeerState copies kvx_peer_state through kvx_go_peer_state: two names of
-// KVX_GO_NAME_LEN bytes, a reason of PeerReasonLen bytes and seven numbers.
+// KVX_GO_NAME_LEN bytes, a reason of PeerReasonLen bytes and eight numbers;
+// Peers the same per peer through kvx_go_list_peers, with an id of
+// PeerIDMax+1 bytes.
 func TestPeerStateLayout(t *testing.T) {
-	if PeerReasonLen != 160 || capi.KVX_GO_PEER_STATE_FIELDS != 7 {
-		t.Fatalf("KVX_PEER_REASON_LEN %d, KVX_GO_PEER_STATE_FIELDS %d: PeerState assumes 160 and 7",
+	if PeerReasonLen != 160 || capi.KVX_GO_PEER_STATE_FIELDS != 8 || PeerIDMax != capi.KVX_PEER_ID_MAX {
+		t.Fatalf("KVX_PEER_REASON_LEN %d, KVX_GO_PEER_STATE_FIELDS %d: PeerState assumes 160 and 8",
 			PeerReasonLen, capi.KVX_GO_PEER_STATE_FIELDS)
 	}
 	if int(PeerUp) != int(capi.KVX_PEER_UP) || int(PeerReconnecting) != int(capi.KVX_PEER_RECONNECTING) ||
-		int(PeerBroken) != int(capi.KVX_PEER_BROKEN) {
+		int(PeerBroken) != int(capi.KVX_PEER_BROKEN) || int(PeerConnecting) != int(capi.KVX_PEER_CONNECTING) {
 		t.Error("peer links differ from the header")
 	}
-	f := []uint64{7, 7, 7, 7, 7, 7, 7}
+	f := []uint64{7, 7, 7, 7, 7, 7, 7, 7}
 	rc := capi.Kvx_go_peer_state(nil, nil, nil, f, 0, "p")
 	if rc != int(capi.KVX_EINVAL) || f[0] != 7 {
 		t.Errorf("NULL transport: rc %d, fields %v; want KVX_EINVAL, fields untouched", rc, f)
+	}
+	n := []uint64{7}
+	if rc := capi.Kvx_go_list_peers(nil, nil, nil, nil, nil, n, 0, 0); rc != int(capi.KVX_EINVAL) || n[0] != 7 {
+		t.Errorf("kvx_go_list_peers, NULL transport: rc %d, n %d; want KVX_EINVAL, n untouched", rc, n[0])
+	}
+}
+
+// The log levels are the header's.
+func TestLogLevels(t *testing.T) {
+	if int(LogOff) != int(capi.KVX_LOG_OFF) || int(LogError) != int(capi.KVX_LOG_ERROR) ||
+		int(LogWarn) != int(capi.KVX_LOG_WARN) || int(LogInfo) != int(capi.KVX_LOG_INFO) ||
+		int(LogDebug) != int(capi.KVX_LOG_DEBUG) {
+		t.Error("log levels differ from the header")
 	}
 }
 

@@ -19,9 +19,12 @@ const (
 	// PeerBroken: its connection failed and it does not reconnect
 	// (peer_redial_ms=0): remove and re-add it.
 	PeerBroken PeerLink = 2
+	// PeerConnecting: being added (AddRemotePeer or AddRemotePeerAsync under
+	// way); only in Peers (since 0.10).
+	PeerConnecting PeerLink = 3
 )
 
-// String returns "up", "reconnecting" or "broken".
+// String returns "up", "reconnecting", "broken" or "connecting".
 func (l PeerLink) String() string {
 	switch l {
 	case PeerUp:
@@ -30,6 +33,8 @@ func (l PeerLink) String() string {
 		return "reconnecting"
 	case PeerBroken:
 		return "broken"
+	case PeerConnecting:
+		return "connecting"
 	}
 	return fmt.Sprintf("PeerLink(%d)", int(l))
 }
@@ -64,6 +69,11 @@ type PeerState struct {
 	// Reason says why it is not up ("" when up): the message of Error (at
 	// most PeerReasonLen-1 bytes).
 	Reason string
+	// LastProgressNs is when it last made progress (a transfer of it ended,
+	// or it got work while it had none in flight), in ns since the epoch; 0
+	// before its first transfer. The stall timeout counts from here (since
+	// 0.10).
+	LastProgressNs int64
 }
 
 // PeerState returns the state of a registered peer's connection: up, or
@@ -87,16 +97,76 @@ func (t *Transport) PeerState(id string) (PeerState, error) {
 	if err := t.do(op, func(h uintptr) int { return capi.Kvx_go_peer_state(b, p, reason, f, h, id) }); err != nil {
 		return PeerState{}, err
 	}
+	return peerState(b, p, reason, f), nil
+}
+
+// peerState of kvx_go_peer_state's (or kvx_go_list_peers') copies.
+func peerState(b, p, reason []byte, f []uint64) PeerState {
 	return PeerState{
-		Link:          PeerLink(int64(f[0])),
-		Error:         Code(int64(f[1])), // the bits of kvx_peer_state.error
-		Backend:       cString(b),
-		Path:          cString(p),
-		InFlight:      f[2],
-		SinceNs:       int64(f[3]),
-		NextAttemptNs: int64(f[4]),
-		Reconnects:    uint32(f[5]),
-		Attempts:      uint32(f[6]),
-		Reason:        cString(reason),
-	}, nil
+		Link:           PeerLink(int64(f[0])),
+		Error:          Code(int64(f[1])), // the bits of kvx_peer_state.error
+		Backend:        cString(b),
+		Path:           cString(p),
+		InFlight:       f[2],
+		SinceNs:        int64(f[3]),
+		NextAttemptNs:  int64(f[4]),
+		Reconnects:     uint32(f[5]),
+		Attempts:       uint32(f[6]),
+		Reason:         cString(reason),
+		LastProgressNs: int64(f[7]),
+	}
+}
+
+// PeerInfo is one peer of Peers: its id and its state.
+type PeerInfo struct {
+	ID string
+	// State is as PeerState gives it, or, while the peer is being added,
+	// Link PeerConnecting with SinceNs the add's start and every other field
+	// zero.
+	State PeerState
+}
+
+// Peers returns every peer of the transport (kvx_list_peers), sorted by id
+// (byte order): the registered ones (up, reconnecting or broken) and those
+// being added (PeerConnecting). A removed peer is not listed; a peer being
+// replaced is listed once, connecting. A snapshot taken at one instant.
+//
+// Errors: ErrClosed.
+func (t *Transport) Peers() ([]PeerInfo, error) {
+	const op = "Peers"
+	const idLen = PeerIDMax + 1
+	fields := int(capi.KVX_GO_PEER_STATE_FIELDS)
+	nameLen := int(capi.KVX_GO_NAME_LEN)
+	n := make([]uint64, 1)
+	var ids, backends, paths, reasons []byte
+	var raw []uint64
+	for {
+		c := len(raw) / fields
+		err := t.do(op, func(h uintptr) int {
+			return capi.Kvx_go_list_peers(ids, backends, paths, reasons, raw, n, h, int64(c))
+		})
+		if err != nil {
+			return nil, err
+		}
+		if n[0] <= uint64(c) {
+			break
+		}
+		// Ask again with room for every peer and some more (again if peers
+		// were added meanwhile).
+		c = int(n[0]) + 16
+		ids = make([]byte, c*idLen)
+		backends = make([]byte, c*nameLen)
+		paths = make([]byte, c*nameLen)
+		reasons = make([]byte, c*PeerReasonLen)
+		raw = make([]uint64, c*fields)
+	}
+	peers := make([]PeerInfo, n[0])
+	for i := range peers {
+		peers[i] = PeerInfo{
+			ID: cString(ids[i*idLen : (i+1)*idLen]),
+			State: peerState(backends[i*nameLen:(i+1)*nameLen], paths[i*nameLen:(i+1)*nameLen],
+				reasons[i*PeerReasonLen:(i+1)*PeerReasonLen], raw[i*fields:(i+1)*fields]),
+		}
+	}
+	return peers, nil
 }

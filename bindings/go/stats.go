@@ -32,14 +32,17 @@ type Stats struct {
 	// other code.
 	TransfersFailedTimeout, TransfersFailedConnection uint64
 	TransfersFailedRemoved, TransfersFailedOther      uint64
+	// LatencyNsSum is the latencies of LatencyCount added up, in ns (since
+	// 0.10): exact, unlike a sum of the buckets.
+	LatencyNsSum uint64
 }
 
 // statsScalars is the number of uint64 fields of kvx_stats before the
 // histogram, the size field included; statsCauses the number after it
-// (transfers_failed_timeout and the three after it).
+// (transfers_failed_timeout and the three after it, then latency_ns_sum).
 const (
 	statsScalars = 22
-	statsCauses  = 4
+	statsCauses  = 5
 )
 
 // Stats returns the counters of the transport (peer "": every peer it ever
@@ -71,6 +74,7 @@ func (t *Transport) Stats(peer string) (Stats, error) {
 	c := raw[statsScalars+LatencyBuckets:]
 	s.TransfersFailedTimeout, s.TransfersFailedConnection = c[0], c[1]
 	s.TransfersFailedRemoved, s.TransfersFailedOther = c[2], c[3]
+	s.LatencyNsSum = c[4]
 	return s, nil
 }
 

@@ -49,153 +49,173 @@ typedef _gostring_ swig_type_17;
 typedef _goslice_ swig_type_18;
 typedef _goslice_ swig_type_19;
 typedef _goslice_ swig_type_20;
-typedef _gostring_ swig_type_21;
-typedef long long swig_type_22;
-typedef _gostring_ swig_type_23;
-typedef _gostring_ swig_type_24;
-typedef _gostring_ swig_type_25;
+typedef _goslice_ swig_type_21;
+typedef _goslice_ swig_type_22;
+typedef _goslice_ swig_type_23;
+typedef long long swig_type_24;
+typedef _goslice_ swig_type_25;
 typedef _goslice_ swig_type_26;
-typedef _gostring_ swig_type_27;
+typedef _goslice_ swig_type_27;
 typedef _gostring_ swig_type_28;
-typedef _gostring_ swig_type_29;
-typedef _goslice_ swig_type_30;
-typedef long long swig_type_31;
-typedef long long swig_type_32;
-typedef _gostring_ swig_type_33;
-typedef _goslice_ swig_type_34;
-typedef _goslice_ swig_type_35;
-typedef _goslice_ swig_type_36;
+typedef long long swig_type_29;
+typedef _gostring_ swig_type_30;
+typedef _gostring_ swig_type_31;
+typedef _gostring_ swig_type_32;
+typedef _goslice_ swig_type_33;
+typedef _gostring_ swig_type_34;
+typedef _gostring_ swig_type_35;
+typedef _gostring_ swig_type_36;
 typedef _goslice_ swig_type_37;
-typedef _gostring_ swig_type_38;
-typedef _gostring_ swig_type_39;
-typedef _goslice_ swig_type_40;
+typedef long long swig_type_38;
+typedef long long swig_type_39;
+typedef _gostring_ swig_type_40;
 typedef _goslice_ swig_type_41;
-typedef long long swig_type_42;
-typedef _gostring_ swig_type_43;
+typedef _goslice_ swig_type_42;
+typedef _goslice_ swig_type_43;
 typedef _goslice_ swig_type_44;
-typedef long long swig_type_45;
-typedef long long swig_type_46;
-typedef long long swig_type_47;
-typedef long long swig_type_48;
-typedef _gostring_ swig_type_49;
-typedef _goslice_ swig_type_50;
-typedef _gostring_ swig_type_51;
-typedef _goslice_ swig_type_52;
+typedef _gostring_ swig_type_45;
+typedef _gostring_ swig_type_46;
+typedef _goslice_ swig_type_47;
+typedef _goslice_ swig_type_48;
+typedef long long swig_type_49;
+typedef _gostring_ swig_type_50;
+typedef _goslice_ swig_type_51;
+typedef long long swig_type_52;
 typedef long long swig_type_53;
 typedef long long swig_type_54;
 typedef long long swig_type_55;
-typedef long long swig_type_56;
+typedef _gostring_ swig_type_56;
 typedef _goslice_ swig_type_57;
-typedef _goslice_ swig_type_58;
-typedef long long swig_type_59;
-typedef _goslice_ swig_type_60;
-typedef _gostring_ swig_type_61;
-typedef _goslice_ swig_type_62;
-typedef _goslice_ swig_type_63;
-typedef long long swig_type_64;
+typedef _gostring_ swig_type_58;
+typedef _goslice_ swig_type_59;
+typedef long long swig_type_60;
+typedef long long swig_type_61;
+typedef long long swig_type_62;
+typedef long long swig_type_63;
+typedef _goslice_ swig_type_64;
 typedef _goslice_ swig_type_65;
-typedef _goslice_ swig_type_66;
-typedef _gostring_ swig_type_67;
-typedef _goslice_ swig_type_68;
-typedef long long swig_type_69;
+typedef long long swig_type_66;
+typedef _goslice_ swig_type_67;
+typedef _gostring_ swig_type_68;
+typedef _goslice_ swig_type_69;
 typedef _goslice_ swig_type_70;
 typedef long long swig_type_71;
 typedef _goslice_ swig_type_72;
 typedef _goslice_ swig_type_73;
-typedef long long swig_type_74;
+typedef _gostring_ swig_type_74;
 typedef _goslice_ swig_type_75;
-typedef _goslice_ swig_type_76;
+typedef long long swig_type_76;
 typedef _goslice_ swig_type_77;
-typedef _goslice_ swig_type_78;
-typedef _gostring_ swig_type_79;
-typedef long long swig_type_80;
+typedef long long swig_type_78;
+typedef _goslice_ swig_type_79;
+typedef _goslice_ swig_type_80;
 typedef long long swig_type_81;
 typedef _goslice_ swig_type_82;
-typedef _gostring_ swig_type_83;
-typedef _gostring_ swig_type_84;
-extern void _wrap_Swig_free_capi_b2c12674b7cea8e1(uintptr_t arg1);
-extern uintptr_t _wrap_Swig_malloc_capi_b2c12674b7cea8e1(swig_intgo arg1);
-extern swig_type_1 _wrap_KVX_GO_STATS_SIZE_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_kvx_go_peer_backend_capi_b2c12674b7cea8e1(swig_type_2 arg1, swig_type_3 arg2, uintptr_t arg3, swig_type_4 arg4);
-extern swig_intgo _wrap_kvx_go_region_alloc_capi_b2c12674b7cea8e1(swig_type_5 arg1, swig_type_6 arg2, swig_intgo arg3);
-extern void _wrap_kvx_go_region_free_capi_b2c12674b7cea8e1(swig_type_7 arg1);
-extern swig_intgo _wrap_kvx_go_peer_rails_capi_b2c12674b7cea8e1(swig_type_8 arg1, swig_type_9 arg2, swig_type_10 arg3, uintptr_t arg4, swig_type_11 arg5, swig_type_12 arg6);
-extern swig_intgo _wrap_kvx_go_peer_state_capi_b2c12674b7cea8e1(swig_type_13 arg1, swig_type_14 arg2, swig_type_15 arg3, swig_type_16 arg4, uintptr_t arg5, swig_type_17 arg6);
-extern swig_intgo _wrap_kvx_go_poll_results_capi_b2c12674b7cea8e1(swig_type_18 arg1, swig_type_19 arg2, swig_type_20 arg3, uintptr_t arg4, swig_type_21 arg5, swig_type_22 arg6);
-extern swig_intgo _wrap_KVX_VERSION_NUMBER_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_kvx_version_number_capi_b2c12674b7cea8e1(void);
-extern swig_type_23 _wrap_kvx_version_string_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_OK_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EPERM_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ENOENT_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ENOMEM_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EBUSY_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EEXIST_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EINVAL_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ERANGE_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ENOBUFS_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ENOTSUP_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EOVERFLOW_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ECONNREFUSED_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ETIMEDOUT_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ECONNRESET_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EHOSTUNREACH_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ECANCELED_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ERRNO_OFFSET_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ECLOSED_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EBADMETA_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EVERSION_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EFINGERPRINT_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EGEOMETRY_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EPEERBROKEN_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EAUTH_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_ECONFIG_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EBACKEND_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_EINTERNAL_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_SCOPE_NONE_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_SCOPE_REQUEST_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_SCOPE_PEER_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_SCOPE_TRANSPORT_capi_b2c12674b7cea8e1(void);
-extern swig_type_24 _wrap_kvx_strerror_capi_b2c12674b7cea8e1(swig_intgo arg1);
-extern swig_intgo _wrap_kvx_error_scope_of_capi_b2c12674b7cea8e1(swig_intgo arg1);
-extern swig_type_25 _wrap_kvx_last_error_message_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_kvx_options_create_capi_b2c12674b7cea8e1(swig_type_26 arg1);
-extern void _wrap_kvx_options_destroy_capi_b2c12674b7cea8e1(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_options_set_capi_b2c12674b7cea8e1(uintptr_t arg1, swig_type_27 arg2, swig_type_28 arg3);
-extern swig_intgo _wrap_kvx_options_parse_capi_b2c12674b7cea8e1(uintptr_t arg1, swig_type_29 arg2);
-extern swig_intgo _wrap_kvx_transport_create_capi_b2c12674b7cea8e1(swig_type_30 arg1, uintptr_t arg2, swig_type_31 arg3, swig_type_32 arg4, swig_type_33 arg5, uintptr_t arg6);
-extern swig_intgo _wrap_kvx_transport_close_capi_b2c12674b7cea8e1(uintptr_t arg1);
-extern void _wrap_kvx_transport_destroy_capi_b2c12674b7cea8e1(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_transport_base_addr_capi_b2c12674b7cea8e1(swig_type_34 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_num_blocks_capi_b2c12674b7cea8e1(swig_type_35 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_block_len_capi_b2c12674b7cea8e1(swig_type_36 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_transport_config_fingerprint_capi_b2c12674b7cea8e1(swig_type_37 arg1, uintptr_t arg2);
-extern swig_type_38 _wrap_kvx_transport_backend_capi_b2c12674b7cea8e1(uintptr_t arg1);
-extern swig_type_39 _wrap_kvx_transport_backends_capi_b2c12674b7cea8e1(uintptr_t arg1);
-extern swig_intgo _wrap_kvx_get_agent_metadata_capi_b2c12674b7cea8e1(swig_type_40 arg1, uintptr_t arg2, swig_type_41 arg3, swig_type_42 arg4);
-extern swig_intgo _wrap_kvx_add_remote_peer_capi_b2c12674b7cea8e1(uintptr_t arg1, swig_type_43 arg2, swig_type_44 arg3, swig_type_45 arg4, swig_type_46 arg5, swig_type_47 arg6, swig_type_48 arg7);
-extern swig_intgo _wrap_kvx_remove_remote_peer_capi_b2c12674b7cea8e1(uintptr_t arg1, swig_type_49 arg2);
-extern swig_intgo _wrap_KVX_PEER_UP_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_PEER_RECONNECTING_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_PEER_BROKEN_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_PEER_REPLACE_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_PENDING_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_DONE_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_REGISTRATION_FAILED_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_b2c12674b7cea8e1(swig_type_50 arg1, uintptr_t arg2, swig_type_51 arg3, swig_type_52 arg4, swig_type_53 arg5, swig_type_54 arg6, swig_type_55 arg7, swig_type_56 arg8, swig_intgo arg9);
-extern swig_intgo _wrap_kvx_registration_status_capi_b2c12674b7cea8e1(swig_type_57 arg1, swig_type_58 arg2, uintptr_t arg3, swig_type_59 arg4, swig_intgo arg5);
-extern swig_intgo _wrap_kvx_write_blocks_capi_b2c12674b7cea8e1(swig_type_60 arg1, uintptr_t arg2, swig_type_61 arg3, swig_type_62 arg4, swig_type_63 arg5, swig_type_64 arg6);
-extern swig_intgo _wrap_kvx_poll_capi_b2c12674b7cea8e1(swig_type_65 arg1, swig_type_66 arg2, uintptr_t arg3, swig_type_67 arg4, swig_type_68 arg5, swig_type_69 arg6, swig_type_70 arg7, swig_type_71 arg8);
-extern swig_intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_KVX_CANCEL_WAIT_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_kvx_cancel_capi_b2c12674b7cea8e1(swig_type_72 arg1, uintptr_t arg2, swig_type_73 arg3, swig_type_74 arg4, swig_intgo arg5, swig_type_75 arg6);
-extern swig_intgo _wrap_kvx_wait_capi_b2c12674b7cea8e1(swig_type_76 arg1, uintptr_t arg2, swig_intgo arg3);
-extern swig_intgo _wrap_kvx_completion_fd_capi_b2c12674b7cea8e1(swig_type_77 arg1, uintptr_t arg2);
-extern swig_intgo _wrap_kvx_get_stats_capi_b2c12674b7cea8e1(swig_type_78 arg1, uintptr_t arg2, swig_type_79 arg3);
-extern swig_type_80 _wrap_kvx_stats_bucket_lower_ns_capi_b2c12674b7cea8e1(swig_type_81 arg1);
-extern swig_intgo _wrap_KVX_REGION_HUGE_PAGES_capi_b2c12674b7cea8e1(void);
-extern swig_intgo _wrap_kvx_config_fingerprint_capi_b2c12674b7cea8e1(swig_type_82 arg1, swig_type_83 arg2);
-extern swig_type_84 _wrap_kvx_backends_capi_b2c12674b7cea8e1(void);
+typedef _goslice_ swig_type_83;
+typedef _goslice_ swig_type_84;
+typedef _goslice_ swig_type_85;
+typedef _gostring_ swig_type_86;
+typedef long long swig_type_87;
+typedef long long swig_type_88;
+typedef _goslice_ swig_type_89;
+typedef _goslice_ swig_type_90;
+typedef long long swig_type_91;
+typedef _goslice_ swig_type_92;
+typedef _gostring_ swig_type_93;
+typedef _gostring_ swig_type_94;
+extern void _wrap_Swig_free_capi_d719799f6ba8a0fc(uintptr_t arg1);
+extern uintptr_t _wrap_Swig_malloc_capi_d719799f6ba8a0fc(swig_intgo arg1);
+extern swig_type_1 _wrap_KVX_GO_STATS_SIZE_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_kvx_go_peer_backend_capi_d719799f6ba8a0fc(swig_type_2 arg1, swig_type_3 arg2, uintptr_t arg3, swig_type_4 arg4);
+extern swig_intgo _wrap_kvx_go_region_alloc_capi_d719799f6ba8a0fc(swig_type_5 arg1, swig_type_6 arg2, swig_intgo arg3);
+extern void _wrap_kvx_go_region_free_capi_d719799f6ba8a0fc(swig_type_7 arg1);
+extern swig_intgo _wrap_kvx_go_peer_rails_capi_d719799f6ba8a0fc(swig_type_8 arg1, swig_type_9 arg2, swig_type_10 arg3, uintptr_t arg4, swig_type_11 arg5, swig_type_12 arg6);
+extern swig_intgo _wrap_kvx_go_peer_state_capi_d719799f6ba8a0fc(swig_type_13 arg1, swig_type_14 arg2, swig_type_15 arg3, swig_type_16 arg4, uintptr_t arg5, swig_type_17 arg6);
+extern swig_intgo _wrap_kvx_go_list_peers_capi_d719799f6ba8a0fc(swig_type_18 arg1, swig_type_19 arg2, swig_type_20 arg3, swig_type_21 arg4, swig_type_22 arg5, swig_type_23 arg6, uintptr_t arg7, swig_type_24 arg8);
+extern swig_intgo _wrap_kvx_go_poll_results_capi_d719799f6ba8a0fc(swig_type_25 arg1, swig_type_26 arg2, swig_type_27 arg3, uintptr_t arg4, swig_type_28 arg5, swig_type_29 arg6);
+extern swig_intgo _wrap_KVX_VERSION_NUMBER_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_kvx_version_number_capi_d719799f6ba8a0fc(void);
+extern swig_type_30 _wrap_kvx_version_string_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_OK_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EPERM_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ENOENT_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ENOMEM_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EBUSY_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EEXIST_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EINVAL_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ERANGE_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ENOBUFS_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ENOTSUP_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EOVERFLOW_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ECONNREFUSED_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ETIMEDOUT_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ECONNRESET_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EHOSTUNREACH_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ECANCELED_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ERRNO_OFFSET_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ECLOSED_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EBADMETA_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EVERSION_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EFINGERPRINT_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EGEOMETRY_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EPEERBROKEN_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EAUTH_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_ECONFIG_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EBACKEND_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_EINTERNAL_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_SCOPE_NONE_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_SCOPE_REQUEST_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_SCOPE_PEER_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_SCOPE_TRANSPORT_capi_d719799f6ba8a0fc(void);
+extern swig_type_31 _wrap_kvx_strerror_capi_d719799f6ba8a0fc(swig_intgo arg1);
+extern swig_intgo _wrap_kvx_error_scope_of_capi_d719799f6ba8a0fc(swig_intgo arg1);
+extern swig_type_32 _wrap_kvx_last_error_message_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_kvx_options_create_capi_d719799f6ba8a0fc(swig_type_33 arg1);
+extern void _wrap_kvx_options_destroy_capi_d719799f6ba8a0fc(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_options_set_capi_d719799f6ba8a0fc(uintptr_t arg1, swig_type_34 arg2, swig_type_35 arg3);
+extern swig_intgo _wrap_kvx_options_parse_capi_d719799f6ba8a0fc(uintptr_t arg1, swig_type_36 arg2);
+extern swig_intgo _wrap_kvx_transport_create_capi_d719799f6ba8a0fc(swig_type_37 arg1, uintptr_t arg2, swig_type_38 arg3, swig_type_39 arg4, swig_type_40 arg5, uintptr_t arg6);
+extern swig_intgo _wrap_kvx_transport_close_capi_d719799f6ba8a0fc(uintptr_t arg1);
+extern void _wrap_kvx_transport_destroy_capi_d719799f6ba8a0fc(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_transport_base_addr_capi_d719799f6ba8a0fc(swig_type_41 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_num_blocks_capi_d719799f6ba8a0fc(swig_type_42 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_block_len_capi_d719799f6ba8a0fc(swig_type_43 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_transport_config_fingerprint_capi_d719799f6ba8a0fc(swig_type_44 arg1, uintptr_t arg2);
+extern swig_type_45 _wrap_kvx_transport_backend_capi_d719799f6ba8a0fc(uintptr_t arg1);
+extern swig_type_46 _wrap_kvx_transport_backends_capi_d719799f6ba8a0fc(uintptr_t arg1);
+extern swig_intgo _wrap_kvx_get_agent_metadata_capi_d719799f6ba8a0fc(swig_type_47 arg1, uintptr_t arg2, swig_type_48 arg3, swig_type_49 arg4);
+extern swig_intgo _wrap_kvx_add_remote_peer_capi_d719799f6ba8a0fc(uintptr_t arg1, swig_type_50 arg2, swig_type_51 arg3, swig_type_52 arg4, swig_type_53 arg5, swig_type_54 arg6, swig_type_55 arg7);
+extern swig_intgo _wrap_kvx_remove_remote_peer_capi_d719799f6ba8a0fc(uintptr_t arg1, swig_type_56 arg2);
+extern swig_intgo _wrap_KVX_PEER_UP_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_PEER_RECONNECTING_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_PEER_BROKEN_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_PEER_CONNECTING_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_PEER_REPLACE_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_PENDING_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_DONE_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_REGISTRATION_FAILED_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_kvx_add_remote_peer_async_capi_d719799f6ba8a0fc(swig_type_57 arg1, uintptr_t arg2, swig_type_58 arg3, swig_type_59 arg4, swig_type_60 arg5, swig_type_61 arg6, swig_type_62 arg7, swig_type_63 arg8, swig_intgo arg9);
+extern swig_intgo _wrap_kvx_registration_status_capi_d719799f6ba8a0fc(swig_type_64 arg1, swig_type_65 arg2, uintptr_t arg3, swig_type_66 arg4, swig_intgo arg5);
+extern swig_intgo _wrap_kvx_write_blocks_capi_d719799f6ba8a0fc(swig_type_67 arg1, uintptr_t arg2, swig_type_68 arg3, swig_type_69 arg4, swig_type_70 arg5, swig_type_71 arg6);
+extern swig_intgo _wrap_kvx_poll_capi_d719799f6ba8a0fc(swig_type_72 arg1, swig_type_73 arg2, uintptr_t arg3, swig_type_74 arg4, swig_type_75 arg5, swig_type_76 arg6, swig_type_77 arg7, swig_type_78 arg8);
+extern swig_intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_CANCEL_WAIT_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_kvx_cancel_capi_d719799f6ba8a0fc(swig_type_79 arg1, uintptr_t arg2, swig_type_80 arg3, swig_type_81 arg4, swig_intgo arg5, swig_type_82 arg6);
+extern swig_intgo _wrap_kvx_wait_capi_d719799f6ba8a0fc(swig_type_83 arg1, uintptr_t arg2, swig_intgo arg3);
+extern swig_intgo _wrap_kvx_completion_fd_capi_d719799f6ba8a0fc(swig_type_84 arg1, uintptr_t arg2);
+extern swig_intgo _wrap_kvx_get_stats_capi_d719799f6ba8a0fc(swig_type_85 arg1, uintptr_t arg2, swig_type_86 arg3);
+extern swig_type_87 _wrap_kvx_stats_bucket_lower_ns_capi_d719799f6ba8a0fc(swig_type_88 arg1);
+extern swig_intgo _wrap_kvx_metrics_text_capi_d719799f6ba8a0fc(swig_type_89 arg1, uintptr_t arg2, swig_type_90 arg3, swig_type_91 arg4);
+extern swig_intgo _wrap_KVX_REGION_HUGE_PAGES_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_kvx_config_fingerprint_capi_d719799f6ba8a0fc(swig_type_92 arg1, swig_type_93 arg2);
+extern swig_type_94 _wrap_kvx_backends_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_LOG_OFF_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_LOG_ERROR_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_LOG_WARN_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_LOG_INFO_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_KVX_LOG_DEBUG_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_kvx_get_log_level_capi_d719799f6ba8a0fc(void);
+extern swig_intgo _wrap_kvx_log_flush_capi_d719799f6ba8a0fc(swig_intgo arg1);
 #undef intgo
 */
 import "C"
@@ -221,8 +241,8 @@ func getSwigcptr(v interface{ Swigcptr() uintptr }) uintptr {
 
 type _ sync.Mutex
 
-//export cgo_panic__capi_b2c12674b7cea8e1
-func cgo_panic__capi_b2c12674b7cea8e1(p *byte) {
+//export cgo_panic__capi_d719799f6ba8a0fc
+func cgo_panic__capi_d719799f6ba8a0fc(p *byte) {
 	s := (*[1024]byte)(unsafe.Pointer(p))[:]
 	for i, b := range s {
 		if b == 0 {
@@ -246,19 +266,19 @@ func swigCopyString(s string) string {
 
 func Swig_free(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_Swig_free_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0))
+	C._wrap_Swig_free_capi_d719799f6ba8a0fc(C.uintptr_t(_swig_i_0))
 }
 
 func Swig_malloc(arg1 int) (_swig_ret uintptr) {
 	var swig_r uintptr
 	_swig_i_0 := arg1
-	swig_r = (uintptr)(C._wrap_Swig_malloc_capi_b2c12674b7cea8e1(C.swig_intgo(_swig_i_0)))
+	swig_r = (uintptr)(C._wrap_Swig_malloc_capi_d719799f6ba8a0fc(C.swig_intgo(_swig_i_0)))
 	return swig_r
 }
 
 func _swig_getKVX_GO_STATS_SIZE() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_KVX_GO_STATS_SIZE_capi_b2c12674b7cea8e1())
+	swig_r = (int64)(C._wrap_KVX_GO_STATS_SIZE_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -272,7 +292,7 @@ func Kvx_go_peer_backend(arg1 []byte, arg2 []byte, arg3 uintptr, arg4 string) (_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int)(C._wrap_kvx_go_peer_backend_capi_b2c12674b7cea8e1(*(*C.swig_type_2)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_3)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_4)(unsafe.Pointer(&_swig_i_3))))
+	swig_r = (int)(C._wrap_kvx_go_peer_backend_capi_d719799f6ba8a0fc(*(*C.swig_type_2)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_3)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_4)(unsafe.Pointer(&_swig_i_3))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -290,7 +310,7 @@ func Kvx_go_region_alloc(arg1 []uint64, arg2 uint64, arg3 uint) (_swig_ret int) 
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_go_region_alloc_capi_b2c12674b7cea8e1(*(*C.swig_type_5)(unsafe.Pointer(&_swig_i_0)), C.swig_type_6(_swig_i_1), C.swig_intgo(_swig_i_2)))
+	swig_r = (int)(C._wrap_kvx_go_region_alloc_capi_d719799f6ba8a0fc(*(*C.swig_type_5)(unsafe.Pointer(&_swig_i_0)), C.swig_type_6(_swig_i_1), C.swig_intgo(_swig_i_2)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -299,7 +319,7 @@ func Kvx_go_region_alloc(arg1 []uint64, arg2 uint64, arg3 uint) (_swig_ret int) 
 
 func Kvx_go_region_free(arg1 uint64) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_go_region_free_capi_b2c12674b7cea8e1(C.swig_type_7(_swig_i_0))
+	C._wrap_kvx_go_region_free_capi_d719799f6ba8a0fc(C.swig_type_7(_swig_i_0))
 }
 
 const KVX_GO_RAIL_FIELDS int64 = 5
@@ -312,7 +332,7 @@ func Kvx_go_peer_rails(arg1 []byte, arg2 []uint64, arg3 []uint64, arg4 uintptr, 
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_go_peer_rails_capi_b2c12674b7cea8e1(*(*C.swig_type_8)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_9)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_10)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), *(*C.swig_type_11)(unsafe.Pointer(&_swig_i_4)), C.swig_type_12(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_go_peer_rails_capi_d719799f6ba8a0fc(*(*C.swig_type_8)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_9)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_10)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), *(*C.swig_type_11)(unsafe.Pointer(&_swig_i_4)), C.swig_type_12(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -328,7 +348,7 @@ func Kvx_go_peer_rails(arg1 []byte, arg2 []uint64, arg3 []uint64, arg4 uintptr, 
 	return swig_r
 }
 
-const KVX_GO_PEER_STATE_FIELDS int64 = 7
+const KVX_GO_PEER_STATE_FIELDS int64 = 8
 
 func Kvx_go_peer_state(arg1 []byte, arg2 []byte, arg3 []byte, arg4 []uint64, arg5 uintptr, arg6 string) (_swig_ret int) {
 	var swig_r int
@@ -338,7 +358,7 @@ func Kvx_go_peer_state(arg1 []byte, arg2 []byte, arg3 []byte, arg4 []uint64, arg
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_go_peer_state_capi_b2c12674b7cea8e1(*(*C.swig_type_13)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_14)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_15)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_16)(unsafe.Pointer(&_swig_i_3)), C.uintptr_t(_swig_i_4), *(*C.swig_type_17)(unsafe.Pointer(&_swig_i_5))))
+	swig_r = (int)(C._wrap_kvx_go_peer_state_capi_d719799f6ba8a0fc(*(*C.swig_type_13)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_14)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_15)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_16)(unsafe.Pointer(&_swig_i_3)), C.uintptr_t(_swig_i_4), *(*C.swig_type_17)(unsafe.Pointer(&_swig_i_5))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -357,6 +377,38 @@ func Kvx_go_peer_state(arg1 []byte, arg2 []byte, arg3 []byte, arg4 []uint64, arg
 	return swig_r
 }
 
+func Kvx_go_list_peers(arg1 []byte, arg2 []byte, arg3 []byte, arg4 []byte, arg5 []uint64, arg6 []uint64, arg7 uintptr, arg8 int64) (_swig_ret int) {
+	var swig_r int
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	_swig_i_2 := arg3
+	_swig_i_3 := arg4
+	_swig_i_4 := arg5
+	_swig_i_5 := arg6
+	_swig_i_6 := arg7
+	_swig_i_7 := arg8
+	swig_r = (int)(C._wrap_kvx_go_list_peers_capi_d719799f6ba8a0fc(*(*C.swig_type_18)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_19)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_20)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_21)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_22)(unsafe.Pointer(&_swig_i_4)), *(*C.swig_type_23)(unsafe.Pointer(&_swig_i_5)), C.uintptr_t(_swig_i_6), C.swig_type_24(_swig_i_7)))
+	if Swig_escape_always_false {
+		Swig_escape_val = arg1
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg2
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg3
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg4
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg5
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg6
+	}
+	return swig_r
+}
+
 func Kvx_go_poll_results(arg1 []uint64, arg2 []int32, arg3 []uint64, arg4 uintptr, arg5 string, arg6 int64) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
@@ -365,7 +417,7 @@ func Kvx_go_poll_results(arg1 []uint64, arg2 []int32, arg3 []uint64, arg4 uintpt
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_go_poll_results_capi_b2c12674b7cea8e1(*(*C.swig_type_18)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_19)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_20)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), *(*C.swig_type_21)(unsafe.Pointer(&_swig_i_4)), C.swig_type_22(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_go_poll_results_capi_d719799f6ba8a0fc(*(*C.swig_type_25)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_26)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_27)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), *(*C.swig_type_28)(unsafe.Pointer(&_swig_i_4)), C.swig_type_29(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -387,7 +439,7 @@ const KVX_VERSION_PATCH int = 0
 
 func _swig_getKVX_VERSION_NUMBER() (_swig_ret int) {
 	var swig_r int
-	swig_r = (int)(C._wrap_KVX_VERSION_NUMBER_capi_b2c12674b7cea8e1())
+	swig_r = (int)(C._wrap_KVX_VERSION_NUMBER_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -395,13 +447,13 @@ var KVX_VERSION_NUMBER int = _swig_getKVX_VERSION_NUMBER()
 
 func Kvx_version_number() (_swig_ret uint) {
 	var swig_r uint
-	swig_r = (uint)(C._wrap_kvx_version_number_capi_b2c12674b7cea8e1())
+	swig_r = (uint)(C._wrap_kvx_version_number_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
 func Kvx_version_string() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_kvx_version_string_capi_b2c12674b7cea8e1()
+	swig_r_p := C._wrap_kvx_version_string_capi_d719799f6ba8a0fc()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -412,7 +464,7 @@ type Enum_SS_kvx_error int
 
 func _swig_getKVX_OK() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_OK_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_OK_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -420,7 +472,7 @@ var KVX_OK Enum_SS_kvx_error = _swig_getKVX_OK()
 
 func _swig_getKVX_EPERM() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPERM_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPERM_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -428,7 +480,7 @@ var KVX_EPERM Enum_SS_kvx_error = _swig_getKVX_EPERM()
 
 func _swig_getKVX_ENOENT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOENT_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOENT_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -436,7 +488,7 @@ var KVX_ENOENT Enum_SS_kvx_error = _swig_getKVX_ENOENT()
 
 func _swig_getKVX_ENOMEM() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOMEM_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOMEM_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -444,7 +496,7 @@ var KVX_ENOMEM Enum_SS_kvx_error = _swig_getKVX_ENOMEM()
 
 func _swig_getKVX_EBUSY() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBUSY_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBUSY_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -452,7 +504,7 @@ var KVX_EBUSY Enum_SS_kvx_error = _swig_getKVX_EBUSY()
 
 func _swig_getKVX_EEXIST() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EEXIST_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EEXIST_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -460,7 +512,7 @@ var KVX_EEXIST Enum_SS_kvx_error = _swig_getKVX_EEXIST()
 
 func _swig_getKVX_EINVAL() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINVAL_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINVAL_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -468,7 +520,7 @@ var KVX_EINVAL Enum_SS_kvx_error = _swig_getKVX_EINVAL()
 
 func _swig_getKVX_ERANGE() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERANGE_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERANGE_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -476,7 +528,7 @@ var KVX_ERANGE Enum_SS_kvx_error = _swig_getKVX_ERANGE()
 
 func _swig_getKVX_ENOBUFS() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOBUFS_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOBUFS_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -484,7 +536,7 @@ var KVX_ENOBUFS Enum_SS_kvx_error = _swig_getKVX_ENOBUFS()
 
 func _swig_getKVX_ENOTSUP() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOTSUP_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ENOTSUP_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -492,7 +544,7 @@ var KVX_ENOTSUP Enum_SS_kvx_error = _swig_getKVX_ENOTSUP()
 
 func _swig_getKVX_EOVERFLOW() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EOVERFLOW_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EOVERFLOW_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -500,7 +552,7 @@ var KVX_EOVERFLOW Enum_SS_kvx_error = _swig_getKVX_EOVERFLOW()
 
 func _swig_getKVX_ECONNREFUSED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNREFUSED_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNREFUSED_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -508,7 +560,7 @@ var KVX_ECONNREFUSED Enum_SS_kvx_error = _swig_getKVX_ECONNREFUSED()
 
 func _swig_getKVX_ETIMEDOUT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ETIMEDOUT_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ETIMEDOUT_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -516,7 +568,7 @@ var KVX_ETIMEDOUT Enum_SS_kvx_error = _swig_getKVX_ETIMEDOUT()
 
 func _swig_getKVX_ECONNRESET() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNRESET_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONNRESET_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -524,7 +576,7 @@ var KVX_ECONNRESET Enum_SS_kvx_error = _swig_getKVX_ECONNRESET()
 
 func _swig_getKVX_EHOSTUNREACH() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EHOSTUNREACH_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EHOSTUNREACH_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -532,7 +584,7 @@ var KVX_EHOSTUNREACH Enum_SS_kvx_error = _swig_getKVX_EHOSTUNREACH()
 
 func _swig_getKVX_ECANCELED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECANCELED_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECANCELED_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -540,7 +592,7 @@ var KVX_ECANCELED Enum_SS_kvx_error = _swig_getKVX_ECANCELED()
 
 func _swig_getKVX_ERRNO_OFFSET() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERRNO_OFFSET_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ERRNO_OFFSET_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -548,7 +600,7 @@ var KVX_ERRNO_OFFSET Enum_SS_kvx_error = _swig_getKVX_ERRNO_OFFSET()
 
 func _swig_getKVX_ECLOSED() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECLOSED_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECLOSED_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -556,7 +608,7 @@ var KVX_ECLOSED Enum_SS_kvx_error = _swig_getKVX_ECLOSED()
 
 func _swig_getKVX_EBADMETA() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBADMETA_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBADMETA_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -564,7 +616,7 @@ var KVX_EBADMETA Enum_SS_kvx_error = _swig_getKVX_EBADMETA()
 
 func _swig_getKVX_EVERSION() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EVERSION_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EVERSION_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -572,7 +624,7 @@ var KVX_EVERSION Enum_SS_kvx_error = _swig_getKVX_EVERSION()
 
 func _swig_getKVX_EFINGERPRINT() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EFINGERPRINT_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EFINGERPRINT_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -580,7 +632,7 @@ var KVX_EFINGERPRINT Enum_SS_kvx_error = _swig_getKVX_EFINGERPRINT()
 
 func _swig_getKVX_EGEOMETRY() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EGEOMETRY_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EGEOMETRY_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -588,7 +640,7 @@ var KVX_EGEOMETRY Enum_SS_kvx_error = _swig_getKVX_EGEOMETRY()
 
 func _swig_getKVX_EPEERBROKEN() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPEERBROKEN_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EPEERBROKEN_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -596,7 +648,7 @@ var KVX_EPEERBROKEN Enum_SS_kvx_error = _swig_getKVX_EPEERBROKEN()
 
 func _swig_getKVX_EAUTH() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EAUTH_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EAUTH_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -604,7 +656,7 @@ var KVX_EAUTH Enum_SS_kvx_error = _swig_getKVX_EAUTH()
 
 func _swig_getKVX_ECONFIG() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONFIG_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_ECONFIG_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -612,7 +664,7 @@ var KVX_ECONFIG Enum_SS_kvx_error = _swig_getKVX_ECONFIG()
 
 func _swig_getKVX_EBACKEND() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBACKEND_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EBACKEND_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -620,7 +672,7 @@ var KVX_EBACKEND Enum_SS_kvx_error = _swig_getKVX_EBACKEND()
 
 func _swig_getKVX_EINTERNAL() (_swig_ret Enum_SS_kvx_error) {
 	var swig_r Enum_SS_kvx_error
-	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINTERNAL_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error)(C._wrap_KVX_EINTERNAL_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -630,7 +682,7 @@ type Enum_SS_kvx_error_scope int
 
 func _swig_getKVX_SCOPE_NONE() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_NONE_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_NONE_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -638,7 +690,7 @@ var KVX_SCOPE_NONE Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_NONE()
 
 func _swig_getKVX_SCOPE_REQUEST() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_REQUEST_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_REQUEST_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -646,7 +698,7 @@ var KVX_SCOPE_REQUEST Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_REQUEST()
 
 func _swig_getKVX_SCOPE_PEER() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_PEER_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_PEER_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -654,7 +706,7 @@ var KVX_SCOPE_PEER Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_PEER()
 
 func _swig_getKVX_SCOPE_TRANSPORT() (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_TRANSPORT_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_KVX_SCOPE_TRANSPORT_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -663,7 +715,7 @@ var KVX_SCOPE_TRANSPORT Enum_SS_kvx_error_scope = _swig_getKVX_SCOPE_TRANSPORT()
 func Kvx_strerror(arg1 int) (_swig_ret string) {
 	var swig_r string
 	_swig_i_0 := arg1
-	swig_r_p := C._wrap_kvx_strerror_capi_b2c12674b7cea8e1(C.swig_intgo(_swig_i_0))
+	swig_r_p := C._wrap_kvx_strerror_capi_d719799f6ba8a0fc(C.swig_intgo(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -673,13 +725,13 @@ func Kvx_strerror(arg1 int) (_swig_ret string) {
 func Kvx_error_scope_of(arg1 int) (_swig_ret Enum_SS_kvx_error_scope) {
 	var swig_r Enum_SS_kvx_error_scope
 	_swig_i_0 := arg1
-	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_kvx_error_scope_of_capi_b2c12674b7cea8e1(C.swig_intgo(_swig_i_0)))
+	swig_r = (Enum_SS_kvx_error_scope)(C._wrap_kvx_error_scope_of_capi_d719799f6ba8a0fc(C.swig_intgo(_swig_i_0)))
 	return swig_r
 }
 
 func Kvx_last_error_message() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_kvx_last_error_message_capi_b2c12674b7cea8e1()
+	swig_r_p := C._wrap_kvx_last_error_message_capi_d719799f6ba8a0fc()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -692,7 +744,7 @@ const KVX_FINGERPRINT_LEN int = 16
 func Kvx_options_create(arg1 []uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
-	swig_r = (int)(C._wrap_kvx_options_create_capi_b2c12674b7cea8e1(*(*C.swig_type_26)(unsafe.Pointer(&_swig_i_0))))
+	swig_r = (int)(C._wrap_kvx_options_create_capi_d719799f6ba8a0fc(*(*C.swig_type_33)(unsafe.Pointer(&_swig_i_0))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -701,7 +753,7 @@ func Kvx_options_create(arg1 []uintptr) (_swig_ret int) {
 
 func Kvx_options_destroy(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_options_destroy_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0))
+	C._wrap_kvx_options_destroy_capi_d719799f6ba8a0fc(C.uintptr_t(_swig_i_0))
 }
 
 func Kvx_options_set(arg1 uintptr, arg2 string, arg3 string) (_swig_ret int) {
@@ -709,7 +761,7 @@ func Kvx_options_set(arg1 uintptr, arg2 string, arg3 string) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_options_set_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0), *(*C.swig_type_27)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_28)(unsafe.Pointer(&_swig_i_2))))
+	swig_r = (int)(C._wrap_kvx_options_set_capi_d719799f6ba8a0fc(C.uintptr_t(_swig_i_0), *(*C.swig_type_34)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_35)(unsafe.Pointer(&_swig_i_2))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -723,7 +775,7 @@ func Kvx_options_parse(arg1 uintptr, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_options_parse_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0), *(*C.swig_type_29)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_options_parse_capi_d719799f6ba8a0fc(C.uintptr_t(_swig_i_0), *(*C.swig_type_36)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -738,7 +790,7 @@ func Kvx_transport_create(arg1 []uintptr, arg2 uintptr, arg3 uint64, arg4 uint64
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_transport_create_capi_b2c12674b7cea8e1(*(*C.swig_type_30)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_type_31(_swig_i_2), C.swig_type_32(_swig_i_3), *(*C.swig_type_33)(unsafe.Pointer(&_swig_i_4)), C.uintptr_t(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_transport_create_capi_d719799f6ba8a0fc(*(*C.swig_type_37)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_type_38(_swig_i_2), C.swig_type_39(_swig_i_3), *(*C.swig_type_40)(unsafe.Pointer(&_swig_i_4)), C.uintptr_t(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -751,20 +803,20 @@ func Kvx_transport_create(arg1 []uintptr, arg2 uintptr, arg3 uint64, arg4 uint64
 func Kvx_transport_close(arg1 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
-	swig_r = (int)(C._wrap_kvx_transport_close_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0)))
+	swig_r = (int)(C._wrap_kvx_transport_close_capi_d719799f6ba8a0fc(C.uintptr_t(_swig_i_0)))
 	return swig_r
 }
 
 func Kvx_transport_destroy(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_kvx_transport_destroy_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0))
+	C._wrap_kvx_transport_destroy_capi_d719799f6ba8a0fc(C.uintptr_t(_swig_i_0))
 }
 
 func Kvx_transport_base_addr(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_base_addr_capi_b2c12674b7cea8e1(*(*C.swig_type_34)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_base_addr_capi_d719799f6ba8a0fc(*(*C.swig_type_41)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -775,7 +827,7 @@ func Kvx_transport_num_blocks(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_num_blocks_capi_b2c12674b7cea8e1(*(*C.swig_type_35)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_num_blocks_capi_d719799f6ba8a0fc(*(*C.swig_type_42)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -786,7 +838,7 @@ func Kvx_transport_block_len(arg1 []uint64, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_block_len_capi_b2c12674b7cea8e1(*(*C.swig_type_36)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_block_len_capi_d719799f6ba8a0fc(*(*C.swig_type_43)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -797,7 +849,7 @@ func Kvx_transport_config_fingerprint(arg1 []byte, arg2 uintptr) (_swig_ret int)
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_transport_config_fingerprint_capi_b2c12674b7cea8e1(*(*C.swig_type_37)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_transport_config_fingerprint_capi_d719799f6ba8a0fc(*(*C.swig_type_44)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -807,7 +859,7 @@ func Kvx_transport_config_fingerprint(arg1 []byte, arg2 uintptr) (_swig_ret int)
 func Kvx_transport_backend(arg1 uintptr) (_swig_ret string) {
 	var swig_r string
 	_swig_i_0 := arg1
-	swig_r_p := C._wrap_kvx_transport_backend_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0))
+	swig_r_p := C._wrap_kvx_transport_backend_capi_d719799f6ba8a0fc(C.uintptr_t(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -817,7 +869,7 @@ func Kvx_transport_backend(arg1 uintptr) (_swig_ret string) {
 func Kvx_transport_backends(arg1 uintptr) (_swig_ret string) {
 	var swig_r string
 	_swig_i_0 := arg1
-	swig_r_p := C._wrap_kvx_transport_backends_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0))
+	swig_r_p := C._wrap_kvx_transport_backends_capi_d719799f6ba8a0fc(C.uintptr_t(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
@@ -830,7 +882,7 @@ func Kvx_get_agent_metadata(arg1 []uint64, arg2 uintptr, arg3 []byte, arg4 int64
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_b2c12674b7cea8e1(*(*C.swig_type_40)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_41)(unsafe.Pointer(&_swig_i_2)), C.swig_type_42(_swig_i_3)))
+	swig_r = (int)(C._wrap_kvx_get_agent_metadata_capi_d719799f6ba8a0fc(*(*C.swig_type_47)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_48)(unsafe.Pointer(&_swig_i_2)), C.swig_type_49(_swig_i_3)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -849,7 +901,7 @@ func Kvx_add_remote_peer(arg1 uintptr, arg2 string, arg3 []byte, arg4 int64, arg
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0), *(*C.swig_type_43)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_44)(unsafe.Pointer(&_swig_i_2)), C.swig_type_45(_swig_i_3), C.swig_type_46(_swig_i_4), C.swig_type_47(_swig_i_5), C.swig_type_48(_swig_i_6)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_capi_d719799f6ba8a0fc(C.uintptr_t(_swig_i_0), *(*C.swig_type_50)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_51)(unsafe.Pointer(&_swig_i_2)), C.swig_type_52(_swig_i_3), C.swig_type_53(_swig_i_4), C.swig_type_54(_swig_i_5), C.swig_type_55(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -863,7 +915,7 @@ func Kvx_remove_remote_peer(arg1 uintptr, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_b2c12674b7cea8e1(C.uintptr_t(_swig_i_0), *(*C.swig_type_49)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_remove_remote_peer_capi_d719799f6ba8a0fc(C.uintptr_t(_swig_i_0), *(*C.swig_type_56)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -876,7 +928,7 @@ type Enum_SS_kvx_peer_link int
 
 func _swig_getKVX_PEER_UP() (_swig_ret Enum_SS_kvx_peer_link) {
 	var swig_r Enum_SS_kvx_peer_link
-	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_UP_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_UP_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -884,7 +936,7 @@ var KVX_PEER_UP Enum_SS_kvx_peer_link = _swig_getKVX_PEER_UP()
 
 func _swig_getKVX_PEER_RECONNECTING() (_swig_ret Enum_SS_kvx_peer_link) {
 	var swig_r Enum_SS_kvx_peer_link
-	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_RECONNECTING_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_RECONNECTING_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -892,11 +944,19 @@ var KVX_PEER_RECONNECTING Enum_SS_kvx_peer_link = _swig_getKVX_PEER_RECONNECTING
 
 func _swig_getKVX_PEER_BROKEN() (_swig_ret Enum_SS_kvx_peer_link) {
 	var swig_r Enum_SS_kvx_peer_link
-	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_BROKEN_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_BROKEN_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
 var KVX_PEER_BROKEN Enum_SS_kvx_peer_link = _swig_getKVX_PEER_BROKEN()
+
+func _swig_getKVX_PEER_CONNECTING() (_swig_ret Enum_SS_kvx_peer_link) {
+	var swig_r Enum_SS_kvx_peer_link
+	swig_r = (Enum_SS_kvx_peer_link)(C._wrap_KVX_PEER_CONNECTING_capi_d719799f6ba8a0fc())
+	return swig_r
+}
+
+var KVX_PEER_CONNECTING Enum_SS_kvx_peer_link = _swig_getKVX_PEER_CONNECTING()
 
 const KVX_PEER_REASON_LEN int = 160
 
@@ -904,7 +964,7 @@ type Enum_SS_kvx_add_peer_flag int
 
 func _swig_getKVX_PEER_REPLACE() (_swig_ret Enum_SS_kvx_add_peer_flag) {
 	var swig_r Enum_SS_kvx_add_peer_flag
-	swig_r = (Enum_SS_kvx_add_peer_flag)(C._wrap_KVX_PEER_REPLACE_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_add_peer_flag)(C._wrap_KVX_PEER_REPLACE_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -914,7 +974,7 @@ type Enum_SS_kvx_registration_state int
 
 func _swig_getKVX_REGISTRATION_PENDING() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_PENDING_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_PENDING_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -922,7 +982,7 @@ var KVX_REGISTRATION_PENDING Enum_SS_kvx_registration_state = _swig_getKVX_REGIS
 
 func _swig_getKVX_REGISTRATION_DONE() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_DONE_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_DONE_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -930,7 +990,7 @@ var KVX_REGISTRATION_DONE Enum_SS_kvx_registration_state = _swig_getKVX_REGISTRA
 
 func _swig_getKVX_REGISTRATION_FAILED() (_swig_ret Enum_SS_kvx_registration_state) {
 	var swig_r Enum_SS_kvx_registration_state
-	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_FAILED_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_registration_state)(C._wrap_KVX_REGISTRATION_FAILED_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -947,7 +1007,7 @@ func Kvx_add_remote_peer_async(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := arg9
-	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_b2c12674b7cea8e1(*(*C.swig_type_50)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_51)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_52)(unsafe.Pointer(&_swig_i_3)), C.swig_type_53(_swig_i_4), C.swig_type_54(_swig_i_5), C.swig_type_55(_swig_i_6), C.swig_type_56(_swig_i_7), C.swig_intgo(_swig_i_8)))
+	swig_r = (int)(C._wrap_kvx_add_remote_peer_async_capi_d719799f6ba8a0fc(*(*C.swig_type_57)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_58)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_59)(unsafe.Pointer(&_swig_i_3)), C.swig_type_60(_swig_i_4), C.swig_type_61(_swig_i_5), C.swig_type_62(_swig_i_6), C.swig_type_63(_swig_i_7), C.swig_intgo(_swig_i_8)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -967,7 +1027,7 @@ func Kvx_registration_status(arg1 []int32, arg2 []int32, arg3 uintptr, arg4 uint
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int)(C._wrap_kvx_registration_status_capi_b2c12674b7cea8e1(*(*C.swig_type_57)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_58)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_59(_swig_i_3), C.swig_intgo(_swig_i_4)))
+	swig_r = (int)(C._wrap_kvx_registration_status_capi_d719799f6ba8a0fc(*(*C.swig_type_64)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_65)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), C.swig_type_66(_swig_i_3), C.swig_intgo(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -985,7 +1045,7 @@ func Kvx_write_blocks(arg1 []uint64, arg2 uintptr, arg3 string, arg4 []uint64, a
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_write_blocks_capi_b2c12674b7cea8e1(*(*C.swig_type_60)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_61)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_62)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_63)(unsafe.Pointer(&_swig_i_4)), C.swig_type_64(_swig_i_5)))
+	swig_r = (int)(C._wrap_kvx_write_blocks_capi_d719799f6ba8a0fc(*(*C.swig_type_67)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_68)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_69)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_70)(unsafe.Pointer(&_swig_i_4)), C.swig_type_71(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1011,7 +1071,7 @@ func Kvx_poll(arg1 []uint64, arg2 []uint64, arg3 uintptr, arg4 string, arg5 []ui
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
-	swig_r = (int)(C._wrap_kvx_poll_capi_b2c12674b7cea8e1(*(*C.swig_type_65)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_66)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_67)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_68)(unsafe.Pointer(&_swig_i_4)), C.swig_type_69(_swig_i_5), *(*C.swig_type_70)(unsafe.Pointer(&_swig_i_6)), C.swig_type_71(_swig_i_7)))
+	swig_r = (int)(C._wrap_kvx_poll_capi_d719799f6ba8a0fc(*(*C.swig_type_72)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_73)(unsafe.Pointer(&_swig_i_1)), C.uintptr_t(_swig_i_2), *(*C.swig_type_74)(unsafe.Pointer(&_swig_i_3)), *(*C.swig_type_75)(unsafe.Pointer(&_swig_i_4)), C.swig_type_76(_swig_i_5), *(*C.swig_type_77)(unsafe.Pointer(&_swig_i_6)), C.swig_type_78(_swig_i_7)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1034,7 +1094,7 @@ type Enum_SS_kvx_cancel_mode int
 
 func _swig_getKVX_CANCEL_IMMEDIATE() (_swig_ret Enum_SS_kvx_cancel_mode) {
 	var swig_r Enum_SS_kvx_cancel_mode
-	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_IMMEDIATE_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_IMMEDIATE_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -1042,7 +1102,7 @@ var KVX_CANCEL_IMMEDIATE Enum_SS_kvx_cancel_mode = _swig_getKVX_CANCEL_IMMEDIATE
 
 func _swig_getKVX_CANCEL_WAIT() (_swig_ret Enum_SS_kvx_cancel_mode) {
 	var swig_r Enum_SS_kvx_cancel_mode
-	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_WAIT_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_cancel_mode)(C._wrap_KVX_CANCEL_WAIT_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -1056,7 +1116,7 @@ func Kvx_cancel(arg1 []uint64, arg2 uintptr, arg3 []uint64, arg4 int64, arg5 int
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r = (int)(C._wrap_kvx_cancel_capi_b2c12674b7cea8e1(*(*C.swig_type_72)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_73)(unsafe.Pointer(&_swig_i_2)), C.swig_type_74(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_75)(unsafe.Pointer(&_swig_i_5))))
+	swig_r = (int)(C._wrap_kvx_cancel_capi_d719799f6ba8a0fc(*(*C.swig_type_79)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_80)(unsafe.Pointer(&_swig_i_2)), C.swig_type_81(_swig_i_3), C.swig_intgo(_swig_i_4), *(*C.swig_type_82)(unsafe.Pointer(&_swig_i_5))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1074,7 +1134,7 @@ func Kvx_wait(arg1 []uint64, arg2 uintptr, arg3 int) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_wait_capi_b2c12674b7cea8e1(*(*C.swig_type_76)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
+	swig_r = (int)(C._wrap_kvx_wait_capi_d719799f6ba8a0fc(*(*C.swig_type_83)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1085,7 +1145,7 @@ func Kvx_completion_fd(arg1 []int32, arg2 uintptr) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_completion_fd_capi_b2c12674b7cea8e1(*(*C.swig_type_77)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
+	swig_r = (int)(C._wrap_kvx_completion_fd_capi_d719799f6ba8a0fc(*(*C.swig_type_84)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1099,7 +1159,7 @@ func Kvx_get_stats(arg1 []uint64, arg2 uintptr, arg3 string) (_swig_ret int) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int)(C._wrap_kvx_get_stats_capi_b2c12674b7cea8e1(*(*C.swig_type_78)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_79)(unsafe.Pointer(&_swig_i_2))))
+	swig_r = (int)(C._wrap_kvx_get_stats_capi_d719799f6ba8a0fc(*(*C.swig_type_85)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_86)(unsafe.Pointer(&_swig_i_2))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1112,7 +1172,23 @@ func Kvx_get_stats(arg1 []uint64, arg2 uintptr, arg3 string) (_swig_ret int) {
 func Kvx_stats_bucket_lower_ns(arg1 int64) (_swig_ret uint64) {
 	var swig_r uint64
 	_swig_i_0 := arg1
-	swig_r = (uint64)(C._wrap_kvx_stats_bucket_lower_ns_capi_b2c12674b7cea8e1(C.swig_type_81(_swig_i_0)))
+	swig_r = (uint64)(C._wrap_kvx_stats_bucket_lower_ns_capi_d719799f6ba8a0fc(C.swig_type_88(_swig_i_0)))
+	return swig_r
+}
+
+func Kvx_metrics_text(arg1 []uint64, arg2 uintptr, arg3 []byte, arg4 int64) (_swig_ret int) {
+	var swig_r int
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	_swig_i_2 := arg3
+	_swig_i_3 := arg4
+	swig_r = (int)(C._wrap_kvx_metrics_text_capi_d719799f6ba8a0fc(*(*C.swig_type_89)(unsafe.Pointer(&_swig_i_0)), C.uintptr_t(_swig_i_1), *(*C.swig_type_90)(unsafe.Pointer(&_swig_i_2)), C.swig_type_91(_swig_i_3)))
+	if Swig_escape_always_false {
+		Swig_escape_val = arg1
+	}
+	if Swig_escape_always_false {
+		Swig_escape_val = arg3
+	}
 	return swig_r
 }
 
@@ -1120,7 +1196,7 @@ type Enum_SS_kvx_region_flag int
 
 func _swig_getKVX_REGION_HUGE_PAGES() (_swig_ret Enum_SS_kvx_region_flag) {
 	var swig_r Enum_SS_kvx_region_flag
-	swig_r = (Enum_SS_kvx_region_flag)(C._wrap_KVX_REGION_HUGE_PAGES_capi_b2c12674b7cea8e1())
+	swig_r = (Enum_SS_kvx_region_flag)(C._wrap_KVX_REGION_HUGE_PAGES_capi_d719799f6ba8a0fc())
 	return swig_r
 }
 
@@ -1130,7 +1206,7 @@ func Kvx_config_fingerprint(arg1 []byte, arg2 string) (_swig_ret int) {
 	var swig_r int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_b2c12674b7cea8e1(*(*C.swig_type_82)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_83)(unsafe.Pointer(&_swig_i_1))))
+	swig_r = (int)(C._wrap_kvx_config_fingerprint_capi_d719799f6ba8a0fc(*(*C.swig_type_92)(unsafe.Pointer(&_swig_i_0)), *(*C.swig_type_93)(unsafe.Pointer(&_swig_i_1))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -1142,9 +1218,64 @@ func Kvx_config_fingerprint(arg1 []byte, arg2 string) (_swig_ret int) {
 
 func Kvx_backends() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_kvx_backends_capi_b2c12674b7cea8e1()
+	swig_r_p := C._wrap_kvx_backends_capi_d719799f6ba8a0fc()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
 	swig_r_1 = swigCopyString(swig_r)
 	return swig_r_1
+}
+
+type Enum_SS_kvx_log_level int
+
+func _swig_getKVX_LOG_OFF() (_swig_ret Enum_SS_kvx_log_level) {
+	var swig_r Enum_SS_kvx_log_level
+	swig_r = (Enum_SS_kvx_log_level)(C._wrap_KVX_LOG_OFF_capi_d719799f6ba8a0fc())
+	return swig_r
+}
+
+var KVX_LOG_OFF Enum_SS_kvx_log_level = _swig_getKVX_LOG_OFF()
+
+func _swig_getKVX_LOG_ERROR() (_swig_ret Enum_SS_kvx_log_level) {
+	var swig_r Enum_SS_kvx_log_level
+	swig_r = (Enum_SS_kvx_log_level)(C._wrap_KVX_LOG_ERROR_capi_d719799f6ba8a0fc())
+	return swig_r
+}
+
+var KVX_LOG_ERROR Enum_SS_kvx_log_level = _swig_getKVX_LOG_ERROR()
+
+func _swig_getKVX_LOG_WARN() (_swig_ret Enum_SS_kvx_log_level) {
+	var swig_r Enum_SS_kvx_log_level
+	swig_r = (Enum_SS_kvx_log_level)(C._wrap_KVX_LOG_WARN_capi_d719799f6ba8a0fc())
+	return swig_r
+}
+
+var KVX_LOG_WARN Enum_SS_kvx_log_level = _swig_getKVX_LOG_WARN()
+
+func _swig_getKVX_LOG_INFO() (_swig_ret Enum_SS_kvx_log_level) {
+	var swig_r Enum_SS_kvx_log_level
+	swig_r = (Enum_SS_kvx_log_level)(C._wrap_KVX_LOG_INFO_capi_d719799f6ba8a0fc())
+	return swig_r
+}
+
+var KVX_LOG_INFO Enum_SS_kvx_log_level = _swig_getKVX_LOG_INFO()
+
+func _swig_getKVX_LOG_DEBUG() (_swig_ret Enum_SS_kvx_log_level) {
+	var swig_r Enum_SS_kvx_log_level
+	swig_r = (Enum_SS_kvx_log_level)(C._wrap_KVX_LOG_DEBUG_capi_d719799f6ba8a0fc())
+	return swig_r
+}
+
+var KVX_LOG_DEBUG Enum_SS_kvx_log_level = _swig_getKVX_LOG_DEBUG()
+
+func Kvx_get_log_level() (_swig_ret int) {
+	var swig_r int
+	swig_r = (int)(C._wrap_kvx_get_log_level_capi_d719799f6ba8a0fc())
+	return swig_r
+}
+
+func Kvx_log_flush(arg1 int) (_swig_ret int) {
+	var swig_r int
+	_swig_i_0 := arg1
+	swig_r = (int)(C._wrap_kvx_log_flush_capi_d719799f6ba8a0fc(C.swig_intgo(_swig_i_0)))
+	return swig_r
 }

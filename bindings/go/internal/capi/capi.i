@@ -58,6 +58,7 @@ KVX_SLICE(kvx_stats, uint64)
 %apply size_t *KVX_SLICE { size_t *out_len, size_t *out_n_done, size_t *out_n_failed, size_t *out_n_inflight, size_t *out_ready };
 %apply char *KVX_SLICE { char *out };
 %apply void *KVX_SLICE { void *buf };
+%apply char *KVX_SLICE { char *buf };
 %apply const void *KVX_SLICE { const void *metadata };
 %apply kvx_transport **KVX_SLICE { kvx_transport **out };
 %apply kvx_options **KVX_SLICE { kvx_options **out };
@@ -151,11 +152,28 @@ int kvx_go_peer_rails(char *out_names, uint64_t *out_fields, uint64_t *out_n, kv
  * out_reason (KVX_PEER_REASON_LEN bytes), all NUL-terminated, and its numbers
  * into out_fields (KVX_GO_PEER_STATE_FIELDS uint64: link, error as int64
  * bits, in_flight, since_ns and next_attempt_ns as int64 bits, reconnects,
- * attempts). The caller sizes the slices. */
+ * attempts, last_progress_ns as int64 bits). The caller sizes the slices. */
 %ignore kvx_get_peer_state;
 %ignore kvx_peer_state;
 %apply char *KVX_SLICE { char *out_reason };
-%constant size_t KVX_GO_PEER_STATE_FIELDS = 7;
+%constant size_t KVX_GO_PEER_STATE_FIELDS = 8;
+%{
+static void kvx_go_copy_peer_state(char *out_backend, char *out_path, char *out_reason, uint64_t *out_fields,
+                                   const kvx_peer_state *s) {
+    snprintf(out_backend, 32, "%s", s->backend ? s->backend : "");
+    snprintf(out_path, 32, "%s", s->path ? s->path : "");
+    memcpy(out_reason, s->reason, KVX_PEER_REASON_LEN);
+    out_reason[KVX_PEER_REASON_LEN - 1] = '\0';
+    out_fields[0] = (uint64_t)(int64_t)s->link;
+    out_fields[1] = (uint64_t)(int64_t)s->error;
+    out_fields[2] = s->in_flight;
+    out_fields[3] = (uint64_t)s->since_ns;
+    out_fields[4] = (uint64_t)s->next_attempt_ns;
+    out_fields[5] = s->reconnects;
+    out_fields[6] = s->attempts;
+    out_fields[7] = (uint64_t)s->last_progress_ns;
+}
+%}
 %inline %{
 int kvx_go_peer_state(char *out_backend, char *out_path, char *out_reason, uint64_t *out_fields,
                       kvx_transport *t, const char *peer_id) {
@@ -163,22 +181,49 @@ int kvx_go_peer_state(char *out_backend, char *out_path, char *out_reason, uint6
     int rc;
     memset(&s, 0, sizeof s);
     rc = kvx_get_peer_state(t, peer_id, &s);
-    if (rc == 0) {
-        snprintf(out_backend, 32, "%s", s.backend ? s.backend : "");
-        snprintf(out_path, 32, "%s", s.path ? s.path : "");
-        memcpy(out_reason, s.reason, KVX_PEER_REASON_LEN);
-        out_reason[KVX_PEER_REASON_LEN - 1] = '\0';
-        out_fields[0] = (uint64_t)(int64_t)s.link;
-        out_fields[1] = (uint64_t)(int64_t)s.error;
-        out_fields[2] = s.in_flight;
-        out_fields[3] = (uint64_t)s.since_ns;
-        out_fields[4] = (uint64_t)s.next_attempt_ns;
-        out_fields[5] = s.reconnects;
-        out_fields[6] = s.attempts;
-    }
+    if (rc == 0) kvx_go_copy_peer_state(out_backend, out_path, out_reason, out_fields, &s);
     return rc;
 }
 %}
+
+/* kvx_list_peers fills kvx_peer_info structs: this wrapper copies, for cap
+ * peers at most, each one's id into out_ids (KVX_PEER_ID_MAX + 1 bytes per
+ * peer, NUL-terminated) and its state as kvx_go_peer_state does, into
+ * out_backends, out_paths (KVX_GO_NAME_LEN bytes per peer each), out_reasons
+ * (KVX_PEER_REASON_LEN bytes per peer) and out_fields
+ * (KVX_GO_PEER_STATE_FIELDS uint64 per peer), and the number of peers into
+ * out_n[0], also when it exceeds cap. The caller sizes the slices for cap. */
+%ignore kvx_list_peers;
+%ignore kvx_peer_info;
+%apply char *KVX_SLICE { char *out_ids, char *out_backends, char *out_paths, char *out_reasons };
+%inline %{
+int kvx_go_list_peers(char *out_ids, char *out_backends, char *out_paths, char *out_reasons, uint64_t *out_fields,
+                      uint64_t *out_n, kvx_transport *t, size_t cap) {
+    kvx_peer_info *peers = NULL;
+    size_t n = 0, i;
+    int rc;
+    if (cap > 0 && !(peers = (kvx_peer_info *)calloc(cap, sizeof *peers))) return KVX_ENOMEM;
+    rc = kvx_list_peers(&n, t, peers, cap);
+    if (rc == 0) {
+        out_n[0] = n;
+        for (i = 0; i < n && i < cap; i++) {
+            memcpy(out_ids + i * (KVX_PEER_ID_MAX + 1), peers[i].peer_id, KVX_PEER_ID_MAX + 1);
+            out_ids[i * (KVX_PEER_ID_MAX + 1) + KVX_PEER_ID_MAX] = '\0';
+            kvx_go_copy_peer_state(out_backends + i * 32, out_paths + i * 32, out_reasons + i * KVX_PEER_REASON_LEN,
+                                   out_fields + i * 8, &peers[i].state);
+        }
+    }
+    free(peers);
+    return rc;
+}
+%}
+
+/* Logging: the handler is a cgo export (logcb.go, loghandler.go: package
+ * capi's hand-written files); kvx_get_log_level and kvx_log_flush are
+ * plain. */
+%ignore kvx_set_log_handler;
+%ignore kvx_log_record;
+%ignore kvx_log_fn;
 
 /* kvx_poll_results fills kvx_result structs (integers of two widths): this
  * wrapper copies, for cap results at most, each one's id into out_ids and its

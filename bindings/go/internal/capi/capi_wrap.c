@@ -13,9 +13,9 @@ extern
 #ifdef __cplusplus
   "C"
 #endif
-  void cgo_panic__capi_b2c12674b7cea8e1(const char*);
+  void cgo_panic__capi_d719799f6ba8a0fc(const char*);
 static void _swig_gopanic(const char *p) {
-  cgo_panic__capi_b2c12674b7cea8e1(p);
+  cgo_panic__capi_d719799f6ba8a0fc(p);
 }
 
 
@@ -244,25 +244,51 @@ int kvx_go_peer_rails(char *out_names, uint64_t *out_fields, uint64_t *out_n, kv
 }
 
 
+static void kvx_go_copy_peer_state(char *out_backend, char *out_path, char *out_reason, uint64_t *out_fields,
+                                   const kvx_peer_state *s) {
+    snprintf(out_backend, 32, "%s", s->backend ? s->backend : "");
+    snprintf(out_path, 32, "%s", s->path ? s->path : "");
+    memcpy(out_reason, s->reason, KVX_PEER_REASON_LEN);
+    out_reason[KVX_PEER_REASON_LEN - 1] = '\0';
+    out_fields[0] = (uint64_t)(int64_t)s->link;
+    out_fields[1] = (uint64_t)(int64_t)s->error;
+    out_fields[2] = s->in_flight;
+    out_fields[3] = (uint64_t)s->since_ns;
+    out_fields[4] = (uint64_t)s->next_attempt_ns;
+    out_fields[5] = s->reconnects;
+    out_fields[6] = s->attempts;
+    out_fields[7] = (uint64_t)s->last_progress_ns;
+}
+
+
 int kvx_go_peer_state(char *out_backend, char *out_path, char *out_reason, uint64_t *out_fields,
                       kvx_transport *t, const char *peer_id) {
     kvx_peer_state s;
     int rc;
     memset(&s, 0, sizeof s);
     rc = kvx_get_peer_state(t, peer_id, &s);
+    if (rc == 0) kvx_go_copy_peer_state(out_backend, out_path, out_reason, out_fields, &s);
+    return rc;
+}
+
+
+int kvx_go_list_peers(char *out_ids, char *out_backends, char *out_paths, char *out_reasons, uint64_t *out_fields,
+                      uint64_t *out_n, kvx_transport *t, size_t cap) {
+    kvx_peer_info *peers = NULL;
+    size_t n = 0, i;
+    int rc;
+    if (cap > 0 && !(peers = (kvx_peer_info *)calloc(cap, sizeof *peers))) return KVX_ENOMEM;
+    rc = kvx_list_peers(&n, t, peers, cap);
     if (rc == 0) {
-        snprintf(out_backend, 32, "%s", s.backend ? s.backend : "");
-        snprintf(out_path, 32, "%s", s.path ? s.path : "");
-        memcpy(out_reason, s.reason, KVX_PEER_REASON_LEN);
-        out_reason[KVX_PEER_REASON_LEN - 1] = '\0';
-        out_fields[0] = (uint64_t)(int64_t)s.link;
-        out_fields[1] = (uint64_t)(int64_t)s.error;
-        out_fields[2] = s.in_flight;
-        out_fields[3] = (uint64_t)s.since_ns;
-        out_fields[4] = (uint64_t)s.next_attempt_ns;
-        out_fields[5] = s.reconnects;
-        out_fields[6] = s.attempts;
+        out_n[0] = n;
+        for (i = 0; i < n && i < cap; i++) {
+            memcpy(out_ids + i * (KVX_PEER_ID_MAX + 1), peers[i].peer_id, KVX_PEER_ID_MAX + 1);
+            out_ids[i * (KVX_PEER_ID_MAX + 1) + KVX_PEER_ID_MAX] = '\0';
+            kvx_go_copy_peer_state(out_backends + i * 32, out_paths + i * 32, out_reasons + i * KVX_PEER_REASON_LEN,
+                                   out_fields + i * 8, &peers[i].state);
+        }
     }
+    free(peers);
     return rc;
 }
 
@@ -290,7 +316,7 @@ int kvx_go_poll_results(uint64_t *out_ids, int *out_status, uint64_t *out_n, kvx
 extern "C" {
 #endif
 
-void _wrap_Swig_free_capi_b2c12674b7cea8e1(void *_swig_go_0) {
+void _wrap_Swig_free_capi_d719799f6ba8a0fc(void *_swig_go_0) {
   void *arg1 = (void *) 0 ;
   
   arg1 = *(void **)&_swig_go_0; 
@@ -300,7 +326,7 @@ void _wrap_Swig_free_capi_b2c12674b7cea8e1(void *_swig_go_0) {
 }
 
 
-void *_wrap_Swig_malloc_capi_b2c12674b7cea8e1(intgo _swig_go_0) {
+void *_wrap_Swig_malloc_capi_d719799f6ba8a0fc(intgo _swig_go_0) {
   int arg1 ;
   void *result = 0 ;
   void *_swig_go_result;
@@ -313,7 +339,7 @@ void *_wrap_Swig_malloc_capi_b2c12674b7cea8e1(intgo _swig_go_0) {
 }
 
 
-long long _wrap_KVX_GO_STATS_SIZE_capi_b2c12674b7cea8e1() {
+long long _wrap_KVX_GO_STATS_SIZE_capi_d719799f6ba8a0fc() {
   size_t result;
   long long _swig_go_result;
   
@@ -324,7 +350,7 @@ long long _wrap_KVX_GO_STATS_SIZE_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_kvx_go_peer_backend_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3) {
+intgo _wrap_kvx_go_peer_backend_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -358,7 +384,7 @@ intgo _wrap_kvx_go_peer_backend_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _gos
 }
 
 
-intgo _wrap_kvx_go_region_alloc_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, long long _swig_go_1, intgo _swig_go_2) {
+intgo _wrap_kvx_go_region_alloc_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, long long _swig_go_1, intgo _swig_go_2) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   uint64_t arg2 ;
   unsigned int arg3 ;
@@ -377,7 +403,7 @@ intgo _wrap_kvx_go_region_alloc_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, long
 }
 
 
-void _wrap_kvx_go_region_free_capi_b2c12674b7cea8e1(long long _swig_go_0) {
+void _wrap_kvx_go_region_free_capi_d719799f6ba8a0fc(long long _swig_go_0) {
   uint64_t arg1 ;
   
   arg1 = (uint64_t)_swig_go_0; 
@@ -387,7 +413,7 @@ void _wrap_kvx_go_region_free_capi_b2c12674b7cea8e1(long long _swig_go_0) {
 }
 
 
-intgo _wrap_kvx_go_peer_rails_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, kvx_transport *_swig_go_3, _gostring_ _swig_go_4, long long _swig_go_5) {
+intgo _wrap_kvx_go_peer_rails_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, kvx_transport *_swig_go_3, _gostring_ _swig_go_4, long long _swig_go_5) {
   char *arg1 = (char *) 0 ;
   uint64_t *arg2 = (uint64_t *) 0 ;
   uint64_t *arg3 = (uint64_t *) 0 ;
@@ -427,7 +453,7 @@ intgo _wrap_kvx_go_peer_rails_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _gosli
 }
 
 
-intgo _wrap_kvx_go_peer_state_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, _goslice_ _swig_go_3, kvx_transport *_swig_go_4, _gostring_ _swig_go_5) {
+intgo _wrap_kvx_go_peer_state_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, _goslice_ _swig_go_3, kvx_transport *_swig_go_4, _gostring_ _swig_go_5) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -469,7 +495,46 @@ intgo _wrap_kvx_go_peer_state_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _gosli
 }
 
 
-intgo _wrap_kvx_go_poll_results_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, kvx_transport *_swig_go_3, _gostring_ _swig_go_4, long long _swig_go_5) {
+intgo _wrap_kvx_go_list_peers_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, _goslice_ _swig_go_5, kvx_transport *_swig_go_6, long long _swig_go_7) {
+  char *arg1 = (char *) 0 ;
+  char *arg2 = (char *) 0 ;
+  char *arg3 = (char *) 0 ;
+  char *arg4 = (char *) 0 ;
+  uint64_t *arg5 = (uint64_t *) 0 ;
+  uint64_t *arg6 = (uint64_t *) 0 ;
+  kvx_transport *arg7 = (kvx_transport *) 0 ;
+  size_t arg8 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (char *)(_swig_go_0.len ? _swig_go_0.array : NULL); 
+  arg2 = (char *)(_swig_go_1.len ? _swig_go_1.array : NULL); 
+  arg3 = (char *)(_swig_go_2.len ? _swig_go_2.array : NULL); 
+  arg4 = (char *)(_swig_go_3.len ? _swig_go_3.array : NULL); 
+  arg5 = (uint64_t *)(_swig_go_4.len ? _swig_go_4.array : NULL); 
+  arg6 = (uint64_t *)(_swig_go_5.len ? _swig_go_5.array : NULL); 
+  arg7 = (kvx_transport *)_swig_go_6; 
+  arg8 = (size_t)_swig_go_7; 
+  
+  result = (int)kvx_go_list_peers(arg1,arg2,arg3,arg4,arg5,arg6,arg7,arg8);
+  _swig_go_result = result; 
+  
+  
+  
+  
+  
+  
+  
+  
+  
+  
+  
+  
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_go_poll_results_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, _goslice_ _swig_go_1, _goslice_ _swig_go_2, kvx_transport *_swig_go_3, _gostring_ _swig_go_4, long long _swig_go_5) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   int *arg2 = (int *) 0 ;
   uint64_t *arg3 = (uint64_t *) 0 ;
@@ -509,7 +574,7 @@ intgo _wrap_kvx_go_poll_results_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _gos
 }
 
 
-intgo _wrap_KVX_VERSION_NUMBER_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_VERSION_NUMBER_capi_d719799f6ba8a0fc() {
   int result;
   intgo _swig_go_result;
   
@@ -520,7 +585,7 @@ intgo _wrap_KVX_VERSION_NUMBER_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_kvx_version_number_capi_b2c12674b7cea8e1() {
+intgo _wrap_kvx_version_number_capi_d719799f6ba8a0fc() {
   unsigned int result;
   intgo _swig_go_result;
   
@@ -531,7 +596,7 @@ intgo _wrap_kvx_version_number_capi_b2c12674b7cea8e1() {
 }
 
 
-_gostring_ _wrap_kvx_version_string_capi_b2c12674b7cea8e1() {
+_gostring_ _wrap_kvx_version_string_capi_d719799f6ba8a0fc() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -542,7 +607,7 @@ _gostring_ _wrap_kvx_version_string_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_OK_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_OK_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -554,7 +619,7 @@ intgo _wrap_KVX_OK_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EPERM_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EPERM_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -566,7 +631,7 @@ intgo _wrap_KVX_EPERM_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ENOENT_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ENOENT_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -578,7 +643,7 @@ intgo _wrap_KVX_ENOENT_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ENOMEM_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ENOMEM_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -590,7 +655,7 @@ intgo _wrap_KVX_ENOMEM_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EBUSY_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EBUSY_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -602,7 +667,7 @@ intgo _wrap_KVX_EBUSY_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EEXIST_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EEXIST_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -614,7 +679,7 @@ intgo _wrap_KVX_EEXIST_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EINVAL_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EINVAL_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -626,7 +691,7 @@ intgo _wrap_KVX_EINVAL_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ERANGE_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ERANGE_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -638,7 +703,7 @@ intgo _wrap_KVX_ERANGE_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ENOBUFS_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ENOBUFS_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -650,7 +715,7 @@ intgo _wrap_KVX_ENOBUFS_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ENOTSUP_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ENOTSUP_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -662,7 +727,7 @@ intgo _wrap_KVX_ENOTSUP_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EOVERFLOW_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EOVERFLOW_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -674,7 +739,7 @@ intgo _wrap_KVX_EOVERFLOW_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ECONNREFUSED_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ECONNREFUSED_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -686,7 +751,7 @@ intgo _wrap_KVX_ECONNREFUSED_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ETIMEDOUT_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ETIMEDOUT_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -698,7 +763,7 @@ intgo _wrap_KVX_ETIMEDOUT_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ECONNRESET_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ECONNRESET_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -710,7 +775,7 @@ intgo _wrap_KVX_ECONNRESET_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EHOSTUNREACH_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EHOSTUNREACH_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -722,7 +787,7 @@ intgo _wrap_KVX_EHOSTUNREACH_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ECANCELED_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ECANCELED_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -734,7 +799,7 @@ intgo _wrap_KVX_ECANCELED_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ERRNO_OFFSET_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ERRNO_OFFSET_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -746,7 +811,7 @@ intgo _wrap_KVX_ERRNO_OFFSET_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ECLOSED_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ECLOSED_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -758,7 +823,7 @@ intgo _wrap_KVX_ECLOSED_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EBADMETA_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EBADMETA_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -770,7 +835,7 @@ intgo _wrap_KVX_EBADMETA_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EVERSION_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EVERSION_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -782,7 +847,7 @@ intgo _wrap_KVX_EVERSION_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EFINGERPRINT_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EFINGERPRINT_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -794,7 +859,7 @@ intgo _wrap_KVX_EFINGERPRINT_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EGEOMETRY_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EGEOMETRY_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -806,7 +871,7 @@ intgo _wrap_KVX_EGEOMETRY_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EPEERBROKEN_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EPEERBROKEN_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -818,7 +883,7 @@ intgo _wrap_KVX_EPEERBROKEN_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EAUTH_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EAUTH_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -830,7 +895,7 @@ intgo _wrap_KVX_EAUTH_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_ECONFIG_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_ECONFIG_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -842,7 +907,7 @@ intgo _wrap_KVX_ECONFIG_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EBACKEND_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EBACKEND_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -854,7 +919,7 @@ intgo _wrap_KVX_EBACKEND_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_EINTERNAL_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_EINTERNAL_capi_d719799f6ba8a0fc() {
   enum kvx_error result;
   intgo _swig_go_result;
   
@@ -866,7 +931,7 @@ intgo _wrap_KVX_EINTERNAL_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_SCOPE_NONE_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_SCOPE_NONE_capi_d719799f6ba8a0fc() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -878,7 +943,7 @@ intgo _wrap_KVX_SCOPE_NONE_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_SCOPE_REQUEST_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_SCOPE_REQUEST_capi_d719799f6ba8a0fc() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -890,7 +955,7 @@ intgo _wrap_KVX_SCOPE_REQUEST_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_SCOPE_PEER_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_SCOPE_PEER_capi_d719799f6ba8a0fc() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -902,7 +967,7 @@ intgo _wrap_KVX_SCOPE_PEER_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_SCOPE_TRANSPORT_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_SCOPE_TRANSPORT_capi_d719799f6ba8a0fc() {
   enum kvx_error_scope result;
   intgo _swig_go_result;
   
@@ -914,7 +979,7 @@ intgo _wrap_KVX_SCOPE_TRANSPORT_capi_b2c12674b7cea8e1() {
 }
 
 
-_gostring_ _wrap_kvx_strerror_capi_b2c12674b7cea8e1(intgo _swig_go_0) {
+_gostring_ _wrap_kvx_strerror_capi_d719799f6ba8a0fc(intgo _swig_go_0) {
   int arg1 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -927,7 +992,7 @@ _gostring_ _wrap_kvx_strerror_capi_b2c12674b7cea8e1(intgo _swig_go_0) {
 }
 
 
-intgo _wrap_kvx_error_scope_of_capi_b2c12674b7cea8e1(intgo _swig_go_0) {
+intgo _wrap_kvx_error_scope_of_capi_d719799f6ba8a0fc(intgo _swig_go_0) {
   int arg1 ;
   kvx_error_scope result;
   intgo _swig_go_result;
@@ -940,7 +1005,7 @@ intgo _wrap_kvx_error_scope_of_capi_b2c12674b7cea8e1(intgo _swig_go_0) {
 }
 
 
-_gostring_ _wrap_kvx_last_error_message_capi_b2c12674b7cea8e1() {
+_gostring_ _wrap_kvx_last_error_message_capi_d719799f6ba8a0fc() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -951,7 +1016,7 @@ _gostring_ _wrap_kvx_last_error_message_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_kvx_options_create_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0) {
+intgo _wrap_kvx_options_create_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0) {
   kvx_options **arg1 = (kvx_options **) 0 ;
   int result;
   intgo _swig_go_result;
@@ -966,7 +1031,7 @@ intgo _wrap_kvx_options_create_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0) {
 }
 
 
-void _wrap_kvx_options_destroy_capi_b2c12674b7cea8e1(kvx_options *_swig_go_0) {
+void _wrap_kvx_options_destroy_capi_d719799f6ba8a0fc(kvx_options *_swig_go_0) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   
   arg1 = (kvx_options *)_swig_go_0; 
@@ -976,7 +1041,7 @@ void _wrap_kvx_options_destroy_capi_b2c12674b7cea8e1(kvx_options *_swig_go_0) {
 }
 
 
-intgo _wrap_kvx_options_set_capi_b2c12674b7cea8e1(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_options_set_capi_d719799f6ba8a0fc(kvx_options *_swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   char *arg2 = (char *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1003,7 +1068,7 @@ intgo _wrap_kvx_options_set_capi_b2c12674b7cea8e1(kvx_options *_swig_go_0, _gost
 }
 
 
-intgo _wrap_kvx_options_parse_capi_b2c12674b7cea8e1(kvx_options *_swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_options_parse_capi_d719799f6ba8a0fc(kvx_options *_swig_go_0, _gostring_ _swig_go_1) {
   kvx_options *arg1 = (kvx_options *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -1023,7 +1088,7 @@ intgo _wrap_kvx_options_parse_capi_b2c12674b7cea8e1(kvx_options *_swig_go_0, _go
 }
 
 
-intgo _wrap_kvx_transport_create_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
+intgo _wrap_kvx_transport_create_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, _gostring_ _swig_go_4, kvx_options *_swig_go_5) {
   kvx_transport **arg1 = (kvx_transport **) 0 ;
   void *arg2 = (void *) 0 ;
   uint64_t arg3 ;
@@ -1059,7 +1124,7 @@ intgo _wrap_kvx_transport_create_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, voi
 }
 
 
-intgo _wrap_kvx_transport_close_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0) {
+intgo _wrap_kvx_transport_close_capi_d719799f6ba8a0fc(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   int result;
   intgo _swig_go_result;
@@ -1072,7 +1137,7 @@ intgo _wrap_kvx_transport_close_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0)
 }
 
 
-void _wrap_kvx_transport_destroy_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0) {
+void _wrap_kvx_transport_destroy_capi_d719799f6ba8a0fc(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   
   arg1 = (kvx_transport *)_swig_go_0; 
@@ -1082,7 +1147,7 @@ void _wrap_kvx_transport_destroy_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0
 }
 
 
-intgo _wrap_kvx_transport_base_addr_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_base_addr_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1099,7 +1164,7 @@ intgo _wrap_kvx_transport_base_addr_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_num_blocks_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_num_blocks_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1116,7 +1181,7 @@ intgo _wrap_kvx_transport_num_blocks_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0,
 }
 
 
-intgo _wrap_kvx_transport_block_len_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_block_len_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1133,7 +1198,7 @@ intgo _wrap_kvx_transport_block_len_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_transport_config_fingerprint_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_transport_config_fingerprint_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   char *arg1 = (char *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1150,7 +1215,7 @@ intgo _wrap_kvx_transport_config_fingerprint_capi_b2c12674b7cea8e1(_goslice_ _sw
 }
 
 
-_gostring_ _wrap_kvx_transport_backend_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0) {
+_gostring_ _wrap_kvx_transport_backend_capi_d719799f6ba8a0fc(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -1163,7 +1228,7 @@ _gostring_ _wrap_kvx_transport_backend_capi_b2c12674b7cea8e1(kvx_transport *_swi
 }
 
 
-_gostring_ _wrap_kvx_transport_backends_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0) {
+_gostring_ _wrap_kvx_transport_backends_capi_d719799f6ba8a0fc(kvx_transport *_swig_go_0) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -1176,7 +1241,7 @@ _gostring_ _wrap_kvx_transport_backends_capi_b2c12674b7cea8e1(kvx_transport *_sw
 }
 
 
-intgo _wrap_kvx_get_agent_metadata_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
+intgo _wrap_kvx_get_agent_metadata_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1199,7 +1264,7 @@ intgo _wrap_kvx_get_agent_metadata_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, k
 }
 
 
-intgo _wrap_kvx_add_remote_peer_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
+intgo _wrap_kvx_add_remote_peer_capi_d719799f6ba8a0fc(kvx_transport *_swig_go_0, _gostring_ _swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1237,7 +1302,7 @@ intgo _wrap_kvx_add_remote_peer_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0,
 }
 
 
-intgo _wrap_kvx_remove_remote_peer_capi_b2c12674b7cea8e1(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_remove_remote_peer_capi_d719799f6ba8a0fc(kvx_transport *_swig_go_0, _gostring_ _swig_go_1) {
   kvx_transport *arg1 = (kvx_transport *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -1263,7 +1328,7 @@ intgo _wrap_kvx_remove_remote_peer_capi_b2c12674b7cea8e1(kvx_transport *_swig_go
 }
 
 
-intgo _wrap_KVX_PEER_UP_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_PEER_UP_capi_d719799f6ba8a0fc() {
   enum kvx_peer_link result;
   intgo _swig_go_result;
   
@@ -1275,7 +1340,7 @@ intgo _wrap_KVX_PEER_UP_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_PEER_RECONNECTING_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_PEER_RECONNECTING_capi_d719799f6ba8a0fc() {
   enum kvx_peer_link result;
   intgo _swig_go_result;
   
@@ -1287,7 +1352,7 @@ intgo _wrap_KVX_PEER_RECONNECTING_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_PEER_BROKEN_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_PEER_BROKEN_capi_d719799f6ba8a0fc() {
   enum kvx_peer_link result;
   intgo _swig_go_result;
   
@@ -1299,7 +1364,19 @@ intgo _wrap_KVX_PEER_BROKEN_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_PEER_REPLACE_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_PEER_CONNECTING_capi_d719799f6ba8a0fc() {
+  enum kvx_peer_link result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_PEER_CONNECTING;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_PEER_REPLACE_capi_d719799f6ba8a0fc() {
   enum kvx_add_peer_flag result;
   intgo _swig_go_result;
   
@@ -1311,7 +1388,7 @@ intgo _wrap_KVX_PEER_REPLACE_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_PENDING_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_REGISTRATION_PENDING_capi_d719799f6ba8a0fc() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1323,7 +1400,7 @@ intgo _wrap_KVX_REGISTRATION_PENDING_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_DONE_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_REGISTRATION_DONE_capi_d719799f6ba8a0fc() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1335,7 +1412,7 @@ intgo _wrap_KVX_REGISTRATION_DONE_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_REGISTRATION_FAILED_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_REGISTRATION_FAILED_capi_d719799f6ba8a0fc() {
   enum kvx_registration_state result;
   intgo _swig_go_result;
   
@@ -1347,7 +1424,7 @@ intgo _wrap_KVX_REGISTRATION_FAILED_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_kvx_add_remote_peer_async_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
+intgo _wrap_kvx_add_remote_peer_async_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6, long long _swig_go_7, intgo _swig_go_8) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1391,7 +1468,7 @@ intgo _wrap_kvx_add_remote_peer_async_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0
 }
 
 
-intgo _wrap_kvx_registration_status_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
+intgo _wrap_kvx_registration_status_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, long long _swig_go_3, intgo _swig_go_4) {
   int *arg1 = (int *) 0 ;
   int *arg2 = (int *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1416,7 +1493,7 @@ intgo _wrap_kvx_registration_status_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, 
 }
 
 
-intgo _wrap_kvx_write_blocks_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
+intgo _wrap_kvx_write_blocks_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5) {
   uint64_t *arg1 = (uint64_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1456,7 +1533,7 @@ intgo _wrap_kvx_write_blocks_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_tra
 }
 
 
-intgo _wrap_kvx_poll_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
+intgo _wrap_kvx_poll_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, _goslice_ _swig_go_1, kvx_transport *_swig_go_2, _gostring_ _swig_go_3, _goslice_ _swig_go_4, long long _swig_go_5, _goslice_ _swig_go_6, long long _swig_go_7) {
   size_t *arg1 = (size_t *) 0 ;
   size_t *arg2 = (size_t *) 0 ;
   kvx_transport *arg3 = (kvx_transport *) 0 ;
@@ -1502,7 +1579,7 @@ intgo _wrap_kvx_poll_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _goslice_ _swig
 }
 
 
-intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_d719799f6ba8a0fc() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1514,7 +1591,7 @@ intgo _wrap_KVX_CANCEL_IMMEDIATE_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_KVX_CANCEL_WAIT_capi_b2c12674b7cea8e1() {
+intgo _wrap_KVX_CANCEL_WAIT_capi_d719799f6ba8a0fc() {
   enum kvx_cancel_mode result;
   intgo _swig_go_result;
   
@@ -1526,7 +1603,7 @@ intgo _wrap_KVX_CANCEL_WAIT_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_kvx_cancel_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
+intgo _wrap_kvx_cancel_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3, intgo _swig_go_4, _goslice_ _swig_go_5) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   uint64_t *arg3 = (uint64_t *) 0 ;
@@ -1555,7 +1632,7 @@ intgo _wrap_kvx_cancel_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport
 }
 
 
-intgo _wrap_kvx_wait_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, intgo _swig_go_2) {
+intgo _wrap_kvx_wait_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, intgo _swig_go_2) {
   size_t *arg1 = (size_t *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int arg3 ;
@@ -1574,7 +1651,7 @@ intgo _wrap_kvx_wait_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *
 }
 
 
-intgo _wrap_kvx_completion_fd_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
+intgo _wrap_kvx_completion_fd_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1) {
   int *arg1 = (int *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   int result;
@@ -1591,7 +1668,7 @@ intgo _wrap_kvx_completion_fd_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_tr
 }
 
 
-intgo _wrap_kvx_get_stats_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
+intgo _wrap_kvx_get_stats_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _gostring_ _swig_go_2) {
   kvx_stats *arg1 = (kvx_stats *) 0 ;
   kvx_transport *arg2 = (kvx_transport *) 0 ;
   char *arg3 = (char *) 0 ;
@@ -1621,7 +1698,7 @@ intgo _wrap_kvx_get_stats_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, kvx_transp
 }
 
 
-long long _wrap_kvx_stats_bucket_lower_ns_capi_b2c12674b7cea8e1(long long _swig_go_0) {
+long long _wrap_kvx_stats_bucket_lower_ns_capi_d719799f6ba8a0fc(long long _swig_go_0) {
   size_t arg1 ;
   uint64_t result;
   long long _swig_go_result;
@@ -1634,7 +1711,30 @@ long long _wrap_kvx_stats_bucket_lower_ns_capi_b2c12674b7cea8e1(long long _swig_
 }
 
 
-intgo _wrap_KVX_REGION_HUGE_PAGES_capi_b2c12674b7cea8e1() {
+intgo _wrap_kvx_metrics_text_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, kvx_transport *_swig_go_1, _goslice_ _swig_go_2, long long _swig_go_3) {
+  size_t *arg1 = (size_t *) 0 ;
+  kvx_transport *arg2 = (kvx_transport *) 0 ;
+  char *arg3 = (char *) 0 ;
+  size_t arg4 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (size_t *)(_swig_go_0.len ? _swig_go_0.array : NULL); 
+  arg2 = (kvx_transport *)_swig_go_1; 
+  arg3 = (char *)(_swig_go_2.len ? _swig_go_2.array : NULL); 
+  arg4 = (size_t)_swig_go_3; 
+  
+  result = (int)kvx_metrics_text(arg1,arg2,arg3,arg4);
+  _swig_go_result = result; 
+  
+  
+  
+  
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_REGION_HUGE_PAGES_capi_d719799f6ba8a0fc() {
   enum kvx_region_flag result;
   intgo _swig_go_result;
   
@@ -1646,7 +1746,7 @@ intgo _wrap_KVX_REGION_HUGE_PAGES_capi_b2c12674b7cea8e1() {
 }
 
 
-intgo _wrap_kvx_config_fingerprint_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
+intgo _wrap_kvx_config_fingerprint_capi_d719799f6ba8a0fc(_goslice_ _swig_go_0, _gostring_ _swig_go_1) {
   char *arg1 = (char *) 0 ;
   char *arg2 = (char *) 0 ;
   int result;
@@ -1674,13 +1774,97 @@ intgo _wrap_kvx_config_fingerprint_capi_b2c12674b7cea8e1(_goslice_ _swig_go_0, _
 }
 
 
-_gostring_ _wrap_kvx_backends_capi_b2c12674b7cea8e1() {
+_gostring_ _wrap_kvx_backends_capi_d719799f6ba8a0fc() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
   
   result = (char *)kvx_backends();
   _swig_go_result = Swig_AllocateString((char*)result, result ? strlen((char*)result) : 0); 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_LOG_OFF_capi_d719799f6ba8a0fc() {
+  enum kvx_log_level result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_LOG_OFF;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_LOG_ERROR_capi_d719799f6ba8a0fc() {
+  enum kvx_log_level result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_LOG_ERROR;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_LOG_WARN_capi_d719799f6ba8a0fc() {
+  enum kvx_log_level result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_LOG_WARN;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_LOG_INFO_capi_d719799f6ba8a0fc() {
+  enum kvx_log_level result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_LOG_INFO;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_KVX_LOG_DEBUG_capi_d719799f6ba8a0fc() {
+  enum kvx_log_level result;
+  intgo _swig_go_result;
+  
+  
+  result = KVX_LOG_DEBUG;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_get_log_level_capi_d719799f6ba8a0fc() {
+  int result;
+  intgo _swig_go_result;
+  
+  
+  result = (int)kvx_get_log_level();
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_kvx_log_flush_capi_d719799f6ba8a0fc(intgo _swig_go_0) {
+  int arg1 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = (int)_swig_go_0; 
+  
+  result = (int)kvx_log_flush(arg1);
+  _swig_go_result = result; 
   return _swig_go_result;
 }
 
