@@ -189,6 +189,7 @@ extern "C" {
 pub const KVX_PEER_UP: kvx_peer_link = 0;
 pub const KVX_PEER_RECONNECTING: kvx_peer_link = 1;
 pub const KVX_PEER_BROKEN: kvx_peer_link = 2;
+pub const KVX_PEER_CONNECTING: kvx_peer_link = 3;
 pub type kvx_peer_link = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -203,13 +204,28 @@ pub struct kvx_peer_state {
     pub reconnects: u32,
     pub attempts: u32,
     pub reason: [::std::os::raw::c_char; 160usize],
-    pub reserved: [u64; 5usize],
+    pub last_progress_ns: i64,
+    pub reserved: [u64; 4usize],
 }
 extern "C" {
     pub fn kvx_get_peer_state(
         t: *mut kvx_transport,
         peer_id: *const ::std::os::raw::c_char,
         out: *mut kvx_peer_state,
+    ) -> ::std::os::raw::c_int;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvx_peer_info {
+    pub peer_id: [::std::os::raw::c_char; 256usize],
+    pub state: kvx_peer_state,
+}
+extern "C" {
+    pub fn kvx_list_peers(
+        out_n: *mut usize,
+        t: *mut kvx_transport,
+        out: *mut kvx_peer_info,
+        cap: usize,
     ) -> ::std::os::raw::c_int;
 }
 pub const KVX_PEER_REPLACE: kvx_add_peer_flag = 1;
@@ -334,6 +350,7 @@ pub struct kvx_stats {
     pub transfers_failed_connection: u64,
     pub transfers_failed_removed: u64,
     pub transfers_failed_other: u64,
+    pub latency_ns_sum: u64,
 }
 extern "C" {
     pub fn kvx_get_stats(
@@ -344,6 +361,14 @@ extern "C" {
 }
 extern "C" {
     pub fn kvx_stats_bucket_lower_ns(i: usize) -> u64;
+}
+extern "C" {
+    pub fn kvx_metrics_text(
+        out_len: *mut usize,
+        t: *mut kvx_transport,
+        buf: *mut ::std::os::raw::c_char,
+        cap: usize,
+    ) -> ::std::os::raw::c_int;
 }
 pub const KVX_REGION_HUGE_PAGES: kvx_region_flag = 1;
 pub type kvx_region_flag = ::std::os::raw::c_uint;
@@ -365,4 +390,40 @@ extern "C" {
 }
 extern "C" {
     pub fn kvx_backends() -> *const ::std::os::raw::c_char;
+}
+pub const KVX_LOG_OFF: kvx_log_level = -1;
+pub const KVX_LOG_ERROR: kvx_log_level = 0;
+pub const KVX_LOG_WARN: kvx_log_level = 1;
+pub const KVX_LOG_INFO: kvx_log_level = 2;
+pub const KVX_LOG_DEBUG: kvx_log_level = 3;
+pub type kvx_log_level = ::std::os::raw::c_int;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvx_log_record {
+    pub size: u32,
+    pub level: i32,
+    pub message: *const ::std::os::raw::c_char,
+    pub component: *const ::std::os::raw::c_char,
+    pub peer_id: *const ::std::os::raw::c_char,
+    pub time_ns: i64,
+    pub suppressed: u64,
+    pub dropped: u64,
+    pub thread_id: i32,
+    pub reserved: i32,
+}
+pub type kvx_log_fn = ::std::option::Option<
+    unsafe extern "C" fn(record: *const kvx_log_record, user: *mut ::std::os::raw::c_void),
+>;
+extern "C" {
+    pub fn kvx_set_log_handler(
+        fn_: kvx_log_fn,
+        user: *mut ::std::os::raw::c_void,
+        level: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn kvx_get_log_level() -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn kvx_log_flush(timeout_ms: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
 }

@@ -5,7 +5,7 @@ use std::ffi::CStr;
 
 #[test]
 fn every_function_links() {
-    let fns: [*const (); 38] = [
+    let fns: [*const (); 43] = [
         sys::kvx_version_number as *const (),
         sys::kvx_version_string as *const (),
         sys::kvx_strerror as *const (),
@@ -44,6 +44,11 @@ fn every_function_links() {
         sys::kvx_completion_fd as *const (),
         sys::kvx_get_stats as *const (),
         sys::kvx_stats_bucket_lower_ns as *const (),
+        sys::kvx_list_peers as *const (),
+        sys::kvx_metrics_text as *const (),
+        sys::kvx_set_log_handler as *const (),
+        sys::kvx_get_log_level as *const (),
+        sys::kvx_log_flush as *const (),
     ];
     assert!(fns.iter().all(|f| !f.is_null()));
 }

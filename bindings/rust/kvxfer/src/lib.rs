@@ -28,6 +28,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The library's log messages go to stderr (warnings and errors by
+//! default, `KVX_LOG` sets the level) or to a handler of yours
+//! ([`set_log_handler`]). [`Transport::peers`] lists a transport's peers
+//! with their state; [`Transport::metrics_text`] renders its counters as
+//! Prometheus text.
+//!
 //! Errors are [`Error`]s carrying the library's code, [`Scope`] and message.
 //! Every public type is `Send + Sync`: `Options` is plain Rust data (the C
 //! options object, which is not thread-safe, only exists inside
@@ -36,6 +42,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod log;
 mod options;
 mod peer;
 mod region;
@@ -44,8 +51,11 @@ mod stats;
 mod transport;
 
 pub use error::{strerror, Error, ErrorKind, Result, Scope};
+pub use log::{
+    clear_log_handler, log_flush, log_level, set_log_handler, set_log_level, LogLevel, LogRecord,
+};
 pub use options::Options;
-pub use peer::{PeerLink, PeerState, PEER_REASON_LEN};
+pub use peer::{PeerInfo, PeerLink, PeerState, PEER_REASON_LEN};
 pub use region::SharedRegion;
 pub use registration::PendingPeer;
 pub use stats::{latency_bucket_bounds, RailStats, Stats, LATENCY_BUCKETS, RAIL_NAME_LEN};
@@ -116,5 +126,7 @@ const _: () = {
         send_sync::<Stats>();
         send_sync::<RailStats>();
         send_sync::<PeerState>();
+        send_sync::<PeerInfo>();
+        send_sync::<LogRecord>();
     }
 };

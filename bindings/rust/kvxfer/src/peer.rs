@@ -1,4 +1,5 @@
-//! A peer's connection state (`kvx_get_peer_state`).
+//! A peer's connection state (`kvx_get_peer_state`) and the list of a
+//! transport's peers (`kvx_list_peers`).
 use crate::error::{check, Error, Result};
 use crate::options::cstring;
 use crate::transport::{fixed_cstr, static_str, Transport};
@@ -21,6 +22,9 @@ pub enum PeerLink {
     /// Its connection failed and it does not reconnect (`peer_redial_ms=0`):
     /// remove and re-add it.
     Broken,
+    /// Being added (`add_remote_peer` or `add_remote_peer_async` under way):
+    /// only in [`Transport::peers`] (since 0.10).
+    Connecting,
     /// A value this version of the crate does not know (a newer library).
     Other(i32),
 }
@@ -32,7 +36,19 @@ impl PeerLink {
             Ok(sys::KVX_PEER_UP) => PeerLink::Up,
             Ok(sys::KVX_PEER_RECONNECTING) => PeerLink::Reconnecting,
             Ok(sys::KVX_PEER_BROKEN) => PeerLink::Broken,
+            Ok(sys::KVX_PEER_CONNECTING) => PeerLink::Connecting,
             _ => PeerLink::Other(link),
+        }
+    }
+
+    /// `"up"`, `"reconnecting"`, `"broken"`, `"connecting"`, or `"other"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PeerLink::Up => "up",
+            PeerLink::Reconnecting => "reconnecting",
+            PeerLink::Broken => "broken",
+            PeerLink::Connecting => "connecting",
+            PeerLink::Other(_) => "other",
         }
     }
 }
@@ -66,6 +82,21 @@ pub struct PeerState {
     /// Why it is not up (`""` when up): the message of `error` (at most
     /// [`PEER_REASON_LEN`]` - 1` bytes).
     pub reason: String,
+    /// When it last made progress (a transfer of it ended, or it got work
+    /// while it had none in flight), in ns since the epoch; 0 before its
+    /// first transfer. The stall timeout counts from here (since 0.10).
+    pub last_progress_ns: i64,
+}
+
+/// One peer of [`Transport::peers`] (`kvx_peer_info`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Its id (bytes that are not UTF-8 show as U+FFFD).
+    pub peer_id: String,
+    /// As [`Transport::peer_state`] gives it, or, while the peer is being
+    /// added, link [`PeerLink::Connecting`] with `since_ns` the add's start
+    /// and every other field zero or empty.
+    pub state: PeerState,
 }
 
 pub(crate) fn state(t: &Transport<'_>, peer_id: &str) -> Result<PeerState> {
@@ -75,8 +106,12 @@ pub(crate) fn state(t: &Transport<'_>, peer_id: &str) -> Result<PeerState> {
     let mut s: sys::kvx_peer_state = unsafe { std::mem::zeroed() };
     // SAFETY: live handle; id NUL-terminated; s is writable.
     check(unsafe { sys::kvx_get_peer_state(t.as_raw(), id.as_ptr(), &mut s) })?;
+    Ok(from_raw(&s))
+}
+
+fn from_raw(s: &sys::kvx_peer_state) -> PeerState {
     let reason = fixed_cstr(&s.reason);
-    Ok(PeerState {
+    PeerState {
         link: PeerLink::from_raw(s.link),
         error: if s.error == 0 {
             None
@@ -93,5 +128,38 @@ pub(crate) fn state(t: &Transport<'_>, peer_id: &str) -> Result<PeerState> {
         reconnects: s.reconnects,
         attempts: s.attempts,
         reason,
-    })
+        last_progress_ns: s.last_progress_ns,
+    }
+}
+
+pub(crate) fn list(t: &Transport<'_>) -> Result<Vec<PeerInfo>> {
+    // SAFETY: kvx_peer_info is a char array, integers and two pointers:
+    // all-zero (NULL pointers) is a valid value.
+    let zero: sys::kvx_peer_info = unsafe { std::mem::zeroed() };
+    let mut out: Vec<sys::kvx_peer_info> = Vec::new();
+    loop {
+        let mut n = 0usize;
+        let out_ptr = if out.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            out.as_mut_ptr()
+        };
+        // SAFETY: live handle; out_ptr is NULL with cap 0 or points to
+        // out.len() writable entries.
+        check(unsafe { sys::kvx_list_peers(&mut n, t.as_raw(), out_ptr, out.len()) })?;
+        if n <= out.len() {
+            out.truncate(n);
+            break;
+        }
+        // Ask again with room for every peer and some more (again if peers
+        // were added meanwhile).
+        out = vec![zero; n + 16];
+    }
+    Ok(out
+        .iter()
+        .map(|p| PeerInfo {
+            peer_id: fixed_cstr(&p.peer_id),
+            state: from_raw(&p.state),
+        })
+        .collect())
 }

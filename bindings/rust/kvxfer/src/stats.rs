@@ -49,6 +49,9 @@ pub struct Stats {
     pub transfers_failed_removed: u64,
     /// Any other code.
     pub transfers_failed_other: u64,
+    /// The latencies of `latency_count` added up, in ns (since 0.10): exact,
+    /// unlike a sum of the buckets.
+    pub latency_ns_sum: u64,
 }
 
 /// `(lo, hi)` in ns of latency bucket `i`, as the library records them
@@ -112,7 +115,34 @@ pub(crate) fn get(t: &Transport<'_>, peer_id: Option<&str>) -> Result<Stats> {
         transfers_failed_connection: s.transfers_failed_connection,
         transfers_failed_removed: s.transfers_failed_removed,
         transfers_failed_other: s.transfers_failed_other,
+        latency_ns_sum: s.latency_ns_sum,
     })
+}
+
+pub(crate) fn metrics_text(t: &Transport<'_>) -> Result<String> {
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let mut len = 0usize;
+        let buf_ptr = if buf.is_empty() {
+            ptr::null_mut()
+        } else {
+            buf.as_mut_ptr().cast()
+        };
+        // SAFETY: live handle; buf_ptr is NULL with cap 0 or points to
+        // buf.len() writable bytes.
+        let rc = unsafe { sys::kvx_metrics_text(&mut len, t.as_raw(), buf_ptr, buf.len()) };
+        if rc == sys::KVX_ENOBUFS {
+            // len is the size with its NUL; the text may grow before the
+            // next call: some more room, and again if that was not enough.
+            buf = vec![0u8; len + len / 8 + 1024];
+            continue;
+        }
+        check(rc)?;
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        buf.truncate(end);
+        return Ok(String::from_utf8(buf)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()));
+    }
 }
 
 /// Most bytes of [`RailStats::name`] in C, with its NUL

@@ -1,7 +1,7 @@
 //! `Transport`: one local region, its peers and its transfers.
 use crate::error::{check, Error, Result};
 use crate::options::{cstring, Options};
-use crate::peer::PeerState;
+use crate::peer::{PeerInfo, PeerState};
 use crate::registration::PendingPeer;
 use crate::stats::{RailStats, Stats};
 use kvxfer_sys as sys;
@@ -321,7 +321,10 @@ impl<'r> Transport<'r> {
     pub fn backends(&self) -> Vec<String> {
         // SAFETY: a NUL-terminated string owned by the live transport, never NULL.
         let all = unsafe { std::ffi::CStr::from_ptr(sys::kvx_transport_backends(self.ptr())) };
-        all.to_string_lossy().split(',').map(str::to_owned).collect()
+        all.to_string_lossy()
+            .split(',')
+            .map(str::to_owned)
+            .collect()
     }
 
     /// The opaque agent metadata a peer passes to its
@@ -513,6 +516,25 @@ impl<'r> Transport<'r> {
     /// Errors: `UnknownPeer` (not registered, or still connecting), `Closed`.
     pub fn peer_state(&self, peer_id: &str) -> Result<PeerState> {
         crate::peer::state(self, peer_id)
+    }
+
+    /// Every peer of the transport (`kvx_list_peers`), sorted by id (byte
+    /// order): the registered ones (up, reconnecting or broken) and those
+    /// being added ([`PeerLink::Connecting`](crate::PeerLink::Connecting)).
+    /// A removed peer is not listed; a peer being replaced is listed once,
+    /// connecting. A snapshot taken at one instant.
+    /// Errors: `Closed`.
+    pub fn peers(&self) -> Result<Vec<PeerInfo>> {
+        crate::peer::list(self)
+    }
+
+    /// The transport's counters and peers as Prometheus text (exposition
+    /// format 0.0.4, `kvx_metrics_text`; `docs/metrics.md` lists the
+    /// families): serve it on a `/metrics` endpoint with content type
+    /// `text/plain; version=0.0.4`, or hand it to a Prometheus client.
+    /// Errors: `Closed`, `NotSupported` (library built without telemetry).
+    pub fn metrics_text(&self) -> Result<String> {
+        crate::stats::metrics_text(self)
     }
 
     // ------------------------------------------------------------ transfers
