@@ -388,7 +388,27 @@ static int all_threads_stopped(pid_t pid) {
     return all;
 }
 
+/* Children frozen by child_freeze(): killed at exit, so that a test that
+ * fails while one is stopped does not leave it holding the test's output
+ * open (CTest would wait for it until its timeout). */
+static pid_t g_frozen[64];
+
+static void kill_frozen(void) {
+    for (size_t i = 0; i < sizeof g_frozen / sizeof g_frozen[0]; i++)
+        if (g_frozen[i] > 0 && waitpid(g_frozen[i], NULL, WNOHANG) == 0) {
+            kill(g_frozen[i], SIGKILL);
+            waitpid(g_frozen[i], NULL, 0);
+        }
+}
+
 void child_freeze(child_target *c) {
+    static int hooked;
+    if (!hooked) hooked = atexit(kill_frozen) == 0;
+    for (size_t i = 0; i < sizeof g_frozen / sizeof g_frozen[0]; i++)
+        if (g_frozen[i] == c->pid || g_frozen[i] <= 0) {
+            g_frozen[i] = c->pid;
+            break;
+        }
     assert_int_equal(kill(c->pid, SIGSTOP), 0);
     uint64_t end = now_ms() + 10000;
     while (!all_threads_stopped(c->pid)) {
