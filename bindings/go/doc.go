@@ -33,8 +33,11 @@
 //
 // Memory: remote peers write into a Region at any time while its transport
 // is open, so it cannot be Go-heap memory (cgo forbids C from keeping such
-// pointers). AllocRegion maps it with mmap; NewTransport refuses anything
-// else. Close the transports, then Free the region.
+// pointers, and Go 1.19 has no runtime.Pinner). AllocRegion maps it with
+// mmap, MapRegionFile maps a /dev/shm or hugetlbfs file, and RegionFromMmap
+// takes memory the caller mapped MAP_SHARED (checked in /proc/self/maps: a
+// Go []byte, like any private memory, is refused). NewTransport refuses
+// anything else. Close the transports, then Free the region.
 //
 // Errors are *Error values carrying the C library's Code, Scope and a
 // message naming the bad value; test them with errors.Is against the

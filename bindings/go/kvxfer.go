@@ -123,8 +123,8 @@ type Transport struct {
 }
 
 // NewTransport creates a transport over region, which must come from
-// AllocRegion and stay allocated until the transport is closed (Region.Free
-// refuses while it is open). Options select the backend, the config whose
+// AllocRegion, MapRegionFile or RegionFromMmap and stay allocated until the
+// transport is closed (Region.Free refuses while it is open). Options select the backend, the config whose
 // fingerprint peers must share, timeouts and backend options.
 //
 // Errors: ErrInvalid (nil, freed or foreign region, bad option value),

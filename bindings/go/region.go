@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"sync"
+	"syscall"
 	"unsafe"
 
 	"kvxfer.dev/kvxfer/internal/capi"
@@ -16,10 +17,19 @@ import (
 // Remote peers write into a region at any time while a transport over it is
 // open, long after any call into the C library has returned. cgo forbids C
 // from keeping pointers into Go-managed memory (the garbage collector does
-// not know about them), so a Region is never a Go-heap []byte: AllocRegion
-// allocates it outside the Go heap (kvx_region_alloc: a sealed memory file
-// mapped shared, which a same-host peer's shm backend maps and copies into
-// directly), and NewTransport refuses any other memory.
+// not know about them, and Go 1.19 has no runtime.Pinner to pin a slice), so
+// a Region is never Go-heap memory. It comes from one of:
+//
+//   - AllocRegion: kvx_region_alloc, a sealed memory file mapped shared,
+//     which a same-host peer's shm backend maps and copies into directly;
+//   - MapRegionFile: a file (on /dev/shm or hugetlbfs) mapped shared by
+//     this package, which a same-host peer maps as well;
+//   - RegionFromMmap: memory the caller mapped itself (syscall.Mmap of a
+//     file, or anonymous memory with MAP_SHARED), checked against
+//     /proc/self/maps: it must lie in writable shared mappings, which the Go
+//     heap never is.
+//
+// NewTransport refuses any other memory.
 //
 // The Bytes and Block slices stay valid until Free. Reading them while a
 // transfer into the region may be in flight races with the network (the Go
@@ -35,22 +45,31 @@ type Region struct {
 	numBlocks uint64
 	blockLen  uint64
 	users     int // open transports over this region
+	kind      regionKind
+	mapping   []byte // kindFile: the whole mapping, for Munmap
+	fd        int    // kindFile: the file, open until Free
 }
 
-// mappings records every live AllocRegion mapping by base address, so that
-// NewTransport accepts exactly the memory this package mapped.
+// regionKind says who made a region's memory, so Free knows how to let go.
+type regionKind int
+
+const (
+	kindAlloc    regionKind = iota // AllocRegion: kvx_region_free
+	kindFile                       // MapRegionFile: munmap, close the file
+	kindBorrowed                   // RegionFromMmap: the caller's mapping, left alone
+)
+
+// mappings records every live region by base address, so that NewTransport
+// accepts exactly the memory this package mapped or checked.
 var mappings sync.Map // uintptr -> *Region
 
 // AllocRegion allocates a zero-filled region of numBlocks x blockLen bytes
 // outside the Go heap (kvx_region_alloc). Both must be >= 1.
 func AllocRegion(numBlocks, blockLen uint64) (*Region, error) {
 	const op = "AllocRegion"
-	if numBlocks == 0 || blockLen == 0 {
-		return nil, newError(op, CodeInvalid, fmt.Sprintf("region of %d x %d bytes is empty", numBlocks, blockLen))
-	}
-	hi, size := bits.Mul64(numBlocks, blockLen)
-	if hi != 0 || size > math.MaxInt {
-		return nil, newError(op, CodeOverflow, fmt.Sprintf("region of %d x %d bytes is too large", numBlocks, blockLen))
+	size, err := regionSize(op, numBlocks, blockLen)
+	if err != nil {
+		return nil, err
 	}
 	addr := []uint64{0}
 	if err := call(op, func() int { return capi.Kvx_go_region_alloc(addr, size, 0) }); err != nil {
@@ -59,9 +78,21 @@ func AllocRegion(numBlocks, blockLen uint64) (*Region, error) {
 	// C's memory, kept until Free and never moved: its address is read back
 	// as a pointer (the word C wrote), not converted from an integer.
 	mem := unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr[0]))), size)
-	r := &Region{mem: mem, numBlocks: numBlocks, blockLen: blockLen}
+	r := &Region{mem: mem, numBlocks: numBlocks, blockLen: blockLen, kind: kindAlloc}
 	mappings.Store(sliceAddr(mem), r)
 	return r, nil
+}
+
+// regionSize checks a geometry and returns its size in bytes.
+func regionSize(op string, numBlocks, blockLen uint64) (uint64, error) {
+	if numBlocks == 0 || blockLen == 0 {
+		return 0, newError(op, CodeInvalid, fmt.Sprintf("region of %d x %d bytes is empty", numBlocks, blockLen))
+	}
+	hi, size := bits.Mul64(numBlocks, blockLen)
+	if hi != 0 || size > math.MaxInt {
+		return 0, newError(op, CodeOverflow, fmt.Sprintf("region of %d x %d bytes is too large", numBlocks, blockLen))
+	}
+	return size, nil
 }
 
 func sliceAddr(b []byte) uintptr {
@@ -110,8 +141,11 @@ func (r *Region) Addr() uintptr {
 	return sliceAddr(r.mem)
 }
 
-// Free releases the region (kvx_region_free). It fails with ErrBusy while a transport over it
-// is open (close the transport first: after Close nothing writes into the
+// Free releases the region: AllocRegion's memory is freed
+// (kvx_region_free), MapRegionFile's mapping is unmapped and its file closed
+// (the file stays), and RegionFromMmap's memory is only forgotten (unmap it
+// yourself, after Free). It fails with ErrBusy while a transport over it is
+// open (close the transport first: after Close nothing writes into the
 // region any more). Freeing twice is a no-op. Slices obtained from Bytes or
 // Block must not be used afterwards.
 func (r *Region) Free() error {
@@ -124,13 +158,21 @@ func (r *Region) Free() error {
 		return newError("Region.Free", CodeBusy, fmt.Sprintf("region is used by %d open transport(s); close them first", r.users))
 	}
 	mappings.Delete(sliceAddr(r.mem))
-	capi.Kvx_go_region_free(uint64(sliceAddr(r.mem)))
+	switch r.kind {
+	case kindAlloc:
+		capi.Kvx_go_region_free(uint64(sliceAddr(r.mem)))
+	case kindFile:
+		// Neither fails: the slice is the one syscall.Mmap returned, the fd ours.
+		_ = syscall.Munmap(r.mapping)
+		_ = syscall.Close(r.fd)
+		r.mapping = nil
+	}
 	r.mem = nil
 	return nil
 }
 
 // acquire registers a transport over r and returns the region's base
-// address. It refuses memory that AllocRegion did not map (a zero Region, a
+// address. It refuses memory that no constructor made (a zero Region, a
 // freed one, or one whose slice points into the Go heap).
 func (r *Region) acquire(op string) (uintptr, error) {
 	if r == nil {
@@ -139,12 +181,12 @@ func (r *Region) acquire(op string) (uintptr, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.mem == nil {
-		return 0, newError(op, CodeInvalid, "region is freed or was not allocated with AllocRegion")
+		return 0, newError(op, CodeInvalid, "region is freed or was not made by AllocRegion, MapRegionFile or RegionFromMmap")
 	}
 	addr := sliceAddr(r.mem)
 	owner, ok := mappings.Load(addr)
 	if !ok || owner.(*Region) != r || uint64(len(r.mem)) != r.numBlocks*r.blockLen {
-		return 0, newError(op, CodeInvalid, "region memory was not mapped by AllocRegion: "+
+		return 0, newError(op, CodeInvalid, "region memory was not made by AllocRegion, MapRegionFile or RegionFromMmap: "+
 			"a Go-heap []byte cannot back a transport (peers write into it after the call returns, "+
 			"which cgo forbids and the garbage collector does not see)")
 	}
