@@ -28,6 +28,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! To keep filling and reading its own blocks while the transport is open,
+//! without `unsafe`, the owner gives it a [`Region`]
+//! ([`Transport::with_region`]) and copies blocks in and out with
+//! [`Region::write_block`] and [`Region::read_block`].
+//!
 //! The library's log messages go to stderr (warnings and errors by
 //! default, `KVX_LOG` sets the level) or to a handler of yours
 //! ([`set_log_handler`]). [`Transport::peers`] lists a transport's peers
@@ -56,7 +61,7 @@ pub use log::{
 };
 pub use options::Options;
 pub use peer::{PeerInfo, PeerLink, PeerState, PEER_REASON_LEN};
-pub use region::SharedRegion;
+pub use region::{Region, SharedRegion};
 pub use registration::PendingPeer;
 pub use stats::{latency_bucket_bounds, RailStats, Stats, LATENCY_BUCKETS, RAIL_NAME_LEN};
 pub use transport::{CancelMode, PollResult, TransferResult, Transport};
@@ -119,6 +124,7 @@ const _: () = {
         send_sync::<Transport<'static>>();
         send_sync::<Transport<'_>>();
         send_sync::<Options>();
+        send_sync::<Region>();
         send_sync::<Error>();
         send_sync::<PollResult>();
         send_sync::<TransferResult>();

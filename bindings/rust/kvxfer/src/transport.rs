@@ -2,6 +2,7 @@
 use crate::error::{check, Error, Result};
 use crate::options::{cstring, Options};
 use crate::peer::{PeerInfo, PeerState};
+use crate::region::{Memory, Region};
 use crate::registration::PendingPeer;
 use crate::stats::{RailStats, Stats};
 use kvxfer_sys as sys;
@@ -12,6 +13,7 @@ use std::mem::ManuallyDrop;
 use std::os::raw::c_char;
 use std::os::unix::io::RawFd;
 use std::ptr::{self, NonNull};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Transfers that finished since the last poll; each id appears exactly once
@@ -69,12 +71,15 @@ pub enum CancelMode {
 }
 
 /// How the transport holds its region.
-enum Region {
+enum Holding {
     /// A `Vec<u8>` taken apart into its raw parts, rebuilt and freed on drop
     /// after the C transport is destroyed.
     Owned { capacity: usize },
     /// Memory the caller lends for `'r`.
     Borrowed,
+    /// A [`Region`] borrowed for `'r`, whose memory this count keeps alive
+    /// even if the transport is leaked.
+    Region { _memory: Arc<Memory> },
 }
 
 /// A kvxfer transport over one local region of `num_blocks x block_len`
@@ -83,12 +88,17 @@ enum Region {
 /// The region is written by remote peers at any time while the transport is
 /// open (one-sided writes) and read by kvxfer's threads while local blocks are
 /// being sent, so Rust code cannot hold an ordinary reference to it during
-/// that time. Three ways to give the region:
+/// that time. Four ways to give the region:
 ///
+/// - [`Transport::with_region`] borrows a [`Region`], which its owner keeps
+///   reading and writing through copies ([`Region::write_block`],
+///   [`Region::read_block`]) while the transport is open. Safe, and the way
+///   to go when the owner fills or reads its own blocks.
 /// - [`Transport::new`] takes ownership of a `Vec<u8>` (returned by
 ///   [`Transport::into_region`]). Safe in every case: leaking the transport
 ///   (`mem::forget`) leaks the memory too, so kvxfer never writes into freed
-///   memory.
+///   memory. Touching the blocks meanwhile takes the `unsafe`
+///   [`Transport::block`] and [`Transport::block_mut`].
 /// - [`Transport::scope`] borrows a `&mut [u8]` for the duration of a
 ///   closure and destroys the transport before returning (also on panic).
 /// - [`Transport::new_borrowed`] (unsafe) borrows a `&'r mut [u8]` for the
@@ -110,13 +120,14 @@ pub struct Transport<'r> {
     raw: NonNull<sys::kvx_transport>,
     base: NonNull<u8>,
     len: usize,
-    region: Region,
+    region: Holding,
     _borrow: PhantomData<&'r mut [u8]>,
 }
 
 // SAFETY: see "Threads" above. The region pointer is only dereferenced by the
 // C library (thread-safe) or by the caller through the unsafe block accessors
-// under their own contract; an owned Vec<u8> is Send, a &mut [u8] is Send+Sync.
+// under their own contract; an owned Vec<u8> is Send, a &mut [u8] is Send+Sync,
+// a Region's Memory is Send+Sync.
 unsafe impl Send for Transport<'_> {}
 unsafe impl Sync for Transport<'_> {}
 
@@ -169,7 +180,7 @@ impl Transport<'static> {
                 // SAFETY: Vec::as_mut_ptr is never NULL.
                 base: unsafe { NonNull::new_unchecked(base) },
                 len,
-                region: Region::Owned { capacity },
+                region: Holding::Owned { capacity },
                 _borrow: PhantomData,
             }),
             Err(e) => {
@@ -204,7 +215,41 @@ impl<'r> Transport<'r> {
             // SAFETY: slice pointers are never NULL.
             base: NonNull::new_unchecked(base),
             len,
-            region: Region::Borrowed,
+            region: Holding::Borrowed,
+            _borrow: PhantomData,
+        })
+    }
+
+    /// Create a transport over `region` for the transport's lifetime, with
+    /// the region's geometry. The owner keeps using `region` meanwhile
+    /// through its copying methods ([`Region::write_block`],
+    /// [`Region::read_block`], ...), without `unsafe`; see [`Region`] for
+    /// when a copy can race with peers. The borrow keeps the region from
+    /// being dropped or moved while the transport lives (see [`Region`]'s
+    /// "Lifetime"). It is safe where [`Transport::new_borrowed`] is not: the
+    /// transport also holds a count of the region's memory, so leaking it
+    /// (`mem::forget`) leaks the memory rather than letting kvxfer write into
+    /// freed memory. [`Transport::into_region`] returns `None` for it.
+    /// Errors: those of [`Transport::new`].
+    pub fn with_region(
+        region: &'r Region,
+        config_json: Option<&str>,
+        opts: &Options,
+    ) -> Result<Transport<'r>> {
+        let memory = region.memory();
+        let base = memory.base();
+        let raw = Transport::create(
+            base.as_ptr(),
+            region.num_blocks(),
+            region.block_len(),
+            config_json,
+            opts,
+        )?;
+        Ok(Transport {
+            raw,
+            base,
+            len: region.len(),
+            region: Holding::Region { _memory: memory },
             _borrow: PhantomData,
         })
     }
@@ -743,8 +788,9 @@ impl<'r> Transport<'r> {
     }
 
     /// Destroy the transport and give back an owned region (`Some` for
-    /// transports made by [`Transport::new`], `None` for borrowed regions,
-    /// whose borrow simply ends). The region holds everything peers wrote.
+    /// transports made by [`Transport::new`], `None` for borrowed regions and
+    /// [`Region`]s, whose borrow simply ends). The region holds everything
+    /// peers wrote.
     pub fn into_region(self) -> Option<Vec<u8>> {
         let mut this = ManuallyDrop::new(self);
         this.destroy()
@@ -755,12 +801,14 @@ impl<'r> Transport<'r> {
         // SAFETY: &mut self: no other reference exists, so this is the last
         // call on the handle; it is never used again (callers forget self).
         unsafe { sys::kvx_transport_destroy(self.raw.as_ptr()) };
-        match self.region {
+        // Taken out, so that a Region's count drops here also when called
+        // from into_region (which never drops self).
+        match std::mem::replace(&mut self.region, Holding::Borrowed) {
             // SAFETY: the raw parts of the Vec taken apart in new().
-            Region::Owned { capacity } => {
+            Holding::Owned { capacity } => {
                 Some(unsafe { Vec::from_raw_parts(self.base.as_ptr(), self.len, capacity) })
             }
-            Region::Borrowed => None,
+            Holding::Borrowed | Holding::Region { .. } => None,
         }
     }
 }
@@ -779,7 +827,10 @@ impl fmt::Debug for Transport<'_> {
             .field("num_blocks", &self.num_blocks())
             .field("block_len", &self.block_len())
             .field("config_fingerprint", &self.config_fingerprint())
-            .field("owned_region", &matches!(self.region, Region::Owned { .. }))
+            .field(
+                "owned_region",
+                &matches!(self.region, Holding::Owned { .. }),
+            )
             .finish()
     }
 }
