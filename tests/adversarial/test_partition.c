@@ -10,7 +10,8 @@
  * the link returns it is up again by itself (link down; no remove, no
  * re-add), or removing and re-adding it works (nft drop), and bytes land
  * intact. A cut shorter than the timeout (1.5 s of
- * 2 s), healed, fails nothing: every transfer lands, with no re-add. Only the namespaces and addresses the test made are touched,
+ * 2 s), healed, fails nothing: every transfer lands, with no re-add; so does
+ * one that begins while the target's receive window is closed. Only the namespaces and addresses the test made are touched,
  * and it removes them on the way out. Needs root and iproute2 + nftables
  * (exits 77, skipped, without them). */
 #define _GNU_SOURCE
@@ -125,14 +126,22 @@ static void partition(void (*cut)(void), void (*heal)(void), int readd, const ch
 /* A silent cut shorter than the stall timeout, healed: every transfer of
  * the burst lands (none fails), and the peer needs no re-add. The resend
  * that ends it comes when the kernel's doubling backoff says, up to twice
- * the cut later. */
-static void short_cut(int cut_ms, const char *what) {
+ * the cut later. behind_ms > 0: the target falls behind just before the
+ * cut (stopped that long, as a starved target is, and resumed once the cut
+ * is in place), so that its receive window is closed when the cut begins
+ * and our kernel sends window probes into it instead of resending data. */
+static void short_cut(int cut_ms, int behind_ms, const char *what) {
     child_target c;
     region r;
     static uint64_t ids[BURST];
     kvx_transport *a = burst(&c, &r, 4, ids);
+    if (behind_ms > 0) {
+        child_freeze(&c);
+        usleep((useconds_t)behind_ms * 1000);
+    }
     netns_drop_in(&g_ns, g_ns.a); /* in the middle: both kernels back off */
     netns_drop_in(&g_ns, g_ns.b);
+    if (behind_ms > 0) assert_int_equal(kill(c.pid, SIGCONT), 0);
     usleep((useconds_t)cut_ms * 1000);
     netns_pass_all(&g_ns, g_ns.a);
     netns_pass_all(&g_ns, g_ns.b);
@@ -157,7 +166,15 @@ static void short_cut(int cut_ms, const char *what) {
 
 static void test_short_cut(void **state) {
     (void)state;
-    short_cut(1500, "every packet lost for 1.5 s (timeout 2 s)");
+    short_cut(1500, 0, "every packet lost for 1.5 s (timeout 2 s)");
+}
+
+/* The same with the target's window closed when the cut begins (a target
+ * that fell behind on a loaded machine): the silence shows only as window
+ * probes without an answer (docs/semantics.md, Timers). */
+static void test_short_cut_closed_window(void **state) {
+    (void)state;
+    short_cut(1500, 300, "every packet lost for 1.5 s, the target's window closed (timeout 2 s)");
 }
 
 static void test_link_down(void **state) {
@@ -175,6 +192,8 @@ int main(void) {
         cmocka_unit_test(test_link_down),
         cmocka_unit_test(test_silent_drop),
         cmocka_unit_test(test_short_cut),
+        cmocka_unit_test(test_short_cut_closed_window),
     };
+    if (getenv("KVX_TEST_FILTER")) cmocka_set_test_filter(getenv("KVX_TEST_FILTER")); /* e.g. "*short*" */
     return cmocka_run_group_tests_name("adversarial_partition", tests, setup, NULL);
 }

@@ -403,11 +403,24 @@ void TcpPeer::abort(int status) {
     if (--aborting_ == 0) aborted_.notify_all();
 }
 
-// The kernel's view of each stream (TCP_INFO): resending after a
-// retransmission timeout, or keepalive probes without an answer. Not window
-// probes: a frozen target's kernel answers them with a zero window, and
-// since Linux 5.10 they count as unanswered until the window opens; they go
-// out only while data waits unsent, keepalive only while nothing does.
+// The kernel's view of each stream (TCP_INFO): resending into silence in
+// any of the three ways it asks the target's kernel for an answer (that
+// kernel answers while its process is frozen or starved, so a frozen target
+// on a healthy network shows none of them):
+// - data in flight: a retransmission timeout (tcpi_retransmits, the loss
+//   state);
+// - nothing in flight, nothing unsent: keepalive probes without an answer;
+// - nothing in flight, data unsent behind a zero window (a target that fell
+//   behind when the network went silent): window probes, two without an
+//   answer between them. tcpi_probes counts the probes since the last ACK
+//   (any ACK resets it, a zero window's too). One alone proves nothing: the
+//   target's kernel does not answer a probe that comes within
+//   tcp_invalid_ratelimit (its sysctl, 500 ms) of its previous answer, and
+//   the probe after the first one past an answer comes 3 intervals (at
+//   least 3 x 200 ms) after it, past that limit.
+// The timeout returned is the largest base rto: tcpi_rto is backed off by
+// the retransmission timer only, window probes back off their interval
+// from it unchanged.
 uint64_t TcpPeer::network_silent_rto_us() {
     uint64_t rto_us = 0;
     loop_->call([&] {
@@ -419,8 +432,11 @@ uint64_t TcpPeer::network_silent_rto_us() {
                 ::ioctl(s->fd.get(), SIOCOUTQNSD, &unsent) != 0)
                 continue;
             const bool keepalive_unanswered = ti.tcpi_probes > 0 && ti.tcpi_unacked == 0 && unsent == 0;
+            const bool window_probes_unanswered = ti.tcpi_probes >= 2 && ti.tcpi_unacked == 0 && unsent > 0;
             if (ti.tcpi_retransmits > 0 || ti.tcpi_ca_state == TCP_CA_Loss || keepalive_unanswered)
                 rto_us = std::max<uint64_t>({rto_us, ti.tcpi_rto >> std::min<uint8_t>(ti.tcpi_backoff, 31), 1});
+            else if (window_probes_unanswered)
+                rto_us = std::max<uint64_t>({rto_us, ti.tcpi_rto, 1});
         }
     });
     return rto_us;
