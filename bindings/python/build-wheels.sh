@@ -40,23 +40,8 @@ MINORS=${KVX_WHEEL_MINORS:-9 10 11 12 13}
 say() { echo "=== kvxfer wheels: $* ==="; }
 
 # ------------------------------------------------------------------ packages
-# (as bindings/python/test.sh: installed when root, else named)
-DEPS="swig patchelf binutils gcc cmake make g++ python3"
-missing=""
-for p in $DEPS; do
-    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed' || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-    if [ "$(id -u)" != 0 ]; then
-        echo "kvxfer wheels: missing Debian packages:$missing (run: sudo apt-get install$missing)" >&2
-        exit 1
-    fi
-    say "installing$missing"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get -o DPkg::Lock::Timeout=600 update -qq
-    # shellcheck disable=SC2086
-    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $missing >/dev/null
-fi
+. "$ROOT/scripts/need-packages.sh"
+kvx_need_packages "kvxfer wheels" swig patchelf binutils gcc cmake make g++ python3
 
 # ------------------------------------------------------------------ interpreters
 PYTHONS=()

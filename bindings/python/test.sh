@@ -29,21 +29,9 @@ STAGE=$BUILD/stage
 say() { echo "=== kvxfer python: $* ==="; }
 
 # ------------------------------------------------------------------ 1. packages
-DEPS="swig python3 python3-dev python3-pytest python3-numpy python3-setuptools python3-pip python3-wheel python3-venv pkgconf cmake make g++"
-missing=""
-for p in $DEPS; do
-    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed' || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-    if [ "$(id -u)" != 0 ]; then
-        echo "kvxfer python: missing Debian packages:$missing (run: sudo apt-get install$missing)" >&2
-        exit 1
-    fi
-    say "installing$missing"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get -o DPkg::Lock::Timeout=600 update -qq
-    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $missing >/dev/null
-fi
+. "$ROOT/scripts/need-packages.sh"
+kvx_need_packages "kvxfer python" swig python3 python3-dev python3-pytest python3-numpy python3-setuptools python3-pip \
+    python3-wheel python3-venv pkgconf cmake make g++
 
 # ------------------------------------------------------------------ 2. library
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then

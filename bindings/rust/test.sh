@@ -25,20 +25,8 @@ work=$build/rust
 say() { echo "=== rust: $*"; }
 
 # ---------------------------------------------------------------- packages
-need=()
-for p in bindgen libclang1-14 libclang-common-14-dev rustfmt rustc cargo pkg-config; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    say "installing ${need[*]}"
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "rust test: missing packages ${need[*]} and not root: apt-get install them" >&2
-        exit 1
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get -o DPkg::Lock::Timeout=600 update -qq
-    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+. "$repo/scripts/need-packages.sh"
+kvx_need_packages "rust test" bindgen libclang1-14 libclang-common-14-dev rustfmt rustc cargo pkg-config
 
 # ---------------------------------------------------------------- stage the C library
 say "staging $build into $stage"
