@@ -112,6 +112,7 @@ struct engine {
     uint64_t last_poll, poll_bound;
     size_t n_samples, cap_samples;
     uint64_t seen_samples;
+    struct call_samples calls; /* time inside kvx_write_blocks, measured calls */
     uint64_t first_failed;
 };
 
@@ -190,6 +191,8 @@ static void engine_free(struct engine *e)
     free(e->map.keys);
     free(e->map.vals);
     free(e->samples);
+    free(e->calls.ns);
+    free(e->calls.cpu);
     memset(e, 0, sizeof *e);
 }
 
@@ -236,7 +239,7 @@ static bool try_submit(struct engine *e)
     if (!pick(e, l, r))
         return false;
     e->n_free--;
-    uint64_t id = 0, t0 = now_ns();
+    uint64_t id = 0, c0 = cpu_ns(), t0 = now_ns();
     int rc = kvx_write_blocks(&id, e->t, PEER_ID, l, r, (size_t)e->batch);
     if (rc)
         die_kvx("kvx_write_blocks", rc);
@@ -246,6 +249,8 @@ static bool try_submit(struct engine *e)
         e->t_start = t0;
     e->slot_t0[s] = t0;
     e->slot_call[s] = now_ns() - t0;
+    if (e->measure)
+        call_sample(&e->calls, e->slot_call[s], cpu_ns() - c0, &e->rng);
     if (e->expected)
         for (uint64_t k = 0; k < e->batch; k++)
             e->expected[r[k]] = l[k];
@@ -364,6 +369,8 @@ static void run_phase(struct engine *e, bool measure, uint64_t deadline, uint64_
     e->n_done = e->n_failed = e->bytes = e->t_start = e->t_last = 0;
     e->n_samples = 0;
     e->seen_samples = 0;
+    e->calls.n = 0;
+    e->calls.seen = 0;
     uint64_t submitted = 0, last_progress = now_ns(), last_show = 0;
     bool stopping = false;
     unsigned idle = 0;
@@ -416,27 +423,6 @@ static void show_status(bool progress, const char *label, const char *what)
         return;
     fprintf(stderr, "\r\033[K%s: %s", label, what);
     fflush(stderr);
-}
-
-/* ------------------------------------------------------------ statistics */
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Nearest-rank percentile (permille: 500 = p50) of sorted samples, in us. */
-static double pct_us(const uint64_t *s, size_t n, unsigned permille)
-{
-    if (!n)
-        return 0;
-    size_t rank = (n * permille + 999) / 1000; /* ceil(n * q) without libm */
-    if (rank < 1)
-        rank = 1;
-    if (rank > n)
-        rank = n;
-    return (double)s[rank - 1] / 1e3;
 }
 
 /* ------------------------------------------------------------ control helpers */
@@ -700,11 +686,34 @@ static void summarize(struct engine *e, uint64_t warm_failed, uint64_t warm_firs
     qsort(e->floors, e->n_samples, sizeof *e->floors, cmp_u64);
     res->floor_p50 = pct_us(e->floors, e->n_samples, 500);
     res->floor_p99 = pct_us(e->floors, e->n_samples, 990);
+    call_summary(&e->calls, &res->submit);
     res->verified = "off";
     if (res->failed)
         snprintf(res->problem, sizeof res->problem, "%llu transfers failed (first id %llu)",
                  (unsigned long long)res->failed,
                  (unsigned long long)(warm_first_failed ? warm_first_failed : e->first_failed));
+}
+
+/* What checking a call's index lists costs (p50 of 31 calls, us): calls
+ * that repeat their first remote index at the end, so that the library
+ * checks everything, as for a transfer, and then refuses them (nothing is
+ * outstanding: slot 0's lists are those of a call made). */
+static double time_validation(struct engine *e)
+{
+    uint64_t ns[31], *r = e->ridx, keep = r[e->batch - 1];
+    if (e->batch < 2 || e->outstanding)
+        return 0;
+    r[e->batch - 1] = r[0];
+    for (size_t i = 0; i < 31; i++) {
+        uint64_t id = 0, t0 = now_ns();
+        int rc = kvx_write_blocks(&id, e->t, PEER_ID, e->lidx, r, (size_t)e->batch);
+        ns[i] = now_ns() - t0;
+        if (rc != KVX_EINVAL)
+            die("kvx_write_blocks with a remote index twice returned %d, not KVX_EINVAL", rc);
+    }
+    r[e->batch - 1] = keep;
+    qsort(ns, 31, sizeof *ns, cmp_u64);
+    return pct_us(ns, 31, 500);
 }
 
 /* 4. optionally measure cold, warm up (connections, caches), then measure */
@@ -729,6 +738,7 @@ static void measure(const struct size_run *sr, struct engine *e, struct result *
     res->lib.agrees = "n/a";
     if (lib && lib_snapshot(sr->t, PEER_ID, &after))
         lib_view(&before, &after, res, &res->lib);
+    res->submit.validate = time_validation(e);
     if (strcmp(res->lib.agrees, "no") == 0) {
         char msg[400];
         snprintf(msg, sizeof msg,

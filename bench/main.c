@@ -83,7 +83,11 @@ static const char usage_text[] =
     "                             gb_per_s xfers_per_s p50_us p99_us verified, and\n"
     "                             blocks inflight transfers failed p999_us max_us,\n"
     "                             lib_transfers lib_bytes lib_failed lib_p50_us\n"
-    "                             lib_p99_us lib_agrees (yes/no/n/a)\n"
+    "                             lib_p99_us lib_agrees (yes/no/n/a), and\n"
+    "                             submit_p50_us submit_p99_us submit_max_us\n"
+    "                             submit_cpu_p50_us submit_cpu_p99_us (time and\n"
+    "                             CPU time inside kvx_write_blocks per call)\n"
+    "                             submit_validate_us (checking the lists alone)\n"
     "  --no-progress              no progress line (shown only if stderr is a tty)\n"
     "\n";
 

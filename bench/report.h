@@ -23,6 +23,28 @@ struct libview {
     double p50, p99;                     /* us */
 };
 
+/* The time each measured call spent inside kvx_write_blocks (a bounded
+ * reservoir of samples, in ns), and its summary in us. The CPU time tells
+ * the call's own work from time the thread waited for a core (a machine
+ * with more runnable threads than cores). */
+struct call_samples {
+    uint64_t *ns, *cpu;    /* wall-clock time, and the thread's CPU time */
+    size_t n, cap;
+    uint64_t seen;
+};
+struct call_times {
+    uint64_t calls;
+    double p50, p99, max, cpu_p50, cpu_p99;
+    double validate;       /* p50 of calls refused after checking their lists */
+};
+void call_sample(struct call_samples *c, uint64_t ns, uint64_t cpu, uint64_t *rng);
+/* Sorts the samples. */
+void call_summary(struct call_samples *c, struct call_times *out);
+/* Sorting, and the nearest-rank percentile (permille: 500 = p50) of sorted
+ * samples in ns, in us. */
+int cmp_u64(const void *a, const void *b);
+double pct_us(const uint64_t *s, size_t n, unsigned permille);
+
 struct result {
     const char *backend;                  /* the path the library picked for the target */
     const char *path;                     /* and how (shm: mapped / process_vm_writev), or "" */
@@ -30,6 +52,7 @@ struct result {
     double seconds, gbps, xps, p50, p99, p999, max_us;
     double floor_p50, floor_p99;          /* us: what the library's may be at least */
     double cold_gbps;                     /* --cold: the first bytes after connecting */
+    struct call_times submit;             /* inside kvx_write_blocks */
     const char *verified;
     struct libview lib;
     char problem[600];

@@ -5,8 +5,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* CLOCK_MONOTONIC in ns, and in seconds. */
+/* CLOCK_MONOTONIC in ns, and in seconds; the calling thread's CPU time in ns. */
 uint64_t now_ns(void);
+uint64_t cpu_ns(void);
 double now_s(void);
 void sleep_ns(uint64_t ns);
 /* "4096", "4K", "64k", "1M", "1MiB", "2G": binary suffixes. 0 on success. */
