@@ -13,14 +13,14 @@
 #                path, which "shm private" takes
 #   shm mapped   kvxfer-bench --backend shm --target-region shared
 #                (the target's region is a sealed memfd; vLLM's /dev/shm files
-#                take the same path), shm.threads=1
+#                take the same path), shm.threads=1 (one copy thread; the
+#                submitting thread copies a small transfer when it sleeps)
 #   memcpy x2, pvw x2  the same references with two threads at once, each
 #                into its own half of the destination: the references of
 #                the shm.threads=2 lines (the shm lines are still judged
 #                against one thread's memcpy; these ratios are printed beside them)
-#   shm mapped 2 the same with shm.threads=2, the default (the submitting
-#                thread and one pool thread; 4M and 1M: split from 1 MiB;
-#                64K and 4K: batched)
+#   shm mapped 2 the same with shm.threads=2, the default (two copy
+#                threads; 4M and 1M: split from 1 MiB; 64K and 4K: batched)
 #   shm private  --backend shm, the target's region private: process_vm_writev
 #   memcpy thp, pvw thp, shm private thp  the same three with the regions on
 #                transparent huge pages (MADV_HUGEPAGE; kvxfer-bench

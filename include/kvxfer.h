@@ -582,9 +582,10 @@ KVX_API int kvx_registration_status(int *out_state, int *out_error, kvx_transpor
  * remote_idxs[i], for i < n. Never blocks on the network: the transfer is
  * queued and the returned id surfaces exactly once in kvx_poll(), done (the
  * bytes are in the peer's region) or failed. For a peer on the shm backend
- * the calling thread may copy queued blocks (its own, or a share of those
- * queued before) itself before returning (see shm.threads): a memory copy,
- * never a wait for the peer. Runs of consecutive indexes
+ * the calling thread may copy one small transfer (at most 64 KiB in at most
+ * 16 runs: its own, or one queued before) itself before returning (see
+ * shm.threads): a memory copy, never a wait for the peer; anything larger
+ * is the backend's copy threads'. Runs of consecutive indexes
  * (local i..i+k to remote j..j+k) travel as one operation. n == 0 is a valid
  * transfer, done at the next poll.
  * The index arrays are read during the call only.

@@ -205,6 +205,26 @@ private:
     bool stopped_ = false;
 };
 
+// What a thread calling kvx_write_blocks() may copy itself in one call: one
+// small transfer, of at most kSubmitBytes in at most kSubmitRuns runs. Into
+// private memory every run costs a page walk and pin of its own (about 1 us
+// on this VM even for 64 B), so the runs are bounded as well as the bytes:
+// such a copy takes some 10-20 us here.
+inline constexpr uint64_t kSubmitBytes = 64u << 10;
+inline constexpr size_t kSubmitRuns = 16;
+
+// A transfer queued for the copy threads. They carve it into parts as they
+// take it (at most `piece` bytes and kPartRuns runs each), so submitting one
+// costs no pass over its runs, however many it has.
+struct Queued {
+    OpRef op;
+    Runs runs;
+    uint64_t piece = 0;  // the most bytes one part carries
+    uint64_t left = 0;   // bytes not taken yet
+    size_t next = 0;     // the next part starts at runs[next], byte off of it
+    uint64_t off = 0;
+};
+
 // The writer's state of one peer, shared with the copy threads (which hold it
 // by shared_ptr, so a part still queued when the peer goes finds it stopped).
 struct Link {
@@ -244,9 +264,13 @@ struct Link {
     };
     std::deque<std::shared_ptr<Staged>> stage_queue;
     std::vector<std::shared_ptr<Staged>> owner;
-    // Parts waiting for a copier, in order (the CopyPool's, under its mu_),
-    // and whether the link is in the pool's ready list.
-    std::deque<Part> pool_parts;
+    // Transfers waiting for a copier (the CopyPool's, under its mu_): those
+    // of one part, in order, and those of several, in order (the front one
+    // is being carved). While both wait, the link's batches alternate
+    // between them, so a small transfer waits behind at most one part of a
+    // large one. And whether the link is in the pool's ready list.
+    std::deque<Queued> pool_small, pool_large;
+    bool pool_large_turn = false;
     bool pool_listed = false;
     std::vector<uint64_t> in_flight;
     uint32_t free_slots = 0;
@@ -268,55 +292,69 @@ struct Link {
     void fail_all(int status, Clock::duration wait);
 };
 
-// The copy threads of one transport's shm backend: shm.threads copiers, the
-// threads that submit and shm.threads - 1 pool threads. A transfer of 1 MiB
-// or more (512 KiB into private memory) is split in parts, one per copier,
-// and the submitting thread copies the first. Each link queues the parts for
-// the pool; the links with parts queued are served in turn, so a peer's
-// parts wait behind at most one batch of each other peer, never behind
-// another peer's whole backlog (a wait in a queue is no stall). A copier
-// takes a batch from the next link: parts in order, at most a fair share of
-// all queued parts (their number / copiers) and kBatchBytes (or one larger
-// part). A batch into private memory is one process_vm_writev, so the
-// kernel's fixed cost per call (about 2.5 us here) is paid once per batch.
-// A pool thread that finds nothing queued watches the queue for kIdleSpin
-// before it sleeps: a wake-up costs more than a 64 KiB copy on a VM, so a
-// transfer of one part is queued only while a pool thread is awake
-// (watching, or copying a batch of at most kBatchBytes: not one larger part,
-// which a small transfer would wait for), and copied by the submitting
-// thread otherwise (on a transport idle for kIdleSpin it is done when the
-// call returns, as with one thread). When it queued its part and
-// kBacklogBytes or more wait, the submitting thread copies a batch of the
-// queue as well (never one part above kBatchBytes: that is a pool thread's).
+// The copy threads of one transport's shm backend: shm.threads threads of
+// its own, beside the threads that submit, which copy at most one small
+// transfer (kSubmitBytes in kSubmitRuns runs) per call: their own when no
+// copy thread is awake, or, with kBacklogBytes or more queued, the next of
+// the queue if it is one. Everything else is the copy threads', so a submit
+// returns in microseconds whatever the transfer's size and shape. A
+// transfer is queued whole on its link and carved into parts as the copy
+// threads take it: from 1 MiB (512 KiB into private memory) in one part per
+// copy thread, each at most kBatchBytes (a halt is seen within about 100 us
+// of copying) and kPartRuns runs. The links with transfers queued are
+// served in turn, so a peer's transfers wait behind at most one batch of
+// each other peer, never behind another peer's whole backlog (a wait in a
+// queue is no stall); within a link, batches of transfers of one part
+// alternate with parts of larger ones. A copy thread takes a batch from the
+// next link: transfers of one part in order, at most a fair share of the
+// queued transfers (their number / threads) and kBatchBytes, or one part of
+// the front larger transfer. A batch into private memory is one
+// process_vm_writev, so the kernel's fixed cost per call (about 2.5 us
+// here) is paid once per batch. The first copy thread is the watcher: when
+// it finds nothing queued it watches the queue for kIdleSpin before it
+// sleeps, and a stream of calls wakes it to watch. A wake-up costs more
+// than a 64 KiB copy on a VM, so a small transfer is queued only while a
+// copy thread is awake (watching, or copying a batch), and copied by the
+// submitting thread otherwise (on a transport idle for kIdleSpin it is done
+// when the call returns). The other copy threads are helpers: woken for the
+// parts of a large transfer, or when kHelpBytes of small ones wait; one
+// that finds nothing queued sleeps at once, unless it just copied a part
+// of a large transfer (then it watches for kIdleSpin: the next may follow). So a stream of small
+// transfers keeps one copy thread and the submitting thread busy, as many
+// as it can use on a small host, and a large transfer has every copy thread.
 class CopyPool {
 public:
     explicit CopyPool(unsigned threads);
     ~CopyPool();
-    unsigned copiers() const { return copiers_; }
-    // A transfer's parts for link: copies some in the calling thread and
-    // queues the others (see above; with shm.threads=1 it copies them all),
-    // never waiting for the peer.
-    void submit(const std::shared_ptr<Link> &link, std::vector<Part> parts);
+    unsigned threads() const { return copiers_; }
+    // Queues op's transfer for link, or copies it in the calling thread
+    // (see above), never waiting for the peer. From 2 x min_part it is
+    // split for the copy threads; parts end on multiples of granule.
+    void submit(const std::shared_ptr<Link> &link, Op op, uint64_t min_part, uint64_t granule);
 
 private:
-    void run();
+    void run(bool watcher);
     // Moves the next batch into out and its link into *link (mu_ held);
-    // nothing when no part is queued, or, bounded, when the next is a part
-    // above kBatchBytes.
-    // Returns the batch's bytes.
-    uint64_t take(std::shared_ptr<Link> *link, std::vector<Part> &out, bool bounded);
-    // Watches queued_parts_ without the lock until a part comes, a stop, or until.
+    // nothing when nothing is queued, or, for the submitting thread, when
+    // the next link's front transfer of one part is not a small one (the
+    // only kind it takes). The runs of transfers it finished carving go to
+    // spent, to be freed without the lock. Returns the batch's bytes.
+    // *large_out: the batch is a part of a larger transfer.
+    uint64_t take(std::shared_ptr<Link> *link, std::vector<Part> &out, std::vector<Runs> &spent, bool submitter,
+                  bool *large_out = nullptr);
+    // Watches queued_ without the lock until a transfer comes, a stop, or until.
     void spin_for_work(std::chrono::steady_clock::time_point until) const;
 
     std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<std::shared_ptr<Link>> ready_;  // links with parts queued, each once, in turn (under mu_)
-    std::atomic<size_t> queued_parts_{0};  // parts queued over all links (changed under mu_; spinning threads read it without)
-    uint64_t queued_bytes_ = 0;      // their bytes (under mu_)
+    std::condition_variable cv_, helpers_cv_;  // the watcher's, the helpers'
+    std::deque<std::shared_ptr<Link>> ready_;  // links with transfers queued, each once, in turn (under mu_)
+    std::atomic<size_t> queued_{0};  // transfers queued over all links (changed under mu_; spinning threads read it without)
+    uint64_t queued_bytes_ = 0;      // their bytes not taken yet (under mu_)
     std::atomic<bool> stop_{false};
-    unsigned sleeping_ = 0;          // pool threads waiting on cv_ (under mu_)
-    unsigned spinning_ = 0;          // pool threads watching queued_parts_ (under mu_)
-    unsigned busy_small_ = 0;        // pool threads copying a batch of at most kBatchBytes (under mu_)
+    unsigned watcher_sleeping_ = 0;  // the watcher waits on cv_ (under mu_)
+    unsigned helpers_sleeping_ = 0;  // helpers waiting on helpers_cv_ (under mu_)
+    unsigned spinning_ = 0;          // the watcher watches queued_ (under mu_)
+    unsigned busy_ = 0;              // copy threads copying a batch (under mu_)
     std::chrono::steady_clock::time_point last_submit_{};  // under mu_
     unsigned copiers_;
     std::vector<std::thread> threads_;

@@ -225,8 +225,8 @@ void Link::fail_all(int st, Clock::duration wait) {
     cv.notify_all();
 }
 
-CopyPool::CopyPool(unsigned threads) : copiers_(threads) {
-    for (unsigned i = 1; i < threads; i++) threads_.emplace_back([this] { run(); });
+CopyPool::CopyPool(unsigned threads) : copiers_(std::max(1u, threads)) {
+    for (unsigned i = 0; i < copiers_; i++) threads_.emplace_back([this, i] { run(i == 0); });
 }
 
 CopyPool::~CopyPool() {
@@ -235,14 +235,50 @@ CopyPool::~CopyPool() {
         stop_.store(true);
     }
     cv_.notify_all();
+    helpers_cv_.notify_all();
     for (auto &t : threads_) t.join();
 }
 
 namespace {
 
 constexpr uint64_t kBatchBytes = 1u << 20;  // a batch's bound: a halt is seen within about 100 us of copying
-constexpr uint64_t kBacklogBytes = 2u << 20;  // queued while pool threads are awake: the submitter copies a share too
+constexpr size_t kPartRuns = IOV_MAX;  // a part's runs: one process_vm_writev
+constexpr uint64_t kBacklogBytes = 2u << 20;  // queued while copy threads are awake: the submitter copies a little too
+constexpr uint64_t kHelpBytes = 4u << 20;     // queued transfers of one part: a helper is woken per this much
 constexpr auto kIdleSpin = std::chrono::microseconds(50);
+
+// Moves the next part of q into out: at most max_bytes in at most max_runs
+// runs, counted in its transfer's parts (one stands for the rest until the
+// last is taken). What is left of a transfer that will not be copied any
+// more (the link halted, it was cancelled or failed) goes whole, for
+// begin() to drop. Returns the bytes taken from q.
+uint64_t carve(Queued &q, uint64_t max_bytes, size_t max_runs, bool halted, std::vector<Part> &out) {
+    const bool whole = q.next == 0 && q.off == 0 && q.left <= max_bytes && q.runs.size() <= max_runs;
+    if (whole || halted || q.op->state.load(std::memory_order_relaxed) == OpState::kReported) {
+        const uint64_t b = q.left;
+        out.push_back(Part{std::move(q.op), std::move(q.runs)});
+        q.left = 0;
+        return b;
+    }
+    Part p{q.op, {}};
+    p.runs.reserve(std::min(max_runs, q.runs.size() - q.next));
+    uint64_t b = 0;
+    while (q.next < q.runs.size() && b < max_bytes && p.runs.size() < max_runs) {
+        const Run &r = q.runs[q.next];
+        const uint64_t n = std::min(r.len - q.off, max_bytes - b);
+        p.runs.push_back(Run{r.local_off + q.off, r.remote_off + q.off, n});
+        b += n;
+        q.off += n;
+        if (q.off == r.len) {
+            q.next++;
+            q.off = 0;
+        }
+    }
+    q.left -= b;
+    if (q.left > 0) q.op->parts_left.fetch_add(1);  // before the part can finish
+    out.push_back(std::move(p));
+    return b;
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -317,102 +353,124 @@ void copy_batch(Link &l, std::vector<Part> &parts) {
 
 }  // namespace
 
-uint64_t CopyPool::take(std::shared_ptr<Link> *link, std::vector<Part> &out, bool bounded) {
+uint64_t CopyPool::take(std::shared_ptr<Link> *link, std::vector<Part> &out, std::vector<Runs> &spent,
+                        bool submitter, bool *large_out) {
     out.clear();
     link->reset();
+    if (large_out) *large_out = false;
     if (ready_.empty()) return 0;
-    if (bounded && ready_.front()->pool_parts.front().bytes() > kBatchBytes) return 0;  // a pool thread's
+    const uint64_t max_bytes = submitter ? kSubmitBytes : kBatchBytes;
+    const size_t max_runs = submitter ? kSubmitRuns : IOV_MAX;
+    const auto fits = [&](const Queued &e, uint64_t bytes, size_t runs) {
+        return bytes + e.left <= max_bytes && runs + (e.runs.size() - e.next) <= max_runs;
+    };
+    Link &l = *ready_.front();
+    if (submitter && (l.pool_small.empty() || !fits(l.pool_small.front(), 0, 0))) return 0;
     *link = std::move(ready_.front());
     ready_.pop_front();
-    Link &l = **link;
-    const size_t share = (queued_parts_.load(std::memory_order_relaxed) + copiers_ - 1) / copiers_;
+    // Transfers of one part and parts of larger ones take turns (the
+    // submitting thread takes only the former, whole).
+    const bool large = !submitter && (l.pool_small.empty() || (!l.pool_large.empty() && l.pool_large_turn));
+    if (!submitter && !l.pool_small.empty() && !l.pool_large.empty()) l.pool_large_turn = !large;
+    std::deque<Queued> &q = large ? l.pool_large : l.pool_small;
+    if (large_out) *large_out = large;
+    const bool halted = l.halt.load(std::memory_order_relaxed);
+    const size_t share = (queued_.load(std::memory_order_relaxed) + copiers_ - 1) / copiers_;
     uint64_t bytes = 0;
-    size_t runs = 0;
-    while (!l.pool_parts.empty() && out.size() < share) {
-        const uint64_t b = l.pool_parts.front().bytes();
-        const size_t r = l.pool_parts.front().runs.size();
-        if (!out.empty() && (bytes + b > kBatchBytes || runs + r > IOV_MAX)) break;
-        bytes += b;
-        runs += r;
-        out.push_back(std::move(l.pool_parts.front()));
-        l.pool_parts.pop_front();
+    size_t runs = 0, done = 0;
+    while (!q.empty() && done < share) {
+        Queued &e = q.front();
+        if (!out.empty() && !fits(e, bytes, runs)) break;
+        bytes += carve(e, std::min(max_bytes - bytes, large ? e.piece : max_bytes), std::min(max_runs - runs, kPartRuns),
+                       halted, out);
+        runs += out.back().runs.size();
+        if (e.left > 0) break;  // one part of a larger transfer per batch; the rest stays in front
+        if (e.runs.size() > 1) spent.push_back(std::move(e.runs));  // freed without the lock (a munmap, maybe)
+        q.pop_front();
+        done++;
     }
-    if (l.pool_parts.empty()) l.pool_listed = false;
+    if (l.pool_small.empty() && l.pool_large.empty()) l.pool_listed = false;
     else ready_.push_back(*link);  // its turn comes again after the others'
-    queued_parts_.fetch_sub(out.size(), std::memory_order_relaxed);
+    queued_.fetch_sub(done, std::memory_order_relaxed);
     queued_bytes_ -= bytes;
     return bytes;
 }
 
 void CopyPool::spin_for_work(std::chrono::steady_clock::time_point until) const {
     for (unsigned i = 1;; i++) {
-        if (queued_parts_.load(std::memory_order_relaxed) != 0 || stop_.load(std::memory_order_relaxed)) return;
+        if (queued_.load(std::memory_order_relaxed) != 0 || stop_.load(std::memory_order_relaxed)) return;
         cpu_relax();
         if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return;
     }
 }
 
-void CopyPool::submit(const std::shared_ptr<Link> &link, std::vector<Part> parts) {
-    if (threads_.empty()) {  // shm.threads=1: the caller copies its transfer (one part: one per copier)
-        copy_batch(*link, parts);
-        return;
-    }
-    if (parts.empty()) return;
+void CopyPool::submit(const std::shared_ptr<Link> &link, Op op, uint64_t min_part, uint64_t granule) {
     std::vector<Part> own, batch;
+    std::vector<Runs> spent;
     std::shared_ptr<Link> from;
+    op.state->parts_left.store(1);  // one part, or one for the rest while they are carved
+    const bool small = op.bytes <= kSubmitBytes && op.runs.size() <= kSubmitRuns;
     {
         std::lock_guard<std::mutex> lk(mu_);
-        // This thread copies the first part of a transfer that was split
-        // (its share, as with one part per thread), and a transfer of one
-        // part when every pool thread sleeps: waking one costs more than
-        // copying a small part. Otherwise the part queues for the pool
-        // threads that are awake (copying, or watching the queue), which
-        // take the queue in batches; then this thread copies a batch of it
-        // too once kBacklogBytes wait, but never a part above kBatchBytes
-        // of another transfer. A stream of calls (the last within
-        // kIdleSpin) wakes a sleeping pool thread to watch for the next.
+        // This thread copies a small transfer when every copy thread sleeps:
+        // waking one costs more than the copy. Otherwise the transfer queues
+        // for the copy threads, which are awake (copying a batch, or
+        // watching the queue) or woken; once kBacklogBytes wait, this thread
+        // then copies the next small transfer of the queue, if it is one.
+        // A stream of calls (the last within kIdleSpin) wakes a sleeping
+        // copy thread to watch for the next.
         const auto now = std::chrono::steady_clock::now();
         const bool streaming = now - last_submit_ < kIdleSpin;
         last_submit_ = now;
-        // Awake: watching, or copying a batch of at most kBatchBytes (one
-        // copying a larger part is not: a small transfer would wait for it).
-        const unsigned awake = spinning_ + busy_small_;
-        size_t first = 0;
-        if (parts.size() > 1 || awake == 0) {
-            own.push_back(std::move(parts.front()));
-            first = 1;
+        const unsigned awake = spinning_ + busy_;
+        size_t parts = 0;  // the transfer's parts, when queued
+        if (small && awake == 0) {
+            own.push_back(Part{std::move(op.state), std::move(op.runs)});
+        } else {
+            // One part per copy thread from 2 x min_part, at most kBatchBytes each.
+            const uint64_t n = std::clamp<uint64_t>(op.bytes / min_part, 1, copiers_);
+            const uint64_t cap = std::max<uint64_t>(granule, kBatchBytes / granule * granule);
+            const uint64_t piece = std::min(cap, (op.bytes / n + granule - 1) / granule * granule);
+            parts = std::max<uint64_t>((op.bytes + piece - 1) / piece, (op.runs.size() + kPartRuns - 1) / kPartRuns);
+            Queued q{std::move(op.state), std::move(op.runs), piece, op.bytes};
+            (parts > 1 ? link->pool_large : link->pool_small).push_back(std::move(q));
+            queued_bytes_ += op.bytes;
+            queued_.fetch_add(1, std::memory_order_relaxed);
+            if (!link->pool_listed) {
+                link->pool_listed = true;
+                ready_.push_back(link);
+            }
+            if (queued_bytes_ >= kBacklogBytes) take(&from, batch, spent, true);
         }
-        for (size_t i = first; i < parts.size(); i++) {
-            queued_bytes_ += parts[i].bytes();
-            link->pool_parts.push_back(std::move(parts[i]));
-        }
-        queued_parts_.fetch_add(parts.size() - first, std::memory_order_relaxed);
-        if (!link->pool_listed && !link->pool_parts.empty()) {
-            link->pool_listed = true;
-            ready_.push_back(link);
-        }
-        if (own.empty() && queued_bytes_ >= kBacklogBytes) take(&from, batch, true);
-        const size_t left = queued_parts_.load(std::memory_order_relaxed);
-        if (sleeping_ > 0 && (left > awake || (streaming && awake == 0))) {
-            if (left > awake + 1) cv_.notify_all();
-            else cv_.notify_one();
+        // The watcher for the queue (small transfers, a stream of them),
+        // helpers for the parts of a large transfer, or a deep queue.
+        const size_t queued = queued_.load(std::memory_order_relaxed);
+        if (watcher_sleeping_ && ((queued > awake) || (streaming && awake == 0))) cv_.notify_one();
+        const uint64_t help = parts > 1 ? parts - 1 : queued_bytes_ / kHelpBytes;
+        if (helpers_sleeping_ > 0 && help > 0) {
+            if (help > 1) helpers_cv_.notify_all();
+            else helpers_cv_.notify_one();
         }
     }
     if (!own.empty()) copy_batch(*link, own);
     if (from) copy_batch(*from, batch);
 }
 
-void CopyPool::run() {
+void CopyPool::run(bool watcher) {
     std::shared_ptr<Link> link;
     std::vector<Part> batch;
-    bool small = false;
+    std::vector<Runs> spent;
+    bool large = false;  // the last batch was a part of a large transfer
     for (;;) {
         {
             std::unique_lock<std::mutex> lk(mu_);
-            // Watch for kIdleSpin, also after losing a part to another copier.
+            // The watcher watches for kIdleSpin, also after losing a
+            // transfer to another copier; a helper only after copying a
+            // part of a large transfer (the next may follow), else it
+            // sleeps at once.
             const auto until = std::chrono::steady_clock::now() + kIdleSpin;
-            while (ready_.empty() && !stop_.load() && std::chrono::steady_clock::now() < until) {
-                spinning_++;  // submitters leave parts to this thread meanwhile
+            while ((watcher || large) && ready_.empty() && !stop_.load() && std::chrono::steady_clock::now() < until) {
+                spinning_++;  // submitters leave transfers to this thread meanwhile
                 lk.unlock();
                 spin_for_work(until);
                 lk.lock();
@@ -420,18 +478,21 @@ void CopyPool::run() {
             }
             if (ready_.empty()) {
                 if (stop_.load()) return;  // nothing is left
-                sleeping_++;
-                cv_.wait(lk);  // woken for parts, to watch for them (a stream), or to stop
-                sleeping_--;
+                unsigned &sleeping = watcher ? watcher_sleeping_ : helpers_sleeping_;
+                sleeping++;
+                (watcher ? cv_ : helpers_cv_).wait(lk);  // woken for transfers, to watch for them (a stream), or to stop
+                sleeping--;
+                large = false;
                 continue;
             }
-            small = take(&link, batch, false) <= kBatchBytes;
-            if (small) busy_small_++;
+            take(&link, batch, spent, false, &large);
+            busy_++;
         }
         copy_batch(*link, batch);
+        spent.clear();
         link.reset();  // the link may go once its peer is gone
         std::lock_guard<std::mutex> lk(mu_);
-        if (small) busy_small_--;
+        busy_--;
     }
 }
 

@@ -11,17 +11,19 @@ namespace {
 
 constexpr OptionSpec kOptions[] = {
     {"shm.threads", OptType::uint, 1, 16, "2",
-     "Threads that copy shm transfers: the threads calling `kvx_write_blocks()` and `shm.threads` - 1 threads of the "
-     "transport. Transfers of 1 MiB or more (2 MiB before 0.4.6; 512 KiB or more into private memory, where the "
-     "kernel's copy costs about twice a memcpy) are split among the threads, and the calling thread copies the first "
-     "part. With 1, the calling thread copies its transfer before the call returns (it is done, or failed, by then). "
-     "With more (since 0.4.5), a smaller transfer is queued while a pool thread is awake (watching the queue, or "
-     "copying at most 1 MiB) and copied by the calling thread otherwise (so on a transport idle for 50 us it is still "
-     "done when the call returns). The pool threads take the queue in batches of several transfers to one peer (into "
-     "private memory, one `process_vm_writev` per batch), serving the peers in turn; a calling thread whose transfer "
-     "queued while 2 MiB or more wait copies a batch as well (at most 1 MiB). A pool thread that runs out of work "
-     "watches the queue for 50 us before it sleeps: CPU time traded for the wake-ups a stream of small transfers "
-     "would cost."},
+     "Threads of the transport that copy shm transfers (until 0.9 the threads calling `kvx_write_blocks()` counted "
+     "among them: `shm.threads` - 1 of the transport, and with 1 the calling thread copied everything). A calling "
+     "thread copies at most one small transfer (64 KiB or less in at most 16 runs) per call: its own when no copy "
+     "thread is awake (watching the queue or copying; so on a transport idle for 50 us a small transfer is still done "
+     "when the call returns), or, while 2 MiB or more wait, the next one of the queue if it is small. Everything else "
+     "is queued for the copy threads, so the call returns in microseconds whatever the transfer's size and shape "
+     "(beyond checking its index lists). Transfers of 1 MiB or more (512 KiB or more into private memory, where the "
+     "kernel's copy costs about twice a memcpy) are split among the copy threads, in parts of at most 1 MiB. They "
+     "take the queue in batches of several transfers to one peer (into private memory, one `process_vm_writev` per "
+     "batch), serving the peers in turn, and within a peer alternate between small transfers and parts of larger "
+     "ones. The first copy thread watches the queue for 50 us when it runs out of work before it sleeps: CPU time "
+     "traded for the wake-ups a stream of small transfers would cost. The others sleep at once, and are woken for "
+     "the parts of a large transfer, or when 4 MiB or more of small ones wait."},
     {"shm.allow_other_users", OptType::uint, 0, 1, "0",
      "Both directions. 0: the shm backend deals only with processes of its own user (`SO_PEERCRED`, across user "
      "namespaces): as a target it refuses a writer of another user when it connects, as a writer it refuses a target "

@@ -293,7 +293,6 @@ const char *ShmPeer::path() const {
 
 void ShmPeer::submit(Op op) {
     const uint64_t bl = link_->local.block_len;
-    std::vector<Part> parts;
     int status = 0;
     {
         std::unique_lock<std::mutex> lk(link_->mu);
@@ -308,9 +307,6 @@ void ShmPeer::submit(Op op) {
                 post_now(*link_, lk);
                 return;
             }
-            const uint64_t granule = std::min(bl, kSplitGranule);  // one large block is split too
-            const uint64_t min_part = link_->mode == Mode::kernel ? kSplitMinKernel : kSplitMin;
-            parts = split_op(std::move(op), pool_.copiers(), min_part, granule);
         }
     }
     if (status != 0) {
@@ -319,7 +315,9 @@ void ShmPeer::submit(Op op) {
         b.deliver(*link_->sink);
         return;
     }
-    pool_.submit(link_, std::move(parts));  // queued for the pool; this thread copies a share too
+    const uint64_t granule = std::min(bl, kSplitGranule);  // one large block is split too
+    const uint64_t min_part = link_->mode == Mode::kernel ? kSplitMinKernel : kSplitMin;
+    pool_.submit(link_, std::move(op), min_part, granule);  // queued for the copy threads, or copied here if small
 }
 
 bool ShmPeer::broken() const {
