@@ -261,6 +261,7 @@ struct Link {
         uint64_t off = 0;
         uint32_t outstanding = 0;  // pieces posted and not answered
         bool started = false, all_posted = false;
+        bool small = false;     // kSubmitBytes in kSubmitRuns: the submitting thread may post it
     };
     std::deque<std::shared_ptr<Staged>> stage_queue;
     std::vector<std::shared_ptr<Staged>> owner;
@@ -370,8 +371,9 @@ int copy_parts(Link &l, const Part *parts, size_t n);
 // loop thread). l.mu held via lk (released while copying); 0, or the
 // failure that must stop the link. Needs a queued part and a free slot.
 int post_slot(Link &l, std::unique_lock<std::mutex> &lk);
-// staged, in the submitting thread: posts while slots are free, leaves the
-// rest queued for the stager. Never waits for the peer.
+// staged, in the submitting thread: posts the front queued part, a small
+// one, into a free slot (one slot at most), leaves the rest queued for the
+// stager. Never waits for the peer.
 void post_now(Link &l, std::unique_lock<std::mutex> &lk);
 // staged: the link's stager thread, posting queued parts as slots free up,
 // until the link stops.

@@ -300,11 +300,13 @@ void ShmPeer::submit(Op op) {
             status = link_->status ? link_->status : KVX_EPEERBROKEN;
         } else {
             link_->ops.emplace(op.state->id, op.state);
-            if (link_->mode == Mode::staged) {  // into the free slots now, the rest by the stager
+            if (link_->mode == Mode::staged) {  // a small transfer into a free slot now, the rest by the stager
                 auto st = std::make_shared<Link::Staged>();
+                st->small = op.bytes <= kSubmitBytes && op.runs.size() <= kSubmitRuns;
                 st->part = std::move(split_op(std::move(op), 1, kSplitMin, bl).front());
                 link_->stage_queue.push_back(std::move(st));
-                post_now(*link_, lk);
+                if (link_->stage_queue.front()->small) post_now(*link_, lk);  // this one, or the next small one
+                else link_->cv.notify_all();
                 return;
             }
         }

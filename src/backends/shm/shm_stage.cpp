@@ -5,8 +5,10 @@
 // with COPY, which lists where each run goes; the
 // target's loop copies it into its region and answers COPIED, which frees the
 // slot and, for a part's last piece, completes the part. kvx_write_blocks()
-// posts into the slots that are free and queues the rest for the stager: no
-// thread of the application waits for the target.
+// posts one slot of the front queued transfer when that is a small one
+// (kSubmitBytes, kSubmitRuns: its own, or one queued before), and leaves
+// anything else to the stager: no thread of the application waits for the
+// target, or copies much.
 #include <unistd.h>
 
 #include <atomic>
@@ -133,8 +135,7 @@ int post_slot(Link &l, std::unique_lock<std::mutex> &lk) {
 }
 
 void post_now(Link &l, std::unique_lock<std::mutex> &lk) {
-    int rc = 0;
-    while (rc == 0 && !l.stop && l.free_slots > 0 && !l.stage_queue.empty()) rc = post_slot(l, lk);
+    const int rc = l.free_slots > 0 ? post_slot(l, lk) : 0;  // one slot at most: a small transfer's
     if (!l.stage_queue.empty()) l.cv.notify_all();  // the rest is the stager's
     if (rc != 0) {
         lk.unlock();
