@@ -1,7 +1,8 @@
 /* The shm backend's copy threads with real peers: large transfers split
  * over two threads (mapped, and private memory through process_vm_writev),
- * and a stream of transfers to two peers at once over a pool of three
- * threads, with cancels. The pool alone, deterministically:
+ * a large scattered transfer with one copy thread, and a stream of
+ * transfers to two peers at once over a pool of three threads, with
+ * cancels. The pool alone, deterministically:
  * test_shm_pool.cpp. */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -104,6 +105,104 @@ static void test_private_threads(void **state) {
     region_free(&rb);
 }
 
+/* A writer and two targets of nb blocks of bl bytes, on shm: "b" in
+ * private memory (process_vm_writev), "c" in kvx_region_alloc() memory
+ * between guards (mapped). The writer's copy threads: threads. */
+typedef struct two_targets {
+    region ra, rb;
+    void *mem;
+    uint8_t *tc;
+    kvx_transport *a, *b, *c;
+    uint64_t nb, bl;
+} two_targets;
+
+static void two_targets_up(two_targets *t, uint64_t nb, uint64_t bl, uint8_t bfill, uint8_t cfill,
+                           const char *threads) {
+    t->nb = nb;
+    t->bl = bl;
+    t->ra = region_new(nb, bl, 1);
+    t->rb = region_new(nb, bl, bfill);
+    t->mem = NULL;
+    CHECK_OK(kvx_region_alloc(&t->mem, nb * bl + 2 * GUARD_LEN, 0));
+    t->tc = guarded(t->mem, nb * bl, cfill);
+    t->a = make(t->ra.base, nb, bl, opts("shm", threads));
+    t->b = make(t->rb.base, nb, bl, opts("shm", NULL));
+    t->c = make(t->tc, nb, bl, opts("shm", NULL));
+    metablob m;
+    get_meta(t->b, &m);
+    add_peer(t->a, "b", &m);
+    get_meta(t->c, &m);
+    add_peer(t->a, "c", &m);
+    expect_path(t->a, "b", "shm", "process_vm_writev");
+    expect_path(t->a, "c", "shm", "mapped");
+}
+
+/* No byte beside either target's region changed. */
+static void two_targets_guards_ok(const two_targets *t) {
+    assert_true(region_guards_ok(&t->rb));
+    for (size_t i = 0; i < GUARD_LEN; i++)
+        assert_true(t->tc[-1 - (long)i] == 0xA5 && t->tc[t->nb * t->bl + i] == 0xA5);
+}
+
+static void two_targets_down(two_targets *t) {
+    kvx_transport_destroy(t->a);
+    kvx_transport_destroy(t->b);
+    kvx_transport_destroy(t->c);
+    kvx_region_free(t->mem);
+    region_free(&t->ra);
+    region_free(&t->rb);
+}
+
+/* One copy thread (shm.threads=1): the thread calling kvx_write_blocks
+ * copies at most a small transfer itself, the copy thread the rest. A
+ * transfer of 65,536 scattered blocks of 64 B (one run each, 4 MiB) to a
+ * peer on private memory (process_vm_writev) and the same to a mapped one,
+ * submitted back to back: each is reported once, done, every block it
+ * wrote holds its source's bytes, every other still its fill. */
+static void test_scattered_one_thread(void **state) {
+    (void)state;
+    enum { XNB = 1 << 17, XBL = 64, XN = 1 << 16 };
+    two_targets t;
+    two_targets_up(&t, XNB, XBL, 0x33, 0x33, "shm.threads=1");
+    kvx_transport *a = t.a;
+    const region rb = t.rb;
+    uint8_t *tc = t.tc;
+    for (uint64_t i = 0; i < XNB; i++) fill_block(t.ra.base + i * XBL, XBL, i, 11);
+    uint64_t *l = malloc(XN * sizeof *l), *r = malloc(XN * sizeof *r), *from = malloc(XNB * sizeof *from), ids[2];
+    assert_non_null(l);
+    assert_non_null(r);
+    assert_non_null(from);
+    for (uint64_t i = 0; i < XNB; i++) from[i] = UINT64_MAX;
+    for (uint64_t i = 0; i < XN; i++) {
+        r[i] = i * 7919 % XNB; /* distinct, none next to the previous one */
+        l[i] = i * 31 % XNB;
+        from[r[i]] = l[i];
+    }
+    CHECK_OK(kvx_write_blocks(&ids[0], a, "b", l, r, XN));
+    CHECK_OK(kvx_write_blocks(&ids[1], a, "c", l, r, XN));
+    size_t nf = 0;
+    assert_int_equal(wait_ids(a, NULL, ids, 2, 60000, &nf, NULL), 2);
+    assert_int_equal(nf, 0);
+    for (uint64_t i = 0; i < XNB; i++) {
+        if (from[i] == UINT64_MAX) {
+            assert_true(block_is(rb.base + i * XBL, XBL, 0x33) && block_is(tc + i * XBL, XBL, 0x33));
+        } else {
+            assert_true(block_matches(rb.base + i * XBL, XBL, from[i], 11));
+            assert_true(block_matches(tc + i * XBL, XBL, from[i], 11));
+        }
+    }
+    two_targets_guards_ok(&t);
+    /* Nothing more surfaces: each id once. */
+    size_t nd = 0, nfl = 0;
+    uint64_t d[4], f[4];
+    CHECK_OK(kvx_poll(&nd, &nfl, a, NULL, d, 4, f, 4));
+    assert_int_equal(nd + nfl, 0);
+    free(l);
+    free(r);
+    free(from);
+    two_targets_down(&t);
+}
+
 /* A stream of transfers over a pool (shm.threads=3) to two peers at once,
  * one over private memory (process_vm_writev) and one mapped, submitted
  * alternately: the queue holds parts of both links, and the copiers take
@@ -122,20 +221,12 @@ static void test_private_threads(void **state) {
 static void test_pool_stream(void **state) {
     (void)state;
     enum { SNB = 128, SBL = 64 << 10, ROUNDS = 30, MAXK = 8 };
-    region ra = region_new(SNB, SBL, 1), rb = region_new(SNB, SBL, 0x44);
-    void *mem = NULL;
-    CHECK_OK(kvx_region_alloc(&mem, (uint64_t)SNB * SBL + 2 * GUARD_LEN, 0));
-    uint8_t *tc = guarded(mem, (uint64_t)SNB * SBL, 0x55);
-    kvx_transport *a = make(ra.base, SNB, SBL, opts("shm", "shm.threads=3"));
-    kvx_transport *b = make(rb.base, SNB, SBL, opts("shm", NULL));
-    kvx_transport *c = make(tc, SNB, SBL, opts("shm", NULL));
+    two_targets tt;
+    two_targets_up(&tt, SNB, SBL, 0x44, 0x55, "shm.threads=3");
+    kvx_transport *a = tt.a, *b = tt.b, *c = tt.c;
+    const region ra = tt.ra, rb = tt.rb;
+    uint8_t *tc = tt.tc;
     metablob m;
-    get_meta(b, &m);
-    add_peer(a, "b", &m);
-    get_meta(c, &m);
-    add_peer(a, "c", &m);
-    expect_path(a, "b", "shm", "process_vm_writev");
-    expect_path(a, "c", "shm", "mapped");
     uint64_t seed = 0x2545F4914F6CDD1DULL;
     size_t total = 0, cancelled = 0;
     for (int round = 0; round < ROUNDS; round++) {
@@ -223,9 +314,7 @@ static void test_pool_stream(void **state) {
                 assert_true(block_matches(dst + perm[peer_of[t]][first[t] + q] * SBL, SBL,
                                           src[peer_of[t]][first[t] + q], 100 + (uint32_t)round));
         }
-        assert_true(region_guards_ok(&rb));
-        for (size_t i = 0; i < GUARD_LEN; i++)
-            assert_true(tc[-1 - (long)i] == 0xA5 && tc[(uint64_t)SNB * SBL + i] == 0xA5);
+        two_targets_guards_ok(&tt);
         if (round % 2 == 0) { /* cancelled at once: some may still copy until the peers are removed */
             CHECK_OK(kvx_remove_remote_peer(a, "b"));
             CHECK_OK(kvx_remove_remote_peer(a, "c"));
@@ -242,18 +331,14 @@ static void test_pool_stream(void **state) {
     CHECK_OK(kvx_poll(&nd, &nfl, a, NULL, d, 8, f, 8));
     assert_int_equal(nd + nfl, 0);
     print_message("%zu transfers done, %zu cancelled\n", total, cancelled);
-    kvx_transport_destroy(a);
-    kvx_transport_destroy(b);
-    kvx_transport_destroy(c);
-    kvx_region_free(mem);
-    region_free(&ra);
-    region_free(&rb);
+    two_targets_down(&tt);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mapped_threads),
         cmocka_unit_test(test_private_threads),
+        cmocka_unit_test(test_scattered_one_thread),
         cmocka_unit_test(test_pool_stream),
     };
     return cmocka_run_group_tests_name("shm_threads", tests, NULL, NULL);
