@@ -592,7 +592,8 @@ KVX_API int kvx_registration_status(int *out_state, int *out_error, kvx_transpor
  * @param out_id   receives the transfer id, unique for the transport's lifetime, never 0.
  * @return 0; KVX_EINVAL (NULL arrays with n > 0, bad peer id); KVX_ERANGE
  *         (an index >= num_blocks on either side, message names it);
- *         KVX_EINVAL (a remote index repeated in one call); KVX_ENOENT
+ *         KVX_EINVAL (a remote index repeated in one call, or n above
+ *         4294967295); KVX_ENOENT
  *         (unknown peer, or removed while the call ran); KVX_EPEERBROKEN (peer's connection failed: it
  *         reconnects in the background, kvx_get_peer_state(); or remove and
  *         re-add it); KVX_ECLOSED; KVX_ENOMEM.

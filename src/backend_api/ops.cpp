@@ -1,16 +1,102 @@
 #include "backend_api/ops.h"
 
 #include <algorithm>
+#include <bit>
+#include <new>
 
 namespace kvx {
 
+namespace {
+
+// The freed large run arrays kept for reuse: at most kCacheSlots of them and
+// kCacheBytes in all, process-wide. Guarded by a try-lock: a thread that finds it
+// taken allocates or frees as if it were empty or full (no waiting, and a
+// child forked while another thread held it just never uses it).
+class RunCache {
+public:
+    Run *take(size_t n, uint32_t *cap) {
+        if (busy_.test_and_set(std::memory_order_acquire)) return nullptr;
+        Run *p = nullptr;
+        size_t best = kSlots;
+        for (size_t i = 0; i < used_; i++)
+            if (slot_[i].cap >= n && (best == kSlots || slot_[i].cap < slot_[best].cap)) best = i;
+        if (best != kSlots) {
+            p = slot_[best].p;
+            *cap = slot_[best].cap;
+            bytes_ -= uint64_t{*cap} * sizeof(Run);
+            slot_[best] = slot_[--used_];
+        }
+        busy_.clear(std::memory_order_release);
+        return p;
+    }
+    bool give(Run *p, uint32_t cap) noexcept {
+        const uint64_t b = uint64_t{cap} * sizeof(Run);
+        if (b > kBytes || busy_.test_and_set(std::memory_order_acquire)) return false;
+        const bool kept = used_ < kSlots && bytes_ + b <= kBytes;
+        if (kept) {
+            slot_[used_++] = Slot{p, cap};
+            bytes_ += b;
+        }
+        busy_.clear(std::memory_order_release);
+        return kept;
+    }
+
+    size_t bytes() {
+        while (busy_.test_and_set(std::memory_order_acquire)) {
+        }
+        const size_t b = bytes_;
+        busy_.clear(std::memory_order_release);
+        return b;
+    }
+
+private:
+    static constexpr size_t kSlots = Runs::kCacheSlots;
+    static constexpr uint64_t kBytes = Runs::kCacheBytes;
+    struct Slot {
+        Run *p;
+        uint32_t cap;
+    };
+    std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
+    Slot slot_[kSlots] = {};
+    size_t used_ = 0;
+    uint64_t bytes_ = 0;
+};
+
+RunCache &run_cache() {
+    static RunCache *c = new RunCache;  // never destroyed: Runs may be freed after static destructors ran
+    return *c;
+}
+
+}  // namespace
+
+size_t Runs::cached_bytes() { return run_cache().bytes(); }
+
+// Arrays of kRecycleRuns or more round up to a power of two, so that
+// transfers of about the same size reuse each other's.
+Run *Runs::acquire(size_t n, uint32_t *cap) {
+    if (n < kRecycleRuns) {
+        *cap = static_cast<uint32_t>(n);
+        return static_cast<Run *>(::operator new(n * sizeof(Run)));
+    }
+    if (Run *p = run_cache().take(n, cap)) return p;
+    const size_t c = std::max(n, std::min<size_t>(std::bit_ceil(n), UINT32_MAX));
+    *cap = static_cast<uint32_t>(c);
+    return static_cast<Run *>(::operator new(c * sizeof(Run)));
+}
+
+void Runs::release(Run *p, uint32_t cap) noexcept {
+    if (cap >= kRecycleRuns && run_cache().give(p, cap)) return;
+    ::operator delete(p);
+}
+
 void Runs::reserve(size_t n) {
     if (n <= 1 || n <= cap_) return;
-    Run *p = new Run[n];
+    uint32_t cap;
+    Run *p = acquire(n, &cap);
     std::copy(begin(), end(), p);
-    if (cap_) delete[] heap_;
+    if (cap_) release(heap_, cap_);
     heap_ = p;
-    cap_ = static_cast<uint32_t>(n);
+    cap_ = cap;
 }
 
 

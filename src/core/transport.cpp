@@ -54,6 +54,8 @@ std::vector<const BackendDesc *> choose_backends(const std::string &spec, const 
 // Fails when a remote index appears twice. Small batches compare pairwise and
 // large ones mark a bitmap of the peer's blocks (sorting only when that map
 // would dwarf the batch): no allocation for the common case, O(n) for large.
+constexpr uint64_t kMaxBlocksPerCall = UINT32_MAX;
+
 void check_distinct(const std::string &peer_id, const uint64_t *remote, size_t n, uint64_t num_blocks) {
     auto twice = [&](uint64_t v) {
         fail(KVX_EINVAL, "peer '%s': remote index %llu appears more than once", peer_id.c_str(),
@@ -425,6 +427,8 @@ void Transport::peer_rails(const std::string &id, std::vector<RailStats> *out) c
 uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *local, const uint64_t *remote,
                                  size_t n) {
     if (n > 0 && (local == nullptr || remote == nullptr)) fail(KVX_EINVAL, "index array is NULL with n = %zu", n);
+    if (n > kMaxBlocksPerCall)  // a transfer's runs count in 32 bits
+        fail(KVX_EINVAL, "n = %zu blocks in one call: at most %llu", n, (unsigned long long)kMaxBlocksPerCall);
     std::shared_ptr<Peer> peer;
     std::shared_ptr<BackendPeer> link;
     bool up;

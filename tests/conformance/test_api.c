@@ -338,6 +338,9 @@ static void test_write_bad_input(void **state) {
     CHECK_ERR(kvx_write_blocks(&id, p.a, "b", l, rdup, 3), KVX_EINVAL);
     assert_non_null(strstr(kvx_last_error_message(), "remote index 5"));
     CHECK_ERR(kvx_write_blocks(&id, p.a, "b", NULL, r, 1), KVX_EINVAL);
+    /* more blocks than a call takes: refused before the arrays are read */
+    CHECK_ERR(kvx_write_blocks(&id, p.a, "b", l, r, (size_t)UINT32_MAX + 1), KVX_EINVAL);
+    assert_non_null(strstr(kvx_last_error_message(), "n = 4294967296 blocks"));
     CHECK_ERR(kvx_write_blocks(NULL, p.a, "b", l, r, 1), KVX_EINVAL);
     CHECK_ERR(kvx_write_blocks(&id, p.a, NULL, l, r, 1), KVX_EINVAL);
     assert_int_equal(id, 0); /* out-param untouched on failure */
