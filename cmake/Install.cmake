@@ -1,6 +1,8 @@
-# Install layout (GNUInstallDirs) in three components, which are also the
+# Install layout (GNUInstallDirs) in four components, which are also the
 # binary packages (cmake/Packaging.cmake):
-#   runtime      libkvxfer.so.0 and libkvxfer.so.0.MINOR.PATCH
+#   runtime      libkvxfer.so.0 and libkvxfer.so.0.MINOR.PATCH (core, tcp, shm)
+#   verbs        the verbs plugin, LIBDIR/kvxfer-0/libkvxfer-verbs.so (with
+#                -DKVX_PLUGINS=OFF the backend is in libkvxfer.so.0 instead)
 #   development  kvxfer.h, the libkvxfer.so link, kvxfer.pc, the CMake package
 #                (kvxfer::kvxfer), man pages of section 3 and kvxfer(7)
 #   tools        kvxfer-bench, kvxfer-info and their man pages
@@ -13,6 +15,9 @@ set(KVX_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvxfer)
 install(TARGETS kvxfer EXPORT kvxferTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
     COMPONENT runtime NAMELINK_COMPONENT development)
+if(TARGET kvxfer-verbs)
+  install(TARGETS kvxfer-verbs LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/kvxfer-0 COMPONENT verbs)
+endif()
 install(FILES include/kvxfer.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT development)
 install(FILES ${CMAKE_BINARY_DIR}/kvxfer.pc

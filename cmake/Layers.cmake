@@ -6,9 +6,20 @@
 #                                  registry <- backends/shm, backends/tcp, backends/verbs
 #                                  registry <- core <- capi
 #
-# kvx_layer(NAME SOURCES ... SEES dir ... [LIBS lib ...])
+# kvx_layer(NAME SOURCES ... SEES dir ... [LIBS lib ...] [IN archive|library ...])
+# IN: which of the internal archive (kvxfer_core: tests, tools) and the
+# shared library the layer goes into; both unless said (the verbs backend is
+# a plugin of the library, built in in the archive: src/backends/verbs).
+#
+# Layers are compiled with default visibility: the version script of
+# libkvxfer (src/kvxfer.map, and KVXFER_PRIVATE for the plugins) decides
+# what it exports. -fno-semantic-interposition keeps calls inside a file
+# direct and inlinable all the same.
 function(kvx_layer name)
-  cmake_parse_arguments(L "" "" "SOURCES;SEES;LIBS" ${ARGN})
+  cmake_parse_arguments(L "" "" "SOURCES;SEES;LIBS;IN" ${ARGN})
+  if(NOT L_IN)
+    set(L_IN archive library)
+  endif()
   set(farm ${CMAKE_BINARY_DIR}/layers/${name})
   file(REMOVE_RECURSE ${farm})
   foreach(seen IN LISTS L_SEES)
@@ -21,9 +32,15 @@ function(kvx_layer name)
   target_include_directories(kvx_${name} PRIVATE ${farm} ${CMAKE_SOURCE_DIR}/include)
   target_compile_definitions(kvx_${name} PRIVATE KVX_BUILDING_LIBRARY)
   target_link_libraries(kvx_${name} PUBLIC ${L_LIBS})
-  set_target_properties(kvx_${name} PROPERTIES
-    C_VISIBILITY_PRESET hidden CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
-  set_property(GLOBAL APPEND PROPERTY KVX_LAYERS kvx_${name})
+  # -fno-gnu-unique: inline variables stay plain symbols, so libkvxfer can
+  # still be unloaded (STB_GNU_UNIQUE pins it); they are constants.
+  target_compile_options(kvx_${name} PRIVATE -fno-semantic-interposition $<$<CXX_COMPILER_ID:GNU>:-fno-gnu-unique>)
+  if(archive IN_LIST L_IN)
+    set_property(GLOBAL APPEND PROPERTY KVX_ARCHIVE_LAYERS kvx_${name})
+  endif()
+  if(library IN_LIST L_IN)
+    set_property(GLOBAL APPEND PROPERTY KVX_LIBRARY_LAYERS kvx_${name})
+  endif()
 endfunction()
 
 kvx_layer(util
@@ -43,7 +60,7 @@ kvx_layer(backend_api
   SOURCES src/backend_api/ops.cpp
   SEES util wire handshake backend_api)
 kvx_layer(registry
-  SOURCES src/registry/registry.cpp
+  SOURCES src/registry/registry.cpp src/registry/plugin.cpp
   SEES util wire handshake backend_api registry)
 kvx_layer(core
   SOURCES src/core/options.cpp src/core/fingerprint.cpp src/core/id_table.cpp src/core/transport.cpp

@@ -918,7 +918,9 @@ KVX_API int kvx_config_fingerprint(char *out, const char *config_json);
  * their names separated by commas, without spaces ("shm,verbs,tcp"), the
  * form the backend option takes (kvx_options_set()). A backend is listed
  * when this build has it, whether or not it is usable on this host (verbs
- * needs an RDMA device): backend "auto" serves on the listed ones that are
+ * needs an RDMA device, and since 0.11 its plugin, libkvxfer-verbs.so, with
+ * rdma-core's libraries: kvxfer(7), KVX_PLUGIN_PATH; a missing plugin does
+ * not unlist it): backend "auto" serves on the listed ones that are
  * usable, and naming one that is not fails kvx_transport_create() with
  * KVX_ENOTSUP. A backend name that is not listed is not built in.
  * @return a NUL-terminated string in static storage, never NULL and the same

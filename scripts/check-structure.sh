@@ -64,7 +64,9 @@ for dir in src/backends/*/; do
     for role in entry wire listener peer; do
         [ -f "$dir${name}_$role.cpp" ] || complain "backend $name has no ${name}_$role.cpp (src/backends/README.md)"
     done
-    other=$(git grep -l "kvx_backend_$name\b" -- "$dir*.cpp" "$dir*.h" | grep -v "/${name}_entry.cpp$")
+    # (a plugin backend: its stub holds the library's entry, its plugin file hands out the real one)
+    other=$(git grep -l "kvx_backend_$name\b" -- "$dir*.cpp" "$dir*.h" |
+        grep -v -e "/${name}_entry.cpp$" -e "/${name}_stub.cpp$" -e "/${name}_plugin.cpp$")
     [ -z "$other" ] || complain "backend $name defines its registry entry outside ${name}_entry.cpp: $other"
 done
 

@@ -106,6 +106,8 @@ vm() {
     tests/rdma-vm/run-vm.sh -t 1500 -w "$b" -- \
         "cd '$b' && echo '--- kvxfer-info: the Soft-RoCE devices listed, their ports ACTIVE, verbs usable' &&
          ctest --output-on-failure -R '^tools_info_vm\$' &&
+         echo '--- the verbs plugin: loaded from kvxfer-0/ and serving; plugins of another ABI or build refused' &&
+         ctest --output-on-failure -R '^plugins_load' &&
          echo '--- the conformance suite over two rails (rxe0, rxe1)' &&
          KVX_TEST_BACKEND=verbs ctest --output-on-failure -L conformance -E '^conformance_procs\$' &&
          echo '--- one rail: the verbs tests, and the processes whose timing assumes one (metadata surgery on rail 0, a kill mid-transfer)' &&

@@ -472,6 +472,42 @@ long proc_cpu_ticks(pid_t pid) {
     return (long)(ut + st);
 }
 
+void move_four_blocks(kvx_transport *ta, kvx_transport *tb, const region *ra, const region *rb, uint32_t salt) {
+    metablob m;
+    get_meta(tb, &m);
+    add_peer(ta, "b", &m);
+    uint64_t ids[4];
+    for (uint64_t i = 0; i < 4; i++) {
+        fill_block(ra->base + i * 4096, 4096, i, salt);
+        uint64_t r = i + 4;
+        CHECK_OK(kvx_write_blocks(&ids[i], ta, "b", &i, &r, 1));
+    }
+    size_t nf = 1;
+    assert_int_equal(wait_ids(ta, "b", ids, 4, 30000, &nf, NULL), 4);
+    assert_int_equal(nf, 0);
+    for (uint64_t i = 0; i < 4; i++) assert_true(block_matches(rb->base + (i + 4) * 4096, 4096, i, salt));
+}
+
+int self_maps_file(const char *name, char *out, size_t cap) {
+    if (cap) out[0] = 0;
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[1024];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        char *p = strstr(line, " /");
+        if (p && strstr(p, name)) {
+            found = 1;
+            if (cap) {
+                snprintf(out, cap, "%s", p + 1);
+                out[strcspn(out, "\n")] = 0;
+            }
+        }
+    }
+    fclose(f);
+    return found;
+}
+
 void shm_listener_name(pid_t pid, char *name, size_t cap) {
     FILE *f = fopen("/proc/net/unix", "r");
     assert_non_null(f);

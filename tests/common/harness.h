@@ -133,6 +133,13 @@ int child_stop(child_target *c);
 int proc_holds_inode(pid_t pid, unsigned long inode);
 /* utime + stime of a process, in clock ticks (fails the test if unreadable). */
 long proc_cpu_ticks(pid_t pid);
+/* ta adds tb as peer "b", writes blocks 0..3 of ra (filled with salt) to
+ * blocks 4..7 of rb one by one, and checks that each is reported done once
+ * and landed. Regions of at least 8 blocks of 4096 bytes. */
+void move_four_blocks(kvx_transport *ta, kvx_transport *tb, const region *ra, const region *rb, uint32_t salt);
+/* The path of a file this process maps whose path contains name, in out
+ * (cap bytes); "" when none is mapped. Returns whether one is. */
+int self_maps_file(const char *name, char *out, size_t cap);
 /* The abstract name (without '@') of the shm listener pid holds: a listening
  * seqpacket socket in /proc/net/unix whose inode pid holds. */
 void shm_listener_name(pid_t pid, char *name, size_t cap);

@@ -16,21 +16,7 @@
 #include "harness.h"
 
 /* The file the process mapped whose name holds "libIPSec_MB", or "". */
-static void mapped_ipsec_mb(char *out, size_t cap) {
-    out[0] = 0;
-    FILE *f = fopen("/proc/self/maps", "r");
-    assert_non_null(f);
-    char line[1024];
-    while (fgets(line, sizeof line, f)) {
-        char *p = strstr(line, " /");
-        if (p && strstr(p, "libIPSec_MB")) {
-            snprintf(out, cap, "%s", p + 1);
-            out[strcspn(out, "\n")] = 0;
-            break;
-        }
-    }
-    fclose(f);
-}
+static void mapped_ipsec_mb(char *out, size_t cap) { self_maps_file("libIPSec_MB", out, cap); }
 
 static kvx_transport *aead_transport(region *r, const char *impl, int *rc) {
     kvx_options *o = test_options("backend=tcp", "tcp.protection=aead", NULL);
@@ -49,19 +35,7 @@ static void move_blocks(void) {
     assert_int_equal(rc, 0);
     kvx_transport *tb = aead_transport(&b, "auto", &rc);
     assert_int_equal(rc, 0);
-    metablob m;
-    get_meta(tb, &m);
-    add_peer(ta, "b", &m);
-    uint64_t ids[4];
-    for (uint64_t i = 0; i < 4; i++) {
-        fill_block(a.base + i * 4096, 4096, i, 7);
-        uint64_t r = i + 4;
-        CHECK_OK(kvx_write_blocks(&ids[i], ta, "b", &i, &r, 1));
-    }
-    size_t nf = 1;
-    assert_int_equal(wait_ids(ta, "b", ids, 4, 30000, &nf, NULL), 4);
-    assert_int_equal(nf, 0);
-    for (uint64_t i = 0; i < 4; i++) assert_true(block_matches(b.base + (i + 4) * 4096, 4096, i, 7));
+    move_four_blocks(ta, tb, &a, &b, 7);
     kvx_transport_destroy(ta);
     kvx_transport_destroy(tb);
     region_free(&a);

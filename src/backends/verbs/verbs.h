@@ -30,6 +30,7 @@
 
 #include "backend_api/backend.h"
 #include "backend_api/ops.h"
+#include "backends/verbs/verbs_options.h"
 #include "handshake/engine.h"
 #include "util/event_loop.h"
 #include "util/net.h"
@@ -395,12 +396,11 @@ struct SectionInfo {
     uint64_t mr_len = 0;
     std::vector<RemoteRail> rails;  // at least one, at most kMaxRails
 };
-// The verbs section (its registry id, the section's type): verbs_wire.cpp.
+// The verbs section (its type, kSectionId, is in verbs_options.h): verbs_wire.cpp.
 // Version 1 (0.7) appends the rails after the first to version 0's layout,
 // which a reader of version 0 takes whole and alone: a transport before 0.7
 // uses the first rail of a newer one, and a newer one the only rail of an
 // older one (docs/wire-format.md).
-constexpr uint16_t kSectionId = 3;
 constexpr uint8_t kSectionVersion = 1;
 wire::Section encode_section(const SectionInfo &v);
 // Throws Error(KVX_EBADMETA) naming the defect; m: the rest of the peer's metadata.

@@ -2,40 +2,11 @@
 // section check.
 #include "registry/registry.h"
 #include "backends/verbs/verbs_listener.h"
+#include "backends/verbs/verbs_options.h"
 
 namespace kvx::verbs {
 
 namespace {
-
-constexpr OptionSpec kOptions[] = {
-    {"verbs.devices", OptType::string, 1, 1024, "all",
-     "The rails (since 0.7): `all` serves every ACTIVE port that has an IP address, each a rail with its own "
-     "registration of the region; or a list `mlx5_0,mlx5_2:1` (a device alone: its ACTIVE ports). Peers pair rails "
-     "by subnet and stripe transfers over them; a rail that fails is taken out and its parts go to the others. "
-     "With backend `verbs`, no usable port (none, none ACTIVE, RLIMIT_MEMLOCK too low for the region, a verbs.* "
-     "option naming something absent) fails `kvx_transport_create()` with KVX_ENOTSUP and the reason; with `auto` "
-     "the transport serves without verbs (logged)."},
-    {"verbs.device", OptType::string, 0, 64, "",
-     "One rail: the first ACTIVE port of this RDMA device (`mlx5_0`, `rxe0`, ...); overrides verbs.devices."},
-    {"verbs.port", OptType::uint, 1, 255, "",
-     "One rail: this port (of verbs.device, or of the first device that has it ACTIVE); overrides verbs.devices."},
-    {"verbs.gid_index", OptType::uint, 0, 65535, "",
-     "Take the listen address from this GID (RoCE: the IPv4-mapped GID, usually index 1 or 3 for RoCE v2). Unset: "
-     "rdma_cm's choice, logged."},
-    {"verbs.listen", OptType::hostport, 0, 0, "",
-     "`IP:PORT` for rdma_cm to listen on: an address of an RDMA device makes it the one rail; a wildcard address "
-     "(`0.0.0.0:PORT`) listens on every rail at PORT; PORT 0 picks a free port. Unset: each rail's address, the first "
-     "rail's free port on every rail where it is free."},
-    {"verbs.qps_per_peer", OptType::uint, 1, 16, "1",
-     "RC queue pairs per peer and rail; a transfer of 512 KiB or more is split over up to one per 256 KiB, on the "
-     "queue pairs of every rail that would finish it first, in shares of the rails' measured rates."},
-    {"verbs.post_batch_bytes", OptType::uint, 0, 1ull << 30, "0",
-     "When not 0 (since 0.4): while at least this many bytes stay in flight on a queue pair behind its next "
-     "completion, a new transfer waits for that completion and is posted with the others that waited, one doorbell "
-     "and one signalled work request for all (for hardware NICs, e.g. 1048576; docs/performance.md); 0 posts each "
-     "transfer at once."},
-};
-
 
 bool probe(const Options &o, std::string *why) {
     if (!o.str("verbs.listen").empty()) return true;  // an explicit address: create() finds out
