@@ -14,6 +14,7 @@ import os
 import re
 import resource
 import subprocess
+import tempfile
 import sys
 
 HINT = "; run kvxfer-info for this host's RDMA devices"
@@ -92,6 +93,7 @@ def check_verbs_host(j, tool, lib):
     if not v["built"]:
         check(v["usable"] is False and "not available in this build" in v["reason"], "verbs not built: says so")
         return
+    check_plugin(v, tool)
     if rdma_stack_here():
         print("note: this host has an RDMA stack: 'verbs not usable' is not asserted")
     else:
@@ -110,6 +112,28 @@ def check_verbs_host(j, tool, lib):
     check(big["sufficient"] == (big["cap_ipc_lock"] or big["limit"] is None or big["limit"] >= big["needed"]),
           "memlock sufficient exactly when the limit covers it or CAP_IPC_LOCK")
     check_memlock_low(tool)
+
+
+def check_plugin(v, tool):
+    """A build with plugins: the verbs plugin beside the library, loaded; one that does not load makes verbs
+    unusable with its reason, and a hint says what to install."""
+    p = v["plugin"]
+    if p is None:
+        print("note: verbs is built into this libkvxfer (KVX_PLUGINS=OFF): no plugin to check")
+        return
+    check(p["loaded"] is True and p["file"].endswith("/kvxfer-0/libkvxfer-verbs.so") and p["error"] is None,
+          f"the verbs plugin found and loaded: {p}")
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "libkvxfer-verbs.so"), "w") as f:
+            f.write("not a shared object\n")
+        env = dict(os.environ, KVX_PLUGIN_PATH=d)
+        out = subprocess.run([tool, "--json"], stdout=subprocess.PIPE, text=True, env=env, timeout=60)
+        b = json.loads(out.stdout)["backends"]["verbs"]
+        q = b["plugin"]
+        check(q["loaded"] is False and q["file"] == os.path.join(d, "libkvxfer-verbs.so") and
+              q["searched"][0] == d and "cannot load" in q["error"], f"a broken plugin first in KVX_PLUGIN_PATH: {q}")
+        check(b["usable"] is False and b["reason"] == q["error"] and "libkvxfer0-verbs" in b["hints"][0],
+              f"verbs not usable, the plugin's error the reason, a hint to install it: {b['reason']!r}")
 
 
 def check_memlock_low(tool):
@@ -213,6 +237,7 @@ def vm(tool):
               f"{dev} has the RoCE v2 GID of {addr}: {[(g['index'], g['gid'], g['type']) for g in p['gids']]}")
         check_against_ibv_devinfo(dev, p)
     v = j["backends"]["verbs"]
+    check(v["plugin"] is None or v["plugin"]["loaded"] is True, f"the verbs plugin loaded: {v['plugin']}")
     check(v["usable"] is True and v["reason"] is None, f"verbs usable ({v['reason']})")
     check(any(r["device"] == dev and r["address"] == addr for r in v["rails"]), f"a rail on {dev} at {addr}")
     check(v["memlock"]["sufficient"] is True, "memlock sufficient (ulimit -l unlimited)")

@@ -3,7 +3,9 @@
 // library says when that fails is the reason; the host's facts add the why
 // and what to do about it (hints).
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -19,6 +21,9 @@
 
 #ifdef KVX_INFO_VERBS
 #include "backends/verbs/verbs.h"
+#endif
+#ifdef KVX_INFO_PLUGINS
+#include "registry/plugin.h"
 #endif
 
 namespace kvx::info {
@@ -45,6 +50,20 @@ std::vector<std::string> split(const std::string &text, char sep) {
     }
     return out;
 }
+
+#ifdef KVX_INFO_PLUGINS
+// Lines, empty ones kept (split() drops them).
+std::vector<std::string> split_lines(const std::string &text) {
+    std::vector<std::string> out;
+    size_t from = 0;
+    for (;;) {
+        const size_t to = text.find('\n', from);
+        out.push_back(text.substr(from, to == std::string::npos ? std::string::npos : to - from));
+        if (to == std::string::npos) return out;
+        from = to + 1;
+    }
+}
+#endif
 
 struct Attempt {
     bool ok = false;
@@ -228,7 +247,58 @@ void device_hints(const Config &c, const Json &rdma, const Json &v, std::vector<
     if (!cm) hints->push_back("no /dev/infiniband/rdma_cm: load rdma_ucm (modprobe rdma_ucm)");
 }
 
+// The verbs plugin of a build with plugins, as the libkvxfer.so.0 this host
+// would run finds and loads it (its libraries, its ABI and build checked,
+// nothing of it called): kvxfer-info has verbs built in, so without this it
+// would call verbs usable where the library cannot load the plugin. The
+// library beside kvxfer-info first (a build tree), else the one the
+// dynamic linker finds; kvx::plugin_report() of that library answers.
+#ifdef KVX_INFO_PLUGINS
+void *shared_library(std::string *where) {
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = 0;
+        std::string beside(self, strrchr(self, '/') - self);
+        beside += "/libkvxfer.so.0";
+        if (void *h = access(beside.c_str(), F_OK) == 0 ? dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr) {
+            *where = beside;
+            return h;
+        }
+    }
+    void *h = dlopen("libkvxfer.so.0", RTLD_NOW | RTLD_LOCAL);
+    const char *e = h ? nullptr : dlerror();
+    *where = h ? "libkvxfer.so.0" : std::string("libkvxfer.so.0: ") + (e ? e : "not found");
+    return h;
+}
+#endif
+
+Json plugin_facts() {
+#ifdef KVX_INFO_PLUGINS
+    std::string lib;
+    void *h = shared_library(&lib);
+    auto report = h ? reinterpret_cast<int (*)(const char *, char *, size_t)>(dlsym(h, kPluginReportSymbol)) : nullptr;
+    char text[8192];
+    if (!report || report("verbs", text, sizeof text) != 0) {
+        const std::string why = !h ? "cannot load " + lib : lib + " has no plugin report (another kvxfer version?)";
+        return Json{{"file", nullptr}, {"loaded", false}, {"error", why}, {"searched", Json::array()}};
+    }
+    const std::vector<std::string> f = split_lines(text);
+    return Json{{"file", f.size() > 1 && !f[1].empty() ? Json(f[1]) : Json(nullptr)},
+                {"loaded", !f.empty() && f[0] == "1"},
+                {"error", f.size() > 2 && !f[2].empty() ? Json(f[2]) : Json(nullptr)},
+                {"searched", f.size() > 3 ? split(f[3], ':') : std::vector<std::string>{}}};
+#else
+    return nullptr;  // built into libkvxfer
+#endif
+}
+
 Json verbs_facts(const Config &c, const Json &rdma, Json b) {
+    b["plugin"] = plugin_facts();
+    if (b["plugin"].is_object() && !b["plugin"]["loaded"].get<bool>()) {
+        b["usable"] = false;
+        b["reason"] = b["plugin"]["error"];
+    }
     verbs_rails(c, &b);
     b["memlock"] = memlock_facts(c, b["rails"].size());
     std::vector<std::string> hints;
@@ -244,6 +314,9 @@ Json verbs_facts(const Config &c, const Json &rdma, Json b) {
         hints.push_back("raise the locked-memory limit: ulimit -l unlimited, LimitMEMLOCK=infinity in a systemd "
                         "unit, memlock in /etc/security/limits.d/, --ulimit memlock=-1 for a container");
     }
+    if (b["plugin"].is_object() && !b["plugin"]["loaded"].get<bool>())
+        hints.insert(hints.begin(), "install the verbs plugin (package libkvxfer0-verbs, kvxfer-verbs as rpm) and "
+                                    "rdma-core's libibverbs1 and librdmacm1");
     b["hints"] = hints;
     return b;
 }

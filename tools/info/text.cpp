@@ -94,6 +94,8 @@ void shm(const Json &b) {
 
 void verbs(const Json &b) {
     status("verbs", b);
+    if (const Json &p = b["plugin"]; p.is_object())
+        line(2, "plugin", p["loaded"].get<bool>() ? str(p["file"]) + ": loaded" : "NOT loaded: " + str(p["error"]));
     std::string rails;
     for (const Json &r : b["rails"])
         rails += (rails.empty() ? "" : "; ") + str(r["device"]) + " port " + str(r["port"]) + " " + str(r["address"]) +
