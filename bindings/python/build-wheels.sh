@@ -8,11 +8,11 @@
 #       OUT_DIR    where the wheels go (default: BUILD_DIR/wheels)
 #   `make wheels` runs it with the defaults.
 #
-# 1. builds the library target(s) in BUILD_DIR (KVX_WHEEL_TARGETS, default
-#    "kvxfer"; add the plugin targets here when there are some) and installs
-#    the runtime component into OUT_DIR/.stage (libkvxfer.so.0; plugins, once
-#    the library has them, in <libdir>/kvxfer/*.so, which go into the wheel's
-#    kvxfer/.libs/),
+# 1. builds the library and its verbs plugin in BUILD_DIR (KVX_WHEEL_TARGETS,
+#    default "kvxfer kvxfer-verbs", the plugin when the build has it) and
+#    installs the runtime and verbs components into OUT_DIR/.stage
+#    (libkvxfer.so.0, and <libdir>/kvxfer-0/libkvxfer-verbs.so, which goes
+#    into the wheel's kvxfer/kvxfer-0/: beside the library, where it looks),
 # 2. finds the interpreters: for each minor of KVX_WHEEL_MINORS (default
 #    "9 10 11 12 13") the newest $PYENV_ROOT/versions/3.MINOR.N, else
 #    /usr/bin/python3.MINOR or /usr/local/bin/python3.MINOR; an absent one is
@@ -88,12 +88,17 @@ if [ ! -f "$BUILD/CMakeCache.txt" ]; then
     say "configuring $BUILD (Release)"
     cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
-say "building ${KVX_WHEEL_TARGETS:-kvxfer} in $BUILD"
+TARGETS=${KVX_WHEEL_TARGETS:-kvxfer}
+if [ -z "${KVX_WHEEL_TARGETS:-}" ] && [ "$(cmake --build "$BUILD" --target help | grep -c 'kvxfer-verbs')" != 0 ]; then
+    TARGETS="kvxfer kvxfer-verbs"
+fi
+say "building $TARGETS in $BUILD"
 # shellcheck disable=SC2086
-cmake --build "$BUILD" -j "$JOBS" --target ${KVX_WHEEL_TARGETS:-kvxfer} >/dev/null
+cmake --build "$BUILD" -j "$JOBS" --target $TARGETS >/dev/null
 STAGE=$OUT/.stage
 rm -rf "$STAGE"
 cmake --install "$BUILD" --component runtime --prefix "$STAGE" >/dev/null
+cmake --install "$BUILD" --component verbs --prefix "$STAGE" >/dev/null
 SO=$(find "$STAGE" -name 'libkvxfer.so.0' -print -quit)
 [ -n "$SO" ] || { echo "kvxfer wheels: no libkvxfer.so.0 under $STAGE" >&2; exit 1; }
 

@@ -12,8 +12,8 @@ the interpreters and stages the library. For every PYTHON it
      Python 3) against that interpreter's headers into
      kvxfer/__native<EXT_SUFFIX>, linked with LIBDIR/libkvxfer.so.0,
   2. copies libkvxfer.so.0 (LIBDIR's SONAME file, debug info stripped) next
-     to it, and the library's plugins (LIBDIR/kvxfer/*.so, none yet) into
-     kvxfer/.libs/,
+     to it, and the library's plugins (LIBDIR/kvxfer-0/*.so: the verbs
+     backend) into kvxfer/kvxfer-0/, where libkvxfer looks for them,
   3. sets RUNPATH with patchelf: $ORIGIN on the extension and on
      libkvxfer.so.0, $ORIGIN/.. on the plugins, so the wheel needs nothing
      from the build tree, /usr/local or LD_LIBRARY_PATH,
@@ -21,8 +21,8 @@ the interpreters and stages the library. For every PYTHON it
      entry points from pyproject.toml, the version from kvxfer.h, like
      setup.py), reproducibly (sorted entries, fixed timestamps).
 The platform tag is linux_x86_64, not manylinux: libkvxfer needs libraries
-outside the manylinux policy (libcrypto.so.3, libibverbs.so.1, librdmacm.so.1,
-libIPSec_MB.so.1 on Debian 12) and glibc >= 2.34 from the system; each wheel's
+outside the manylinux policy (libcrypto.so.3; the verbs plugin libibverbs.so.1
+and librdmacm.so.1, loaded only for verbs) and glibc >= 2.34 from the system; each wheel's
 line says which (readelf NEEDED, objdump GLIBC_ versions).
 The manifest (default OUT/wheels.tsv) lists "python<TAB>wheel" per built
 wheel; the exit status is non-zero when any interpreter failed.
@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PKG = "kvxfer"
-PLUGIN_SUBDIR = ".libs"          # kvxfer/.libs/*.so: the library's plugins (lib/kvxfer/*.so)
+PLUGIN_SUBDIR = "kvxfer-0"       # kvxfer/kvxfer-0/*.so: the library's plugins (LIBDIR/kvxfer-0/*.so)
 SONAME_GLOB = "libkvxfer.so.*"
 # zip timestamps: SOURCE_DATE_EPOCH, else 1980-01-01 (the zip epoch)
 EPOCH = int(os.environ.get("SOURCE_DATE_EPOCH", "315532800"))
@@ -276,7 +276,7 @@ def build_one(python, a, ctx):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--include", required=True, help="directory with kvxfer.h")
-    ap.add_argument("--libdir", required=True, help="directory with libkvxfer.so* (and kvxfer/*.so plugins)")
+    ap.add_argument("--libdir", required=True, help="directory with libkvxfer.so* (and kvxfer-0/*.so plugins)")
     ap.add_argument("--out", required=True, help="where the wheels go")
     ap.add_argument("--work", help="scratch directory (default: OUT/.work)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -303,12 +303,12 @@ def main():
     wrap, native_py = swig_wrapper(a.include, a.work)
     ctx = {
         "soname": os.path.basename(libs[0]), "lib_real": os.path.realpath(libs[0]),
-        "plugins": sorted(glob.glob(os.path.join(a.libdir, PKG, "*.so"))),
+        "plugins": sorted(glob.glob(os.path.join(a.libdir, PLUGIN_SUBDIR, "*.so"))),
         "version": version, "metadata": metadata(project, version), "entry_points": entry_points(project),
         "wrap": wrap, "native_py": native_py, "requires_python": project.get("requires-python"),
     }
     print("kvxfer %s: %s%s" % (version, ctx["lib_real"], "; plugins: " + ", ".join(ctx["plugins"])
-                                if ctx["plugins"] else "; no plugins in %s/%s" % (a.libdir, PKG)))
+                                if ctx["plugins"] else "; no plugins in %s/%s" % (a.libdir, PLUGIN_SUBDIR)))
     manifest, failed = [], 0
     with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
         futs = [(p, pool.submit(build_one, p, a, ctx)) for p in a.pythons]
