@@ -32,6 +32,7 @@ debs=$(ls "$build"/packages/*.deb)
 # are dropped and the package rebuilt; any other script stops the build.
 for d in $debs; do
     t=$(mktemp -d)
+    chmod 0755 "$t"  # the package root "./" (mktemp makes it 0700)
     dpkg-deb -R "$d" "$t"
     changed=
     for s in postinst postrm; do

@@ -34,6 +34,7 @@ kvx_configure() {
         -DKVX_PACKAGE="$fmt" -DBUILD_TESTING=OFF -DKVX_SANITIZE= -DKVX_FUZZ=OFF \
         -DCMAKE_C_FLAGS="$kvx_cflags" -DCMAKE_CXX_FLAGS="$kvx_cxxflags" \
         -DCMAKE_SHARED_LINKER_FLAGS="$kvx_ldflags" -DCMAKE_EXE_LINKER_FLAGS="$kvx_ldflags" \
+        -DCMAKE_MODULE_LINKER_FLAGS="$kvx_ldflags" \
         -DCMAKE_STRIP="$kvx_src/packaging/strip.sh" \
         "$@"
 }
@@ -44,18 +45,49 @@ kvx_configure() {
 # is C++ inside). Locations, paths and DT_NEEDED are left out and type ids are
 # hashes, so the same library gives the same file wherever it was built; the
 # one path abidw writes (the translation unit of the C API) is made relative.
+#
+# In a plugin build (-DKVX_PLUGINS=ON) the library also exports its internals
+# in the version node KVXFER_PRIVATE, for libkvxfer-verbs.so alone: not ABI,
+# different in every build. packaging/abi/kvxfer-private.suppr leaves them
+# out: abidw drops them (so a plugin build and a -DKVX_PLUGINS=OFF build give
+# the same file), abidiff suppresses whatever is left. Translation units left
+# empty by the drop are removed from the file.
 kvx_abi_baseline=$kvx_src/abi/libkvxfer.so.0.abi
 kvx_abi_constants=$kvx_src/abi/kvxfer.h.constants
+kvx_abi_suppr=$kvx_src/packaging/abi/kvxfer-private.suppr
+# The plugin interface's record: kPluginAbi and struct PluginEntry of
+# src/registry/plugin.h (kvx_plugin_entry_text).
+kvx_plugin_record=$kvx_src/abi/plugin-entry.txt
+kvx_plugin_header=$kvx_src/src/registry/plugin.h
 
 kvx_abidw() { # LIB OUT
     command -v abidw >/dev/null || kvx_die "abidw missing: apt-get install abigail-tools"
     readelf -S --wide "$1" | grep -q '\.debug_info' ||
         kvx_die "$1 has no debug info (build with CMAKE_BUILD_TYPE=RelWithDebInfo or Debug)"
-    abidw --headers-dir "$kvx_src/include" --drop-private-types --exported-interfaces-only \
+    abidw --suppressions "$kvx_abi_suppr" \
+        --headers-dir "$kvx_src/include" --drop-private-types --exported-interfaces-only \
         --no-corpus-path --no-comp-dir-path --no-show-locs --no-elf-needed --type-id-style hash \
         --out-file "$2.tmp" "$1"
-    sed -e "s|path='$kvx_src/|path='|" -e "s|path='\./|path='|" "$2.tmp" >"$2"
+    sed -e "s|path='$kvx_src/|path='|" -e "s|path='\./|path='|" "$2.tmp" |
+        awk '/^  <abi-instr .*[^\/]>$/ { held = $0; next }
+             held != "" { if ($0 == "  </abi-instr>") { held = ""; next } print held; held = "" }
+             { print }' >"$2"
     rm -f "$2.tmp"
+}
+
+# The plugin interface as recorded in abi/plugin-entry.txt: "kPluginAbi N",
+# then the definition of struct PluginEntry with comments and blank lines
+# removed and white space squeezed, one member per line. Fails (status 1,
+# message on stderr) when the header has no such definition.
+kvx_plugin_entry_text() { # HEADER
+    _kvx_pabi=$(sed -n 's/^ *inline constexpr uint32_t kPluginAbi = \([0-9][0-9]*\);.*/\1/p' "$1")
+    [ -n "$_kvx_pabi" ] || { echo "$1: no 'inline constexpr uint32_t kPluginAbi = N;'" >&2; return 1; }
+    _kvx_pbody=$(sed -e 's|//.*||' -e 's|/\*.*\*/||g' "$1" |
+           awk '/^struct PluginEntry *\{/ { on = 1 } on { print } on && /^\};/ { exit }' |
+           tr -s ' \t' '  ' | sed -e 's/^ //' -e 's/ $//' -e '/^$/d')
+    case $_kvx_pbody in *"};") ;; *) echo "$1: no 'struct PluginEntry { ... };' at the start of a line" >&2; return 1 ;; esac
+    echo "kPluginAbi $_kvx_pabi"
+    echo "$_kvx_pbody"
 }
 
 # The values of the public header's constants (enumerators and object-like

@@ -13,6 +13,16 @@
 # Each consumer moves blocks between two tcp transports in one process and
 # checks the bytes, and must be running the root's libkvxfer.so.0.
 #
+# The verbs plugin's package (libkvxfer0-verbs / kvxfer-verbs) is unpacked
+# last: first everything above runs without it, libkvxfer.so.0 must not need
+# libibverbs, librdmacm or libIPSec_MB (ldd), and backend=verbs must fail with
+# KVX_ENOTSUP naming libkvxfer-verbs.so (packaging/consumers/c/verbs-check.c);
+# then, with the plugin in ROOT/LIBDIR/kvxfer-0/, backend=verbs must load it
+# and fail (this host has no RDMA device) or work for the plugin's own
+# reasons. The packages' dependencies are checked too: the core library's
+# none on rdma-core, the plugin's on the exact version-release of the library
+# and on libibverbs and librdmacm.
+#
 #   packaging/test-install.sh [BUILD_DIR]
 #
 # BUILD_DIR is the packaging build tree (packaging/build-deb.sh BUILD_DIR, or
@@ -58,14 +68,44 @@ grep -E '^(W|E|I): ' "$work/build-$fmt.log" || true
 
 root=$work/root
 mkdir -p "$root"
-for d in "$build"/packages/*."$fmt"; do
-    echo "unpacking $(basename "$d")"
+unpack() { # package file
+    echo "unpacking $(basename "$1")"
     if [ "$fmt" = deb ]; then
-        dpkg-deb -x "$d" "$root"
+        dpkg-deb -x "$1" "$root"
     else
-        rpm2cpio "$d" | (cd "$root" && cpio -idm --quiet) || fail "cannot unpack $d"
+        rpm2cpio "$1" | (cd "$root" && cpio -idm --quiet) || fail "cannot unpack $1"
     fi
+}
+pkg_name() { # package file
+    if [ "$fmt" = deb ]; then dpkg-deb -f "$1" Package; else rpm -qp --qf '%{NAME}' "$1"; fi
+}
+# The run-time dependencies of a package, one per line.
+pkg_requires() { # package file
+    if [ "$fmt" = deb ]; then
+        dpkg-deb -f "$1" Depends | tr ',' '\n' | sed -e 's/^ *//' -e '/^$/d'
+    else
+        rpm -qp --requires "$1" | grep -v '^rpmlib('
+    fi
+}
+if [ "$fmt" = deb ]; then core_pkg=libkvxfer0 verbs_pkg=libkvxfer0-verbs
+else core_pkg=kvxfer-libs verbs_pkg=kvxfer-verbs; fi
+core_file='' verbs_file=''
+for d in "$build"/packages/*."$fmt"; do
+    case $(pkg_name "$d") in
+        "$core_pkg") core_file=$d ;;
+        "$verbs_pkg") verbs_file=$d; continue ;;  # unpacked after the tests without it
+    esac
+    unpack "$d"
 done
+[ -n "$core_file" ] || fail "no $core_pkg package in $build/packages"
+# A plugin build (-DKVX_PLUGINS=ON, the default, and KVX_VERBS=ON) must have
+# made the plugin's package.
+cache_on() { grep -Eqi "^$1:BOOL=(ON|TRUE|1|YES)\$" "$build/CMakeCache.txt"; }
+if cache_on KVX_PLUGINS && cache_on KVX_VERBS; then
+    [ -n "$verbs_file" ] || fail "a plugin build without the $verbs_pkg package"
+elif [ -n "$verbs_file" ]; then
+    fail "$verbs_pkg built, but this is not a plugin build"
+fi
 pyver=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 if [ "$fmt" = deb ]; then
     multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
@@ -104,6 +144,69 @@ man -M "$root/usr/share/man" -w kvx_transport_destroy | grep -q "^$root/usr/shar
     fail "man kvx_transport_destroy does not resolve to kvx_transport_close(3) in the root"
 echo "ok: header, library $version (SONAME libkvxfer.so.0), links, kvxfer.pc, CMake package, kvxfer-bench, kvxfer-info, man pages"
 
+step "package dependencies: $core_pkg without rdma-core${verbs_file:+, $verbs_pkg on it and on rdma-core}"
+pkg_requires "$core_file" | sed "s/^/  $core_pkg requires: /"
+if [ "$fmt" = deb ]; then
+    dpkg-deb -f "$core_file" Recommends Suggests | sed "s/^/  $core_pkg /"
+else
+    rpm -qp --suggests "$core_file" | sed "s/^/  $core_pkg suggests: /"
+fi
+if [ -n "$verbs_file" ]; then
+    pkg_requires "$core_file" | grep -Ei 'ibverbs|rdmacm|ipsec' &&
+        fail "$core_pkg requires the libraries above: only $verbs_pkg may need rdma-core, and ipsec-mb is optional"
+    if [ "$fmt" = deb ]; then
+        vr=$(dpkg-deb -f "$core_file" Version)
+        exact="libkvxfer0 (= $vr)"
+    else
+        vr=$(rpm -qp --qf '%{VERSION}-%{RELEASE}' "$core_file")
+        exact="kvxfer-libs = $vr"
+    fi
+    pkg_requires "$verbs_file" >"$work/verbs-requires"
+    sed "s/^/  $verbs_pkg requires: /" "$work/verbs-requires"
+    grep -qxF "$exact" "$work/verbs-requires" || fail "$verbs_pkg does not require exactly '$exact'"
+    for l in ibverbs rdmacm; do
+        grep -Eq "^lib$l(1 |\.so\.1)" "$work/verbs-requires" || fail "$verbs_pkg does not require lib$l"
+    done
+    if [ "$fmt" = deb ]; then
+        dpkg-deb -c "$core_file" | grep -q '/kvxfer-0/' && fail "$core_pkg holds files of kvxfer-0/"
+        dpkg-deb -c "$verbs_file" | awk '$1 !~ /^d/ { print $NF }' | grep -v '^\./usr/share/' >"$work/verbs-files"
+        dpkg-deb -e "$verbs_file" "$work/verbs-control"
+        for f in "$work"/verbs-control/*; do
+            case ${f##*/} in control|md5sums) ;; *)
+                fail "$verbs_pkg has the control file ${f##*/}: a plugin needs no shlibs, symbols, trigger or script" ;;
+            esac
+        done
+        dpkg-deb -e "$core_file" "$work/core-control"
+        grep -n KVXFER_PRIVATE "$work/core-control/symbols" "$work/core-control/shlibs" &&
+            fail "$core_pkg's symbols or shlibs name the private node KVXFER_PRIVATE"
+    else
+        rpm -qlp "$core_file" | grep -q '/kvxfer-0' && fail "$core_pkg holds files of kvxfer-0/"
+        rpm -qp --qf '[%{FILEMODES:perms} %{FILENAMES}\n]' "$verbs_file" |
+            awk '$1 !~ /^d/ { print "." $2 }' | grep -v '^\./usr/share/' >"$work/verbs-files"
+        [ -z "$(rpm -qp --scripts "$verbs_file")" ] || fail "$verbs_pkg has scriptlets (a plugin needs no ldconfig)"
+        rpm -qp --provides "$verbs_file" | grep -v "^$verbs_pkg" | sed "s/^/  $verbs_pkg provides: /"
+        rpm -qp --provides "$verbs_file" | grep -q 'libkvxfer-verbs' &&
+            fail "$verbs_pkg provides its private plugin as a shared library"
+        rpm -qp --provides "$core_file" "$verbs_file" | grep KVXFER_PRIVATE &&
+            fail "the private node KVXFER_PRIVATE is provided (no interface: kvxfer-verbs requires the exact kvxfer-libs)"
+    fi
+    printf '%s\n' "./$rel_lib/kvxfer-0/libkvxfer-verbs.so" | cmp -s - "$work/verbs-files" ||
+        { sed 's/^/  /' "$work/verbs-files"; fail "$verbs_pkg must hold /$rel_lib/kvxfer-0/libkvxfer-verbs.so (and its documentation) only"; }
+fi
+echo "ok"
+
+step "libkvxfer.so.0 needs no rdma-core and no ipsec-mb library"
+readelf -d "$libdir/libkvxfer.so.$version" | grep NEEDED
+LD_LIBRARY_PATH=$libdir ldd "$libdir/libkvxfer.so.0" >"$work/ldd.txt" || fail "ldd $libdir/libkvxfer.so.0"
+if [ -n "$verbs_file" ]; then
+    grep -Ei 'ibverbs|rdmacm|IPSec_MB' "$work/ldd.txt" &&
+        fail "libkvxfer.so.0 loads the libraries above (ldd)"
+    [ ! -e "$libdir/kvxfer-0" ] || fail "$libdir/kvxfer-0 exists without $verbs_pkg"
+    echo "ok: ldd names no libibverbs, librdmacm or libIPSec_MB; no kvxfer-0/ without $verbs_pkg"
+else
+    echo "SKIP: no plugin build, verbs is in libkvxfer.so.0"
+fi
+
 step "the exported interface carries no private dependency"
 if grep -v '^ *#' "$libdir"/cmake/kvxfer/*.cmake | grep -Ei 'openssl|crypto|ibverbs|rdmacm|nlohmann|kvxfer_core|Threads'; then
     fail "a private dependency leaks into the CMake package (lines above)"
@@ -135,6 +238,9 @@ readelf -d "$work/c/consumer" | grep NEEDED | grep -Eq 'crypto|ibverbs|rdmacm|st
     fail "the C consumer links a private dependency of libkvxfer"
 run "$work/c/out" "the C consumer" "$work/c/consumer"
 expect_root_library "$work/c/out" "the C consumer"
+# shellcheck disable=SC2086
+cc -std=c11 -Wall -Wextra -Werror $cflags -o "$work/c/verbs-check" \
+    "$kvx_src/packaging/consumers/c/verbs-check.c" $libs
 
 # ------------------------------------------------------------------ C++ via CMake
 step "C++ consumer via find_package(kvxfer)"
@@ -235,6 +341,56 @@ if ls "$build"/packages/python3-kvxfer[-_]*."$fmt" >/dev/null 2>&1; then
     expect_root_library "$work/python.out" "the Python consumer"
 else
     echo "SKIP: no python3-kvxfer package (bindings/python absent, or -DKVX_PACKAGE_PYTHON=OFF)"
+fi
+
+# ------------------------------------------------------------------ verbs
+# The plugin is looked for in KVX_PLUGIN_PATH, then kvxfer-0/ beside the
+# libkvxfer.so.0 that runs (the root's), then the compiled-in /usr/LIBDIR/kvxfer-0
+# of this host: neither of the others may hold one.
+unset KVX_PLUGIN_PATH
+verbs_check() { # OUT
+    run "$1" "verbs-check" env KVX_LOG=info "$work/c/verbs-check"
+    expect_root_library "$1" "verbs-check"
+    sed -n 's/^message: //p' "$1" >"$1.msg"
+}
+step "backend=verbs without $verbs_pkg"
+if [ -z "$verbs_file" ]; then
+    echo "SKIP: no plugin build"
+else
+    host_plugin=/$rel_lib/kvxfer-0/libkvxfer-verbs.so
+    [ ! -e "$host_plugin" ] ||
+        fail "this host has $host_plugin (an installed kvxfer), which the root's library would try: remove it to run this test"
+    verbs_check "$work/verbs-without.out"
+    grep -qx 'result: KVX_ENOTSUP' "$work/verbs-without.out" || fail "backend=verbs did not fail with KVX_ENOTSUP"
+    grep -q 'libkvxfer-verbs\.so' "$work/verbs-without.out.msg" ||
+        fail "backend=verbs failed without naming libkvxfer-verbs.so"
+    grep -qF "$libdir/kvxfer-0" "$work/verbs-without.out.msg" ||
+        fail "the message does not say it searched $libdir/kvxfer-0"
+    echo "ok: KVX_ENOTSUP, naming libkvxfer-verbs.so and the directories searched"
+
+    step "backend=verbs with $verbs_pkg"
+    unpack "$verbs_file"
+    plugin=$libdir/kvxfer-0/libkvxfer-verbs.so
+    [ -f "$plugin" ] || fail "missing /$rel_lib/kvxfer-0/libkvxfer-verbs.so"
+    readelf -d "$plugin" | grep -E 'NEEDED|SONAME'
+    readelf -d "$plugin" | grep -q '(SONAME)' && fail "the plugin has a SONAME"
+    readelf -d "$plugin" | grep -Eq 'RPATH|RUNPATH' && fail "the plugin has an RPATH/RUNPATH"
+    for l in libkvxfer.so.0 libibverbs.so.1 librdmacm.so.1; do
+        readelf -d "$plugin" | grep -q "NEEDED.*\[$l\]" || fail "the plugin does not link $l"
+    done
+    file -L "$plugin" | grep -q ', stripped' || fail "$plugin is not stripped"
+    [ "$(nm -D --defined-only "$plugin" | awk '{ print $3 }')" = kvx_plugin_entry ] ||
+        fail "the plugin exports more than kvx_plugin_entry: $(nm -D --defined-only "$plugin" | awk '{ print $3 }' | tr '\n' ' ')"
+    verbs_check "$work/verbs-with.out"
+    grep -qF "info: verbs: plugin $plugin loaded" "$work/verbs-with.out" ||
+        fail "the root's plugin was not loaded (no 'verbs: plugin $plugin loaded' at KVX_LOG=info)"
+    grep -q 'libkvxfer-verbs\.so' "$work/verbs-with.out.msg" &&
+        fail "backend=verbs still fails because of the plugin"
+    if grep -qx 'result: ok' "$work/verbs-with.out"; then
+        echo "ok: the plugin loaded from the root, and this host has an RDMA device: verbs works"
+    else
+        echo "ok: the plugin loaded from the root; verbs fails for its own reason (no RDMA device here): $(cat "$work/verbs-with.out.msg")"
+    fi
 fi
 
 step "all passed"
