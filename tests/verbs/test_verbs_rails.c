@@ -2,7 +2,8 @@
  * every RDMA port (verbs.devices=all): transfers striped over both rails
  * (each carries bytes, every byte verified); a rail's netdev taken down
  * mid-stream (0 failed, each id reported once, every byte verified, the
- * rail shown down); every rail down (every id reported once, failed or
+ * rail shown down); its address removed instead (a GID change: the same,
+ * the rail taken out for that reason); every rail down (every id reported once, failed or
  * done; re-adding works once the rails are back); metadata of a one-rail
  * transport (version 0, as 0.4.6 writes it) accepted; the last rail of a
  * peer gone (the spare rail, KVX_VM_NETDEV3), the peer continues on tcp.
@@ -245,6 +246,73 @@ static size_t readd_until(remote *r, size_t want, int ms) {
     return up;
 }
 
+static char g_log[16384];
+static void on_log(const kvx_log_record *rec, void *user) {
+    (void)user;
+    if (strlen(g_log) + strlen(rec->message) + 2 < sizeof g_log) {
+        strcat(g_log, rec->message);
+        strcat(g_log, "\n");
+    }
+}
+
+/* Runs a shell command built like printf; fails the test if it fails. */
+static void sh(const char *fmt, const char *a, const char *b) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, fmt, a, b);
+    printf("# %s\n", cmd);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* The second rail's address removed with transfers in flight and more
+ * coming (a GID change on its port: its RoCE GID goes with it): the rail is
+ * taken out for that reason, nothing fails, nothing is reported twice,
+ * every byte is right; the address back, a peer added again has both
+ * rails. */
+static void test_gid_change(void **state) {
+    (void)state;
+    enum { N = 2048 };
+    const char *dev = getenv("KVX_VM_NETDEV2"), *addr = getenv("KVX_VM_ADDR2");
+    assert_non_null(dev);
+    assert_non_null(addr);
+    char cmd[256], cidr[64] = "";
+    snprintf(cmd, sizeof cmd, "ip -o -4 addr show dev %s | awk '{print $4}' | grep '^%s/'", dev, addr);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(cidr, sizeof cidr, f));
+    pclose(f);
+    cidr[strcspn(cidr, "\n")] = 0;
+    g_log[0] = 0;
+    CHECK_OK(kvx_set_log_handler(on_log, NULL, KVX_LOG_WARN));
+    remote r;
+    remote_up(&r, "transfer_timeout_ms=5000");
+    static uint64_t ids[N];
+    remote_submit(&r, ids, 0, N / 2);
+    uint64_t t0 = now_ms();
+    sh("ip addr del %s dev %s", cidr, dev);
+    remote_submit(&r, ids, N / 2, N);
+    size_t nf = 9;
+    size_t got = wait_ids(r.a, "b", ids, N, 120000, &nf, NULL);
+    printf("# %d transfers, %zu failed; the last reported %llu ms after the address went\n", N, nf,
+           (unsigned long long)(now_ms() - t0));
+    print_rails(r.a, "b");
+    sh("ip addr add %s dev %s", cidr, dev);
+    CHECK_OK(kvx_log_flush(5000));
+    CHECK_OK(kvx_set_log_handler(NULL, NULL, KVX_LOG_WARN));
+    printf("%s", g_log);
+    assert_int_equal(got, N);
+    assert_int_equal(nf, 0);
+    remote_verify(&r);
+    assert_non_null(strstr(g_log, "its address is no longer a GID of the port"));
+    kvx_rail_stats rs[4];
+    size_t n = rails_of(r.a, "b", rs, 4), down = 0;
+    for (size_t i = 0; i < n; i++) down += rs[i].up == 0 && rs[i].failures == 1;
+    assert_int_equal(down, 1);
+    size_t up = readd_until(&r, 2, 15000);
+    printf("# rails up after the address returned: %zu\n", up);
+    assert_int_equal(up, 2);
+    remote_down(&r);
+}
+
 /* The second rail's netdev goes down with transfers in flight and more
  * coming: nothing fails, nothing is reported twice, every byte is right,
  * and the rail shows taken out; back up, a peer added again uses it. */
@@ -429,6 +497,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_last_rail_to_tcp),
         cmocka_unit_test(test_both_rails_carry),
         cmocka_unit_test(test_one_rail_metadata),
+        cmocka_unit_test(test_gid_change),
         cmocka_unit_test(test_rail_down_midstream),
         cmocka_unit_test(test_every_rail_down),
     };

@@ -100,6 +100,11 @@ struct Device {
     // Whether the device says the port is not ACTIVE now (false when it
     // cannot say).
     bool port_down() const;
+    // Whether addr is still a GID of the port (RoCE: its IPv4-mapped or
+    // IPv6 GID; true for InfiniBand, whose GIDs do not follow addresses, and
+    // when the table cannot be read): after a GID change an address that
+    // left the port cannot carry this rail's connections.
+    bool has_addr_gid() const;
     // One MR over exactly r, writable by peers, in a PD of its own; false with *why.
     bool register_region(const Region &r, std::string *why);
     void deregister();  // after this nothing can write into the region

@@ -46,6 +46,25 @@ bool Device::port_down() const {
     return ibv_query_port(ctx, port, &pa) == 0 && pa.state != IBV_PORT_ACTIVE;
 }
 
+bool Device::has_addr_gid() const {
+    ibv_port_attr pa{};
+    if (ibv_query_port(ctx, port, &pa) != 0 || pa.link_layer != IBV_LINK_LAYER_ETHERNET) return true;
+    uint8_t want[16] = {};
+    if (addr.ss_family == AF_INET) {  // ::ffff:a.b.c.d
+        want[10] = want[11] = 0xff;
+        memcpy(want + 12, &reinterpret_cast<const sockaddr_in &>(addr).sin_addr, 4);
+    } else if (addr.ss_family == AF_INET6) {
+        memcpy(want, &reinterpret_cast<const sockaddr_in6 &>(addr).sin6_addr, 16);
+    } else {
+        return true;
+    }
+    for (int i = 0; i < pa.gid_tbl_len; i++) {
+        ibv_gid g{};
+        if (ibv_query_gid(ctx, port, i, &g) == 0 && memcmp(g.raw, want, 16) == 0) return true;
+    }
+    return false;
+}
+
 bool Device::register_region(const Region &r, std::string *why) {
     region = r;
     pd = ibv_alloc_pd(ctx);

@@ -142,9 +142,11 @@ void VerbsBackend::watch_ports() {
     if (list) ibv_free_device_list(list);
 }
 
-// Port events of device watch w: a rail's port that leaves ACTIVE is taken
-// out of every peer (their parts go to other rails); new peers pair only
-// ACTIVE ports, so one that comes back serves new peers again.
+// Port events of device watch w: a rail's port that leaves ACTIVE, or whose
+// GID table no longer holds the rail's address (a GID change: the address
+// was removed or moved), is taken out of every peer (their parts go to
+// other rails); new peers pair only ACTIVE ports, so one that comes back
+// serves new peers again.
 void VerbsBackend::on_async_events(size_t w) {
     Watch &watch = watches_[w];
     ibv_async_event ev{};
@@ -157,10 +159,13 @@ void VerbsBackend::on_async_events(size_t w) {
         if (!down && !up && type != IBV_EVENT_GID_CHANGE) continue;
         for (RailListener &r : rails_) {
             if (r.dev->name != watch.device || (type != IBV_EVENT_DEVICE_FATAL && r.dev->port != port)) continue;
-            if (down) KVX_LOG(warn, "verbs: rail %s: %s", r.dev->label.c_str(), ibv_event_type_str(type));
+            const bool gid_gone = type == IBV_EVENT_GID_CHANGE && !r.dev->has_addr_gid();
+            if (down || gid_gone) KVX_LOG(warn, "verbs: rail %s: %s%s", r.dev->label.c_str(), ibv_event_type_str(type),
+                                          gid_gone ? ": its address is no longer a GID of the port" : "");
             else KVX_LOG(info, "verbs: rail %s: %s", r.dev->label.c_str(), ibv_event_type_str(type));
-            if (!down) continue;
-            const std::string why = strfmt("port event %s", ibv_event_type_str(type));
+            if (!down && !gid_gone) continue;
+            const std::string why = gid_gone ? "port event GID change: the rail's address left the port"
+                                             : strfmt("port event %s", ibv_event_type_str(type));
             for (VerbsPeer *p : peers_->peers) p->port_down(r.dev.get(), why.c_str());
             // Inbound connections through it are over too: their initiators
             // see their QPs fail and take the rail out (no DREQ: nothing
