@@ -365,19 +365,25 @@ KVX_API int kvx_peer_backend(const char **out, const char **out_path, kvx_transp
 
 /**
  * One rail of a peer (since 0.7): a local RDMA port paired with one of the
- * peer's (option verbs.devices). 136 bytes.
+ * peer's (option verbs.devices), or (since 0.12) a local interface address
+ * paired with one of a tcp peer's advertised addresses (option
+ * tcp.interfaces). 136 bytes.
  */
 typedef struct kvx_rail_stats {
     /** "rxe0:1 -> 198.18.0.1:20049": local device:port -> the peer's
-     * rdma_cm address; NUL-terminated, cut at KVX_RAIL_NAME_LEN - 1. */
+     * rdma_cm address; tcp: "eth1 10.0.1.5 -> 10.0.1.7:4000", interface,
+     * local address -> the peer's; NUL-terminated, cut at
+     * KVX_RAIL_NAME_LEN - 1. */
     char name[KVX_RAIL_NAME_LEN];
     /** 1: the rail carries transfers; 0: taken out (failed, or never
-     * connected). A rail taken out does not come back for this peer. */
+     * connected). A verbs rail taken out does not come back for this
+     * peer; a tcp rail is dialled again and comes back (1) when its path
+     * does. */
     uint32_t up;
     uint32_t reserved; /**< 0 */
     uint64_t bytes;     /**< bytes of the parts of transfers it completed */
     uint64_t parts;     /**< parts of transfers it completed */
-    /** Times it was taken out (0 or 1 today). */
+    /** Times it was taken out (verbs: 0 or 1; tcp: each time). */
     uint32_t failures;
     uint32_t reserved2; /**< 0 */
     /** When it last changed state (connected, taken out), in ns since
@@ -387,7 +393,8 @@ typedef struct kvx_rail_stats {
 
 /**
  * The rails a registered peer's transfers are striped over (since 0.7).
- * Only verbs has rails: a peer on tcp or shm has none (*n = 0).
+ * A verbs peer has rails, and a tcp peer of a writer with tcp.interfaces
+ * (since 0.12); any other peer has none (*n = 0).
  * @param out      cap entries (may be NULL when cap is 0), filled in rail
  *                 order; the caller owns them.
  * @param n        receives the number of rails, also when it exceeds cap

@@ -10,6 +10,7 @@
 #include <ctime>
 
 #include "core/telemetry.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 namespace kvx {
@@ -179,12 +180,6 @@ void totals(Text &t, const kvx_stats &s) {
     for (int i = 0; i < 4; i++) t.sample("kvxfer_transfer_failures_total", {"cause", kCauses[i]}, c[i]);
     t.family("kvxfer_transfer_bytes_total");
     for (int i = 0; i < 3; i++) t.sample("kvxfer_transfer_bytes_total", {"outcome", kOutcomes[i]}, b[i]);
-}
-
-int64_t realtime_ns() {
-    timespec ts{};
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
 }  // namespace

@@ -16,6 +16,10 @@
 
 namespace kvx::handshake {
 
+void random_fill(uint8_t *p, size_t n) {
+    if (RAND_bytes(p, static_cast<int>(n)) != 1) fail(KVX_EINTERNAL, "OpenSSL RAND_bytes failed");
+}
+
 namespace {
 
 constexpr size_t kAuthSignedLen = kAuthLen - kProofLen;  // AUTH minus its proof
@@ -25,10 +29,6 @@ void put_header(uint8_t *out, Kind k) {
     out[4] = kVersion;
     out[5] = static_cast<uint8_t>(k);
     put_le(out + 6, 0, 2);
-}
-
-void random_fill(uint8_t *p, size_t n) {
-    if (RAND_bytes(p, static_cast<int>(n)) != 1) fail(KVX_EINTERNAL, "OpenSSL RAND_bytes failed");
 }
 
 // HMAC-SHA256(secret, label || challenge || AUTH without proof || accept

@@ -40,6 +40,9 @@ constexpr size_t kProofLen = 16;  // HMAC-SHA256 truncated to 128 bits
 constexpr size_t kFingerprintBytes = 8;
 constexpr size_t kKeyLen = 16;  // AES-128-GCM
 
+// n random bytes from OpenSSL's generator; throws Error(KVX_EINTERNAL).
+void random_fill(uint8_t *p, size_t n);
+
 // AUTH.flags (offered) and ACCEPT.flags (chosen) carry the data path's
 // options. Their bits belong to the backend whose carrier runs the handshake
 // (tcp defines its protection there, docs/wire-format.md); this layer only

@@ -142,6 +142,43 @@ std::vector<Endpoint> local_ipv4_endpoints(uint16_t port) {
     return out;
 }
 
+std::vector<IfAddr> interface_addrs() {
+    std::vector<IfAddr> out;
+    ifaddrs *ifs = nullptr;
+    if (getifaddrs(&ifs) != 0) return out;
+    for (ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || !i->ifa_netmask || !i->ifa_name) continue;
+        const int fam = i->ifa_addr->sa_family;
+        if ((fam != AF_INET && fam != AF_INET6) || !(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+        sockaddr_storage ss{}, mask{};
+        const size_t len = fam == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+        memcpy(&ss, i->ifa_addr, len);
+        memcpy(&mask, i->ifa_netmask, len);
+        mask.ss_family = static_cast<sa_family_t>(fam);
+        if (fam == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_addr)) continue;
+        IfAddr a;
+        a.name = i->ifa_name;
+        a.addr = to_endpoint(ss);
+        a.addr.port = 0;
+        const Endpoint m = to_endpoint(mask);
+        for (size_t b = 0; b < (fam == AF_INET ? 4u : 16u); b++) a.prefix += static_cast<uint8_t>(__builtin_popcount(m.addr[b]));
+        a.running = (i->ifa_flags & IFF_RUNNING) != 0;
+        out.push_back(std::move(a));
+    }
+    freeifaddrs(ifs);
+    return out;
+}
+
+bool same_subnet(const Endpoint &a, const Endpoint &b, unsigned prefix) {
+    if (a.family != b.family || prefix == 0) return false;
+    prefix = std::min(prefix, a.family == 4 ? 32u : 128u);
+    for (unsigned i = 0; i < prefix; i++) {
+        const unsigned byte = i / 8, bit = 7 - i % 8;
+        if (((a.addr[byte] >> bit) & 1) != ((b.addr[byte] >> bit) & 1)) return false;
+    }
+    return true;
+}
+
 void set_nodelay(int fd) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -210,11 +247,16 @@ int wait_fd(int fd, short events, const Deadline &deadline) {
     }
 }
 
-int connect_by(const Endpoint &e, const Deadline &deadline, Fd *out) {
+int connect_by(const Endpoint &e, const Deadline &deadline, Fd *out, const Endpoint *from) {
     socklen_t len = 0;
     sockaddr_storage ss = from_endpoint(e, &len);
     Fd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd) return -errno;
+    if (from) {
+        socklen_t flen = 0;
+        sockaddr_storage src = from_endpoint(*from, &flen);
+        if (::bind(fd.get(), reinterpret_cast<sockaddr *>(&src), flen) != 0) return -errno;
+    }
     if (::connect(fd.get(), reinterpret_cast<sockaddr *>(&ss), len) != 0) {
         if (errno != EINPROGRESS) return -errno;
         int rc = wait_fd(fd.get(), POLLOUT, deadline);

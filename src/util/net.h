@@ -37,6 +37,20 @@ socklen_t sa_len(const sockaddr_storage &ss);
 // Non-loopback IPv4 addresses of interfaces that are up, in interface order.
 std::vector<Endpoint> local_ipv4_endpoints(uint16_t port);
 
+// An address of a network interface and the prefix length of its subnet.
+struct IfAddr {
+    std::string name;  // "eth0"
+    Endpoint addr;     // port 0
+    uint8_t prefix = 0;
+    bool running = false;  // IFF_RUNNING: up, with a carrier
+};
+// The IPv4 and IPv6 addresses of the interfaces that are up, but loopback's
+// and IPv6 link-local ones, in interface order (getifaddrs).
+std::vector<IfAddr> interface_addrs();
+// True when a and b are of one family and agree in their first prefix bits
+// (at most the address's; a prefix of 0 matches nothing).
+bool same_subnet(const Endpoint &a, const Endpoint &b, unsigned prefix);
+
 // Owned file descriptor.
 class Fd {
 public:
@@ -90,8 +104,9 @@ int wait_fd(int fd, short events, const Deadline &deadline);
 // level-triggered listener would fire again at once, so pause it instead.
 bool accept_exhausted(int err);
 
-// Connects before the deadline; returns the fd or -errno.
-int connect_by(const Endpoint &e, const Deadline &deadline, Fd *out);
+// Connects before the deadline, from the local address `from` when given
+// (port 0: any); returns 0 with *out set, or -errno.
+int connect_by(const Endpoint &e, const Deadline &deadline, Fd *out, const Endpoint *from = nullptr);
 
 // Read/write exactly n bytes before the deadline. Return 0, or -errno
 // (-ETIMEDOUT, -ECANCELED, -ECONNRESET for EOF).

@@ -67,6 +67,20 @@ int netns_pair_make(netns_pair *n, const char *tag, int net) {
     return 0;
 }
 
+int netns_pair_add_link(netns_pair *n, int net) {
+    const int p = (int)getpid() % 250 + 1;
+    snprintf(n->dev_a2, sizeof n->dev_a2, "kvA%d", p);
+    snprintf(n->dev_b2, sizeof n->dev_b2, "kvB%d", p);
+    if (netns_sh(n, "ip link add %s netns %s type veth peer name %s netns %s", n->dev_a2, n->a, n->dev_b2, n->b))
+        return -1;
+    const char *ns[2] = {n->a, n->b}, *dev[2] = {n->dev_a2, n->dev_b2};
+    for (int i = 0; i < 2; i++)
+        if (netns_sh(n, "ip -n %s addr add 10.%d.%d.%d/24 dev %s && ip -n %s link set %s up", ns[i], net, p, i + 1,
+                     dev[i], ns[i], dev[i]))
+            return -1;
+    return 0;
+}
+
 void netns_enter(const char *ns) {
     char path[96];
     snprintf(path, sizeof path, "/var/run/netns/%s", ns);

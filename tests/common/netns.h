@@ -9,6 +9,7 @@
 typedef struct netns_pair {
     char a[32], b[32];     /* namespace names */
     char dev_a[16], dev_b[16]; /* the veth ends, one in each */
+    char dev_a2[16], dev_b2[16]; /* a second pair (netns_pair_add_link), or "" */
     const char *tag;       /* the test's name, for messages */
 } netns_pair;
 
@@ -20,6 +21,9 @@ int netns_usable(const char *tag, const char *needs);
  * tcp.listen=0.0.0.0:0 to KVX_TEST_OPTIONS so a target child advertises its
  * veth address. 0 on success. */
 int netns_pair_make(netns_pair *n, const char *tag, int net);
+/* A second veth pair between the two namespaces, in its own subnet
+ * 10.<net>.<p>.0/24 (a second rail). 0 on success. */
+int netns_pair_add_link(netns_pair *n, int net);
 /* Moves the calling thread into namespace ns (asserts). */
 void netns_enter(const char *ns);
 /* Runs a shell command made from fmt; prints it with its exit status when

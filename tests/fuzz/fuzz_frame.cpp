@@ -188,11 +188,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         p += kFrameHeaderLen;
         left -= kFrameHeaderLen;
         FrameHeader h;
+        // Half the geometries agree on fencing (kFlagFence): control frames
+        // are valid there, a header and a body of kControlLen bytes.
+        const bool controls = (g.num_blocks & 1) != 0;
         try {
-            h = decode_frame_header(hb.get(), g.block_len);
+            h = decode_frame_header(hb.get(), g.block_len, controls);
         } catch (const kvx::Error &e) {
             check_code(e, false);
             break;  // the receiver closes the connection
+        }
+        if (is_control(h)) {
+            if (!controls || h.flags || h.seq || h.nseg || h.total_len) die("control frame accepted against the rules");
+            if (left < kControlLen) break;
+            auto body = exact(p, left, kControlLen);
+            p += kControlLen;
+            left -= kControlLen;
+            try {
+                Control c = decode_control(h, body.get());
+                if (c.session == 0 || c.stream >= kMaxStreamIndex) die("control body accepted against the rules");
+                uint8_t again[kFrameHeaderLen + kControlLen];
+                encode_control(c, again);
+                if (memcmp(again, hb.get(), kFrameHeaderLen) != 0 || memcmp(again + kFrameHeaderLen, body.get(), kControlLen) != 0)
+                    die("control frame does not re-encode to its bytes");
+            } catch (const kvx::Error &e) {
+                check_code(e, false);
+                break;
+            }
+            continue;
         }
         check_header(h, hb.get(), g.block_len);
 

@@ -4,6 +4,7 @@
 // from a client that sends a payload in awkward pieces: it still lands.
 #include <linux/sockios.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -67,7 +68,7 @@ kvx::handshake::Message read_message(int fd, kvx::net::Clock::time_point deadlin
 // Connects and runs the handshake with the given secret and fingerprint;
 // returns the fd and the server's verdict (0 or the refusal status).
 int handshake(const kvx::wire::AgentMetadata &meta, const std::array<uint8_t, 32> &secret, const char *fp,
-              int *status) {
+              int *status, uint32_t flags = 0) {
     namespace hs = kvx::handshake;
     auto deadline = kvx::net::Clock::now() + std::chrono::seconds(5);
     kvx::net::Fd fd;
@@ -80,7 +81,7 @@ int handshake(const kvx::wire::AgentMetadata &meta, const std::array<uint8_t, 32
     hs::Message m = read_message(fd.get(), deadline);
     assert_int_equal(static_cast<int>(m.kind), static_cast<int>(hs::Kind::challenge));
     const hs::Challenge ch = m.challenge;
-    hs::Auth a = hs::answer(ch, meta.instance_id, secret, hs::fingerprint_bytes(fp ? fp : ""));
+    hs::Auth a = hs::answer(ch, meta.instance_id, secret, hs::fingerprint_bytes(fp ? fp : ""), flags);
     assert_int_equal(kvx::net::write_full_by(fd.get(), b.data(), hs::encode(a, b.data()), deadline), 0);
     m = read_message(fd.get(), deadline);
     *status = m.kind == hs::Kind::refuse ? m.refuse.status : 0;
@@ -90,9 +91,9 @@ int handshake(const kvx::wire::AgentMetadata &meta, const std::array<uint8_t, 32
 }
 
 // A connection to tg that passed the handshake with the right secret.
-int authenticated(const Target &tg) {
+int authenticated(const Target &tg, uint32_t flags = 0) {
     int st = 1;
-    int fd = handshake(tg.meta, tg.meta.secret, nullptr, &st);
+    int fd = handshake(tg.meta, tg.meta.secret, nullptr, &st, flags);
     assert_int_equal(st, 0);
     return fd;
 }
@@ -334,9 +335,139 @@ void test_tail_after_whole_chunk(void **) {
 
 }  // namespace
 
+// A control frame (kFlagFence agreed).
+void send_control(int fd, uint16_t type, uint64_t session, uint32_t stream) {
+    uint8_t buf[kvx::tcp::kFrameHeaderLen + kvx::tcp::kControlLen];
+    kvx::tcp::encode_control(kvx::tcp::Control{type, session, stream}, buf);
+    auto deadline = kvx::net::Clock::now() + std::chrono::seconds(5);
+    assert_int_equal(kvx::net::write_full_by(fd, buf, sizeof buf, deadline), 0);
+}
+
+// 1 once the target closed fd (EOF or reset), 0 if it is still open after ms.
+int closed_within(int fd, int ms) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, ms) != 1) return 0;
+    char c;
+    return recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+// Fencing (docs/semantics.md, "Rails"): two streams join a session; half a
+// frame on stream 0; stream 1 fences stream 0: the target closes it, and the
+// rest of that frame, sent after, lands nothing. Stream 1 goes on. A stream
+// fenced before it joined may not join; control frames break the rules
+// (a second JOIN, a FENCE of itself or of another session, a NOP of another
+// session, nonzero reserved fields, a WRITE before the JOIN) close the
+// stream that sent them; without kFlagFence a control frame is an unknown type.
+void test_fence(void **) {
+    namespace t = kvx::tcp;
+    Target tg;
+    target_up(tg, nullptr);
+    const uint64_t session = 0x1234567890abcdefull;
+    int a = authenticated(tg, t::kFlagFence), b = authenticated(tg, t::kFlagFence);
+    send_control(a, t::kFrameJoin, session, 0);
+    send_control(b, t::kFrameJoin, session, 1);
+    std::vector<uint8_t> head = frame_head({{2 * kBL, kBL}}, kBL);
+    std::vector<uint8_t> half(kBL / 2, 0xAB);
+    auto deadline = kvx::net::Clock::now() + std::chrono::seconds(5);
+    assert_int_equal(kvx::net::write_full_by(a, head.data(), head.size(), deadline), 0);
+    assert_int_equal(kvx::net::write_full_by(a, half.data(), half.size(), deadline), 0);
+    usleep(100 * 1000);  // the half lands (cleartext lands as it arrives)
+    send_control(b, t::kFrameNop, session, 1);
+    send_control(b, t::kFrameFence, session, 0);
+    assert_int_equal(send_frame(b, {{3 * kBL, kBL}}, kBL, std::vector<uint8_t>(kBL, 0xCD)), 0);
+    assert_int_equal(closed_within(a, 2000), 1);
+    kvx::net::write_full_by(a, half.data(), half.size(), deadline);  // fails, or is dropped
+    usleep(100 * 1000);
+    assert_true(block_is(tg.r.base + 3 * kBL, kBL, 0xCD));
+    assert_true(block_is(tg.r.base + 2 * kBL + kBL / 2, kBL / 2, 0x77));  // the rest never landed
+    // fenced before it joined: stream 2 may not join, stream 3 may
+    send_control(b, t::kFrameFence, session, 2);
+    int c = authenticated(tg, t::kFlagFence), d = authenticated(tg, t::kFlagFence);
+    send_control(c, t::kFrameJoin, session, 2);
+    assert_int_equal(closed_within(c, 2000), 1);
+    send_control(d, t::kFrameJoin, session, 3);
+    assert_int_equal(send_frame(d, {{4 * kBL, kBL}}, kBL, std::vector<uint8_t>(kBL, 0xEF)), 0);
+    close(c);
+    // rule breakers are closed
+    send_control(d, t::kFrameJoin, session, 4);  // a second JOIN
+    assert_int_equal(closed_within(d, 2000), 1);
+    close(d);
+    send_control(b, t::kFrameFence, session, 1);  // itself
+    assert_int_equal(closed_within(b, 2000), 1);
+    close(b);
+    int e = authenticated(tg, t::kFlagFence);
+    send_control(e, t::kFrameJoin, session + 1, 0);
+    send_control(e, t::kFrameFence, session, 3);  // another session's
+    assert_int_equal(closed_within(e, 2000), 1);
+    close(e);
+    int f = authenticated(tg, t::kFlagFence);
+    send_control(f, t::kFrameNop, session, 0);  // before its JOIN
+    assert_int_equal(closed_within(f, 2000), 1);
+    close(f);
+    int h = authenticated(tg, t::kFlagFence);  // a WRITE before its JOIN: closed, nothing lands
+    assert_int_equal(send_frame(h, {{6 * kBL, kBL}}, kBL, std::vector<uint8_t>(kBL, 0x99)), -1);
+    assert_true(block_is(tg.r.base + 6 * kBL, kBL, 0x77));
+    close(h);
+    int g = authenticated(tg);  // no kFlagFence: an unknown frame type
+    send_control(g, t::kFrameJoin, session + 2, 0);
+    assert_int_equal(closed_within(g, 2000), 1);
+    close(g);
+    close(a);
+    assert_true(region_guards_ok(&tg.r));
+    target_down(tg);
+}
+
+// The control frame's parser: every field checked.
+void test_control_parser(void **) {
+    namespace t = kvx::tcp;
+    uint8_t buf[t::kFrameHeaderLen + t::kControlLen];
+    t::encode_control(t::Control{t::kFrameFence, 9, 3}, buf);
+    t::FrameHeader h = t::decode_frame_header(buf, kBL, true);
+    t::Control c = t::decode_control(h, buf + t::kFrameHeaderLen);
+    assert_int_equal(c.type, t::kFrameFence);
+    assert_int_equal(c.session, 9);
+    assert_int_equal(c.stream, 3);
+    bool threw = false;
+    try {
+        t::decode_frame_header(buf, kBL, false);  // not agreed
+    } catch (const kvx::Error &) {
+        threw = true;
+    }
+    assert_true(threw);
+    const size_t bad[] = {6, 8, 16, 20, 24};  // flags, seq, nseg, reserved, total_len: must be 0
+    for (size_t off : bad) {
+        uint8_t x[sizeof buf];
+        memcpy(x, buf, sizeof buf);
+        x[off] ^= 1;
+        threw = false;
+        try {
+            t::decode_frame_header(x, kBL, true);
+        } catch (const kvx::Error &) {
+            threw = true;
+        }
+        assert_true(threw);
+    }
+    const size_t body_bad[] = {0, 11, 12};  // session 0 (its one byte cleared), stream past the limit, reserved
+    uint8_t x[sizeof buf];
+    for (size_t k = 0; k < 3; k++) {
+        memcpy(x, buf, sizeof buf);
+        if (k == 0) x[t::kFrameHeaderLen + body_bad[0]] = 0;
+        else x[t::kFrameHeaderLen + body_bad[k]] = 1;
+        threw = false;
+        try {
+            t::decode_control(h, x + t::kFrameHeaderLen);
+        } catch (const kvx::Error &) {
+            threw = true;
+        }
+        assert_true(threw);
+    }
+}
+
 int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_frame_lands),
+        cmocka_unit_test(test_fence),
+        cmocka_unit_test(test_control_parser),
         cmocka_unit_test(test_frames_back_to_back),
         cmocka_unit_test(test_forged_without_secret),
         cmocka_unit_test(test_wrong_fingerprint),

@@ -15,9 +15,12 @@
 #include <cstdlib>
 #include <deque>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -66,6 +69,9 @@ public:
     bool authenticated() const { return state_ >= State::frame_head; }
     const SourceAddr &source() const { return src_; }
     int fd() const { return fd_.get(); }
+    // The session and stream number it joined (kFrameJoin); session 0: none.
+    uint64_t session() const { return joined_; }
+    uint32_t stream() const { return stream_; }
     // Its place in the server's queue of unauthenticated connections, oldest first.
     std::list<TcpConn *>::iterator queued;
 
@@ -81,6 +87,8 @@ private:
     bool on_authenticated(const handshake::Step &accepted);
     Next read_head();
     const uint8_t *open_head();
+    Next control(const uint8_t *body);
+    Next next_head();
     void start_payload(const uint8_t *segs);
     Next read_payload();
     // Staged records (kFlagAeadRecords): one record is read aside into
@@ -117,6 +125,9 @@ private:
     uint64_t token_ = 0, deadline_ = 0;
     uint32_t events_ = 0;
     State state_ = State::hello;
+    bool fence_ = false;  // kFlagFence agreed: control frames are valid
+    uint64_t joined_ = 0;  // the session it joined (kFrameJoin), 0 before
+    uint32_t stream_ = 0;
     size_t have_ = 0, need_ = 0;  // of the handshake message or frame head being read
     handshake::Bytes msg_{};
     handshake::Responder::Session session_;
@@ -187,6 +198,14 @@ public:
     // A connection proved itself; false (close it) when tcp.max_connections are open.
     bool authenticated(TcpConn &c);
     void close(TcpConn &c);  // frees c
+    // c is stream `stream` of `session` (kFrameJoin); false when that stream
+    // is open already or was fenced: close c.
+    bool join(TcpConn &c, uint64_t session, uint32_t stream);
+    // Closes stream `stream` of `session` (kFrameFence, from another stream
+    // of the session), or bars it from joining later; false when the session
+    // holds kMaxFenced bars already (close the fencing connection).
+    bool fence(uint64_t session, uint32_t stream);
+    static constexpr size_t kMaxFenced = 1024;  // bars per session; an initiator numbers at most this many streams
 
 private:
     void on_event(int tag, uint32_t events) override;
@@ -204,6 +223,12 @@ private:
     std::unordered_map<TcpConn *, std::unique_ptr<TcpConn>> conns_;
     std::list<TcpConn *> handshaking_;  // unauthenticated connections, oldest first
     std::unordered_map<SourceAddr, size_t, SourceHash> per_source_;  // of them, by source address
+    // Streams that joined a session, by (session, stream); null: fenced
+    // before it joined (it may not join). Bars go with the session's last stream.
+    std::map<std::pair<uint64_t, uint32_t>, TcpConn *> streams_;
+    size_t bars_ = 0;  // of streams_, the null ones
+    static constexpr size_t kMaxBars = 65536;  // in all sessions: a bound on what authenticated peers can pin
+
     size_t authenticated_ = 0;
     const size_t max_handshakes_, max_per_source_, max_connections_;
     const std::chrono::milliseconds handshake_timeout_;
@@ -224,9 +249,12 @@ public:
     // From now on every frame leaves as sealed records (tcp.protection=aead);
     // staged: payload records of at most kSealedRecordMax (kFlagAeadRecords).
     void protect(const std::array<uint8_t, handshake::kKeyLen> &key, AeadImpl impl, bool staged);
-    bool idle() const { return parts_.empty(); }
+    bool idle() const { return parts_.empty() && pre_.empty(); }
     // Adds a part to the next batch (only while idle, before write()).
     void add(Part p, uint64_t seq);
+    // A control frame (kFlagFence agreed) that leaves before the parts of the
+    // next batch (only while idle, before add()).
+    void control(const Control &c);
     // 1: the batch is out; 0: the socket would block (call again when it is
     // writable); -errno: the socket failed.
     int write(int fd);
@@ -237,10 +265,13 @@ private:
     bool merges(const Part &q, size_t nseg, uint64_t total) const;
     void next_part();
     int write_sealed(int fd);
+    int write_pre(int fd);
     bool seal_more();
     void seal_head();
 
     Region region_;
+    std::vector<uint8_t> pre_;  // control frames, encoded (and sealed): out before the parts
+    size_t pre_at_ = 0;
     std::vector<Part> parts_;
     std::vector<uint64_t> seqs_;
     size_t pi_ = 0, ri_ = 0;  // framing cursor: part, run, and what is left of the run
@@ -263,21 +294,42 @@ private:
 struct Authenticated {
     net::Fd fd;
     std::optional<handshake::Keys> keys;
-    uint32_t flags = 0;  // agreed in the handshake (kFlagAead, kFlagAeadRecords)
+    uint32_t flags = 0;  // agreed in the handshake (kFlagAead, kFlagAeadRecords, kFlagFence)
+    size_t rail = 0;     // of TcpPeer's rails
 };
 
-// A part sent on a stream, waiting for its acknowledgement.
+// A path to a peer: a local interface's address paired with one of the
+// peer's (tcp.interfaces), or, without it, the peer's addresses in order.
+struct TcpRail {
+    std::string name;                   // "eth1 10.0.1.5 -> 10.0.1.7:4000", or "" for the one path
+    std::optional<net::Endpoint> from;  // the local address its streams bind to
+    std::vector<net::Endpoint> to;      // tried in order
+};
+
+// A part sent on a stream, waiting for its acknowledgement. With fencing,
+// its runs too: a stream taken out has them sent again on another.
 struct Awaiting {
     OpRef op;
     uint64_t seq = 0;
+    uint64_t bytes = 0;
+    Runs runs;
 };
 
 // The streams to one peer. Callers queue parts under mu_ and wake the loop;
 // the loop thread alone writes frames and reads acknowledgements, and
 // completes transfers with no lock held.
+//
+// With kFlagFence agreed and more than one stream, a stream that fails (a
+// reset, an error, or its kernel resending into silence while another stream
+// is answered) is taken out: reset, and its parts queued again at the front.
+// Every other stream sends a FENCE naming it before it takes any more parts,
+// so the target closes it, dropping what it holds unlanded, before a part it
+// owed lands again (docs/semantics.md, "Rails"). Its rail is dialled again in
+// the background. Without fencing, or with no stream left, the peer fails.
 class TcpPeer final : public BackendPeer {
 public:
-    TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<Authenticated> conns);
+    TcpPeer(const BackendContext &ctx, const PeerContext &pc, std::vector<TcpRail> rails,
+            std::vector<Authenticated> conns);
     ~TcpPeer() override;
     // Puts the streams on the loop; throws Error(KVX_ECLOSED) when it is stopped.
     void start();
@@ -286,6 +338,7 @@ public:
     void abort(int status) override;
     void shutdown() override;
     uint64_t network_silent_rto_us() override;
+    void rails(std::vector<RailStats> *out) const override;
 
 private:
     struct Stream final : EventLoop::Source {
@@ -301,6 +354,25 @@ private:
         size_t ack_have = 0;
         std::unique_ptr<Aead> rx;  // tcp.protection=aead: acks arrive sealed
         bool idle = true;  // found the queue empty: takes more only when woken (under mu_)
+        uint32_t index = 0;   // its number in the session (kFrameJoin)
+        size_t rail = 0;
+        size_t fenced = 0;    // of dead_, the streams it has sent a FENCE for
+        bool live = true;     // false once taken out (the loop thread's)
+        Clock::time_point nudged{};  // its last NOP
+    };
+    // The loop's periodic look at the streams (TCP_INFO) while fencing.
+    struct Watch final : EventLoop::Source {
+        explicit Watch(TcpPeer &p) : peer(p) {}
+        void on_event(int, uint32_t) override {}
+        void on_timer(int) override { peer.watch(); }
+        TcpPeer &peer;
+        uint64_t timer = 0;
+    };
+    // Telemetry of a rail, under stats_mu_.
+    struct RailState {
+        RailStats stats;
+        size_t live = 0;  // its streams in use
+        bool dialling = false;  // a redial is under way
     };
     void pump();
     void on_stream(Stream &s, uint32_t events);
@@ -312,17 +384,33 @@ private:
     uint32_t fail_on_loop(int status, CompletionBatch &victims);
     static void settle(uint32_t us);
     void fail_now(int status);
+    // A stream failed (why): taken out when fencing allows, else the peer fails.
+    void lose_stream(Stream &s, const std::string &why);
+    size_t live_streams() const;
+    void add_stream(Authenticated c, bool join);
+    void watch();
+    void nudge(Stream &s);
+    void arm_watch();
+    void redial(size_t rail);
+    void dial_loop();
+    void rail_changed(size_t rail, int delta_live, bool failed);
     static constexpr std::chrono::microseconds kSettleMin{1000}, kSettleMax{200000};
 
     EventLoop *loop_;
+    const BackendContext ctx_;
+    wire::AgentMetadata meta_;  // with fencing: the peer's, for redials
+    wire::Section section_;
+    PeerContext pc_;  // for redials (with fencing: pointing at meta_ and section_)
     Region region_;
     std::string peer_id_;
     CompletionSink *sink_;
-    std::vector<std::unique_ptr<Stream>> streams_;
+    std::vector<TcpRail> rail_paths_;
+    std::vector<std::unique_ptr<Stream>> streams_;  // the loop thread's once started (dead ones stay, closed)
     std::mutex mu_;  // guards queue_, stop_, idle_streams_, kicked_, alive_, next_seq_
     std::deque<Part> queue_;
     bool stop_ = false;
     size_t idle_streams_ = 0;       // streams a submit must wake
+    size_t live_ = 0;               // streams in use (under mu_ for submit's split; the loop thread changes it)
     bool kicked_ = false;           // a pump is posted and has not started yet
     std::shared_ptr<void> alive_;   // a posted pump runs only while this lives
     uint64_t next_seq_ = 1;
@@ -331,10 +419,34 @@ private:
     std::once_flag shutdown_once_;
     int aborting_ = 0;  // abort() calls under way, under mu_; shutdown() waits for them
     std::condition_variable aborted_;
+    // Fencing (kFlagFence agreed on every stream, and more than one).
+    bool fence_ = false;
+    uint64_t session_ = 0;
+    uint32_t next_index_ = 0;
+    std::vector<uint32_t> dead_;  // streams taken out, in order (the loop thread's)
+    Watch watch_{*this};
+    // Redials of rails taken out: one thread at a time, joined by shutdown.
+    struct Dial {
+        size_t rail;
+        Clock::time_point due;
+        int attempt;
+    };
+    std::mutex dial_mu_;  // guards dial_queue_, dialler_, dial_stop_ and RailState::dialling
+    std::vector<Dial> dial_queue_;
+    std::condition_variable dial_cv_;
+    std::thread dialler_;
+    bool dial_stop_ = false;
+    std::atomic<bool> dial_cancel_{false};  // calls off a connect under way
+    mutable std::mutex stats_mu_;
+    std::vector<RailState> rail_state_;
 };
 
 // Opens and authenticates the streams to a peer; throws Error.
 std::unique_ptr<BackendPeer> connect_peer(const BackendContext &ctx, const PeerContext &pc);
+
+// tcp.interfaces: none when unset, {"all"}, or the names listed, each of an
+// interface of this host; throws Error(KVX_EINVAL) naming one that is not.
+std::vector<std::string> interfaces_option(const Options &o);
 
 // tcp's part of the handshake: the protection tcp.protection offers and
 // requires (kFlagAead, tcp_wire.h).

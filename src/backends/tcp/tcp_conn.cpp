@@ -17,6 +17,7 @@
 
 #include "backends/tcp/tcp.h"
 #include "util/bytes.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -26,7 +27,7 @@ namespace {
 
 constexpr int kTurnReads = 64;           // reads per readiness event, then other sources get a turn
 constexpr size_t kMaxUnsent = 64 << 10;  // acks the peer does not take: stop reading beyond this
-constexpr size_t kHeadLen = kFrameHeaderLen + kSegLen;  // every frame has a segment: always safe to read
+constexpr size_t kHeadLen = kFrameHeaderLen + kSegLen;  // every frame has a segment or a control body: always safe to read
 constexpr size_t kMaxHead = kFrameHeaderLen + kFrameMaxSegs * kSegLen;
 constexpr size_t kSealedHeadLen = 4 + kHeadLen + kTagLen;  // the smallest head record
 constexpr size_t kAheadMax = kTagLen + 4 + kMaxHead + kTagLen;  // a tag and the largest head record
@@ -53,11 +54,6 @@ __attribute__((noinline)) ssize_t read_region_from_pipe(int fd, const iovec *reg
     return ::readv(fd, region, static_cast<int>(cnt));
 }
 
-int64_t realtime_ns() {
-    timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
 
 // The kernel's receive timestamp (SO_TIMESTAMPNS) in a received message's
 // control data, CLOCK_REALTIME ns; 0 when there is none.
@@ -218,6 +214,7 @@ bool TcpConn::on_authenticated(const handshake::Step &accepted) {
         plain_.resize(kMaxHead);
         staged_ = (accepted.accept.flags & kFlagAeadRecords) != 0;
     }
+    fence_ = (accepted.accept.flags & kFlagFence) != 0;
     if (!server_.authenticated(*this)) {
         KVX_LOG(warn, "tcp: closing an authenticated connection: tcp.max_connections are open");
         return false;
@@ -243,8 +240,9 @@ const uint8_t *TcpConn::open_head() {
     memcpy(aad + 1, head_.data(), 4);
     if (!rx_->open(aad, sizeof aad, head_.data() + 4, len, plain_.data()))
         fail(KVX_EAUTH, "frame head record fails authentication (forged, replayed or reordered)");
-    frame_ = decode_frame_header(plain_.data(), ctx_.region.block_len);
-    if (kFrameHeaderLen + frame_.nseg * kSegLen != len) fail(KVX_EINVAL, "frame: head record length mismatch");
+    frame_ = decode_frame_header(plain_.data(), ctx_.region.block_len, fence_);
+    const size_t body = is_control(frame_) ? kControlLen : frame_.nseg * kSegLen;
+    if (kFrameHeaderLen + body != len) fail(KVX_EINVAL, "frame: head record length mismatch");
     return plain_.data() + kFrameHeaderLen;
 }
 
@@ -268,7 +266,7 @@ TcpConn::Next TcpConn::read_head() {
                 return Next::more;
             }
         } else if (state_ == State::frame_head) {
-            frame_ = decode_frame_header(head_.data(), ctx_.region.block_len);
+            frame_ = decode_frame_header(head_.data(), ctx_.region.block_len, fence_);
             if (frame_.nseg > 1) {
                 need_ = kFrameHeaderLen + frame_.nseg * kSegLen;
                 head_.resize(need_);
@@ -276,12 +274,44 @@ TcpConn::Next TcpConn::read_head() {
                 return Next::more;
             }
         }
-        start_payload(rx_ ? open_head() : head_.data() + kFrameHeaderLen);
+        const uint8_t *rest = rx_ ? open_head() : head_.data() + kFrameHeaderLen;
+        if (is_control(frame_)) return control(rest);
+        // With fencing agreed a stream joins first: one that could not be
+        // fenced must not carry anything.
+        if (fence_ && joined_ == 0) fail(KVX_EINVAL, "frame: a WRITE before the stream's JOIN");
+        start_payload(rest);
     } catch (const Error &e) {
         KVX_LOG(warn, "tcp: closing a connection after a bad frame: %s", e.what());
         return Next::close;
     }
     return Next::more;
+}
+
+// A control frame (kFlagFence): JOIN names this stream; FENCE closes another
+// stream of its session before anything after it on this one lands. Both
+// read on the loop thread, which lands every stream's bytes: the stream
+// fenced is between two reads, and nothing of it lands from here on.
+// Throws Error(KVX_EINVAL) for one that breaks the rules (read_head closes).
+TcpConn::Next TcpConn::control(const uint8_t *body) {
+    static_assert(kFrameHeaderLen + kControlLen == kHeadLen, "a control frame is the smallest head");
+    const Control c = decode_control(frame_, body);
+    if (c.type == kFrameNop) {
+        if (joined_ == 0 || c.session != joined_) fail(KVX_EINVAL, "control frame: NOP for a session this stream did not join");
+    } else if (c.type == kFrameJoin) {
+        if (joined_ != 0) fail(KVX_EINVAL, "control frame: a second JOIN on one stream");
+        if (!server_.join(*this, c.session, c.stream))
+            fail(KVX_EINVAL, "control frame: JOIN as stream %u, which its session has open or fenced", c.stream);
+        joined_ = c.session;
+        stream_ = c.stream;
+    } else {
+        if (joined_ == 0 || c.session != joined_)
+            fail(KVX_EINVAL, "control frame: FENCE for a session this stream did not join");
+        if (c.stream == stream_) fail(KVX_EINVAL, "control frame: FENCE of the stream it came on");
+        if (!server_.fence(joined_, c.stream))
+            fail(KVX_EINVAL, "control frame: FENCE of stream %u past %zu streams fenced before joining", c.stream,
+                 TcpServer::kMaxFenced);
+    }
+    return next_head();
 }
 
 void TcpConn::start_payload(const uint8_t *seg_table) {
@@ -757,6 +787,10 @@ TcpConn::Next TcpConn::frame_done() {
         // initiator refills its window only as acks arrive.
         if ((acked_unsent_ += frame_.total_len) >= kChunk && !flush()) return Next::close;
     }
+    return next_head();
+}
+
+TcpConn::Next TcpConn::next_head() {
     have_ = 0;
     need_ = rx_ ? kSealedHeadLen : kHeadLen;
     head_.resize(need_);

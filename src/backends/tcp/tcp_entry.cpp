@@ -1,4 +1,6 @@
 // The tcp backend's registry entry: options, metadata section, factory.
+#include <net/if.h>
+
 #include "registry/registry.h"
 #include "backends/tcp/tcp.h"
 #include "util/error.h"
@@ -21,7 +23,20 @@ constexpr OptionSpec kOptions[] = {
      "non-loopback IPv4 address of the host that is up, then 127.0.0.1, in that order: peers on other hosts use the "
      "first reachable one and a peer on the same host falls back to loopback. With several networks (say a management "
      "and a data network) set it to the data network's address. `KVX_LOG=info` logs what was chosen."},
-    {"tcp.streams", OptType::uint, 1, 16, "1", "TCP connections per peer; a transfer of 2 MiB or more is split over them."},
+    {"tcp.streams", OptType::uint, 1, 16, "1",
+     "TCP connections per peer, and with `tcp.interfaces` per rail; a transfer of 2 MiB or more is split over "
+     "them."},
+    {"tcp.interfaces", OptType::string, 0, 1024, "",
+     "The rails of a writer (since 0.12): `all`, or a comma-separated list of interface names (`eth0,eth1`). Each "
+     "interface that is up and has an address in the subnet of one of the target's advertised addresses "
+     "(`tcp.advertise`) becomes a rail to that address, with `tcp.streams` connections bound to the interface's "
+     "address; transfers are spread over every connection. When a connection fails (a reset, an error, or its "
+     "kernel resending into silence while another one is answered) it is taken out and what it owed is sent again "
+     "on the others, after the target has closed it: nothing it carried lands afterwards (docs/semantics.md, "
+     "\"Rails\"). A rail taken out is dialled again in the background every `peer_redial_ms`. Unset: one path, the "
+     "first advertised address that connects, as is also the case when no interface pairs with one. Set it where "
+     "the interfaces are data networks: `all` also pairs a management network that shares a subnet with the "
+     "target."},
     {"tcp.handshake_timeout_ms", OptType::uint, 10, 60000, "1000",
      "An accepted connection that has not authenticated within this long (milliseconds) is closed."},
     {"tcp.max_handshakes", OptType::uint, 1, 65536, "1024",
@@ -54,7 +69,9 @@ class TcpBackend final : public Backend {
 public:
     explicit TcpBackend(const BackendContext &ctx) : ctx_(ctx), server_(ctx) {}
     const char *name() const override { return "tcp"; }
-    wire::Section describe() const override { return encode_section(server_.advertised(), kSectionRecords); }
+    wire::Section describe() const override {
+        return encode_section(server_.advertised(), kSectionRecords | kSectionFence);
+    }
     std::unique_ptr<BackendPeer> connect(const PeerContext &pc) override { return connect_peer(ctx_, pc); }
     void shutdown() override { server_.shutdown(); }
 
@@ -65,8 +82,8 @@ private:
 
 bool probe(const Options &, std::string *) { return true; }
 
-// Our side offers and requires exactly the protection of tcp.protection.
 std::unique_ptr<Backend> create(const BackendContext &ctx, std::string *) {
+    interfaces_option(*ctx.options);  // names that exist, or a failed create
     if (data_path_options(*ctx.options).flags != 0) {
         // A block travels as one frame when larger than a frame's usual
         // bound, and a frame's payload is one record.
@@ -85,11 +102,28 @@ void check_section(const wire::Section &s, const wire::AgentMetadata &) { decode
 
 }  // namespace
 
+std::vector<std::string> interfaces_option(const Options &o) {
+    const std::string spec = o.str("tcp.interfaces");
+    std::vector<std::string> names;
+    if (spec.empty()) return names;
+    if (spec == "all") return {"all"};
+    size_t at = 0;
+    for (;;) {
+        const size_t comma = spec.find(',', at);
+        const std::string name = spec.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        if (name.empty() || name.size() >= IF_NAMESIZE || if_nametoindex(name.c_str()) == 0)
+            fail(KVX_EINVAL, "tcp.interfaces: no network interface '%s' on this host", name.c_str());
+        names.push_back(name);
+        if (comma == std::string::npos) return names;
+        at = comma + 1;
+    }
+}
+
 handshake::DataPathOptions data_path_options(const Options &o) {
     handshake::DataPathOptions d;
     d.flags = o.str("tcp.protection") == "aead" ? kFlagAead | kFlagAeadRecords : 0;
-    d.defined = kFlagAead | kFlagAeadRecords;
-    d.optional = kFlagAeadRecords;
+    d.defined = kFlagAead | kFlagAeadRecords | kFlagFence;
+    d.optional = kFlagAeadRecords | kFlagFence;
     d.name = [](uint32_t f) -> std::string { return f & kFlagAead ? "tcp.protection=aead" : "tcp.protection=none"; };
     return d;
 }

@@ -131,6 +131,8 @@ void TcpServer::shutdown() {
         conns_.clear();
         handshaking_.clear();
         per_source_.clear();
+        streams_.clear();
+        bars_ = 0;
         listen_fd_ = net::Fd();
     });
 }
@@ -202,7 +204,45 @@ bool TcpServer::authenticated(TcpConn &c) {
     return true;
 }
 
+bool TcpServer::join(TcpConn &c, uint64_t session, uint32_t stream) {
+    return streams_.emplace(std::make_pair(session, stream), &c).second;
+}
+
+bool TcpServer::fence(uint64_t session, uint32_t stream) {
+    auto it = streams_.find({session, stream});
+    if (it != streams_.end()) {
+        if (!it->second) return true;  // barred already
+        TcpConn &c = *it->second;
+        KVX_LOG(info, "tcp: closing stream %u of a session at its initiator's word (it was taken out there): what it "
+                      "holds unlanded is dropped", stream);
+        close(c);
+        return true;
+    }
+    size_t bars = 0;
+    for (auto b = streams_.lower_bound({session, 0}); b != streams_.end() && b->first.first == session; ++b)
+        bars += b->second == nullptr;
+    if (bars >= kMaxFenced || bars_ >= kMaxBars) return false;
+    streams_.emplace(std::make_pair(session, stream), nullptr);
+    bars_++;
+    return true;
+}
+
 void TcpServer::close(TcpConn &c) {
+    if (c.session() != 0) {
+        streams_.erase({c.session(), c.stream()});
+        // The session's last stream: its bars go too.
+        auto first = streams_.lower_bound({c.session(), 0}), b = first;
+        bool live = false;
+        size_t bars = 0;
+        for (; b != streams_.end() && b->first.first == c.session(); ++b) {
+            live |= b->second != nullptr;
+            bars += b->second == nullptr;
+        }
+        if (!live) {
+            streams_.erase(first, b);
+            bars_ -= bars;
+        }
+    }
     if (c.authenticated()) authenticated_--;
     else forget_handshake(c);
     c.stop();

@@ -23,7 +23,31 @@ void encode_frame_header(const FrameHeader &h, uint8_t out[kFrameHeaderLen]) {
     put_le(out + 24, h.total_len, 8);
 }
 
-FrameHeader decode_frame_header(const uint8_t in[kFrameHeaderLen], uint64_t block_len) {
+bool is_control(const FrameHeader &h) { return h.type == kFrameJoin || h.type == kFrameFence || h.type == kFrameNop; }
+
+void encode_control(const Control &c, uint8_t out[kFrameHeaderLen + kControlLen]) {
+    FrameHeader h;
+    h.type = c.type;
+    encode_frame_header(h, out);
+    put_le(out + kFrameHeaderLen, c.session, 8);
+    put_le(out + kFrameHeaderLen + 8, c.stream, 4);
+    put_le(out + kFrameHeaderLen + 12, 0, 4);
+}
+
+Control decode_control(const FrameHeader &h, const uint8_t body[kControlLen]) {
+    Control c;
+    c.type = h.type;
+    c.session = get_le(body, 8);
+    c.stream = static_cast<uint32_t>(get_le(body + 8, 4));
+    const uint32_t reserved = static_cast<uint32_t>(get_le(body + 12, 4));
+    if (c.session == 0) fail(KVX_EINVAL, "control frame: session 0");
+    if (c.stream >= kMaxStreamIndex)
+        fail(KVX_EINVAL, "control frame: stream %u out of range 0..%u", c.stream, kMaxStreamIndex - 1);
+    if (reserved != 0) fail(KVX_EINVAL, "control frame: reserved field is 0x%x, not 0", reserved);
+    return c;
+}
+
+FrameHeader decode_frame_header(const uint8_t in[kFrameHeaderLen], uint64_t block_len, bool controls) {
     check_magic(static_cast<uint32_t>(get_le(in, 4)), kFrameMagic, "frame");
     FrameHeader h;
     h.type = static_cast<uint16_t>(get_le(in + 4, 2));
@@ -32,6 +56,11 @@ FrameHeader decode_frame_header(const uint8_t in[kFrameHeaderLen], uint64_t bloc
     h.nseg = static_cast<uint32_t>(get_le(in + 16, 4));
     uint32_t reserved = static_cast<uint32_t>(get_le(in + 20, 4));
     h.total_len = get_le(in + 24, 8);
+    if (controls && is_control(h)) {
+        if (h.flags != 0 || h.seq != 0 || h.nseg != 0 || reserved != 0 || h.total_len != 0)
+            fail(KVX_EINVAL, "frame: control frame (type %u) with a field that must be 0", h.type);
+        return h;
+    }
     if (h.type != kFrameWrite) fail(KVX_EINVAL, "frame: unknown type %u", h.type);
     if (h.flags & ~kFlagAck) fail(KVX_EINVAL, "frame: unknown flags 0x%x", h.flags);
     if (reserved != 0) fail(KVX_EINVAL, "frame: reserved field is 0x%x, not 0", reserved);

@@ -29,9 +29,15 @@ constexpr uint32_t kFlagAead = 1u << 0;
 // authenticated bytes (docs/wire-format.md, "Staged records").
 constexpr uint32_t kFlagAeadRecords = 1u << 1;
 constexpr size_t kSealedRecordMax = 256 << 10;
+// Offered by an initiator (since 0.12) to a target whose section says
+// kSectionFence: its streams join a session (kFrameJoin), and a stream may
+// close another of its session at the target (kFrameFence) before it carries
+// what the other owed, so a stream taken out lands nothing afterwards.
+constexpr uint32_t kFlagFence = 1u << 2;
 // The section's flags (its second u16, zero before 0.8, which readers of
 // 0.7 and older ignore): what this target's tcp knows.
 constexpr uint16_t kSectionRecords = 1u << 0;  // it takes kFlagAeadRecords (0.8 and later)
+constexpr uint16_t kSectionFence = 1u << 1;    // it takes kFlagFence (0.12 and later)
 wire::Section encode_section(const std::vector<net::Endpoint> &eps, uint16_t flags = 0);
 uint16_t section_flags(const wire::Section &s);
 // Throws Error(KVX_EBADMETA) naming the defect.
@@ -54,6 +60,19 @@ constexpr size_t kFrameHeaderLen = 32;
 constexpr size_t kSegLen = 16;
 constexpr uint16_t kFrameWrite = 1;
 constexpr uint16_t kFlagAck = 1;
+// Control frames (kFlagFence agreed): a header (flags, seq, nseg, total_len
+// all 0) and a body of kControlLen bytes, no payload.
+constexpr uint16_t kFrameJoin = 2;   // this stream is number `stream` of `session`
+constexpr uint16_t kFrameFence = 3;  // close stream number `stream` of this stream's session
+constexpr uint16_t kFrameNop = 4;    // nothing (bytes in flight, so that a dead path shows as resends)
+constexpr size_t kControlLen = 16;
+constexpr uint32_t kMaxStreamIndex = 1u << 16;  // indexes of one session, never reused
+
+struct Control {
+    uint16_t type = kFrameJoin;
+    uint64_t session = 0;  // random, not 0
+    uint32_t stream = 0;   // < kMaxStreamIndex
+};
 
 struct Segment {
     uint64_t offset = 0;  // remote region offset
@@ -71,8 +90,15 @@ void encode_segment(const Segment &s, uint8_t out[kSegLen]);
 void encode_ack(const Ack &a, uint8_t out[kAckLen]);
 Ack decode_ack(const uint8_t in[kAckLen]);
 
-// Validates a received frame header; throws Error(KVX_EINVAL) naming the defect.
-FrameHeader decode_frame_header(const uint8_t in[kFrameHeaderLen], uint64_t block_len);
+// Validates a received frame header; throws Error(KVX_EINVAL) naming the
+// defect. Control frames are valid only where `controls` (kFlagFence agreed).
+FrameHeader decode_frame_header(const uint8_t in[kFrameHeaderLen], uint64_t block_len, bool controls = false);
+bool is_control(const FrameHeader &h);
+
+// A control frame: header and body, kFrameHeaderLen + kControlLen bytes.
+void encode_control(const Control &c, uint8_t out[kFrameHeaderLen + kControlLen]);
+// The body of a control frame whose header decoded; throws Error(KVX_EINVAL).
+Control decode_control(const FrameHeader &h, const uint8_t body[kControlLen]);
 
 // Validates nseg segments (header already validated): each inside a region
 // of region_len bytes, on block boundaries, lengths summing to total_len.

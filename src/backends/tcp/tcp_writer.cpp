@@ -42,7 +42,40 @@ void FrameWriter::protect(const std::array<uint8_t, handshake::kKeyLen> &key, Ae
     stage_ = std::make_unique_for_overwrite<uint8_t[]>(kStageBytes + kMaxHeadRecord + kTagLen);
 }
 
+void FrameWriter::control(const Control &c) {
+    uint8_t frame[kFrameHeaderLen + kControlLen];
+    encode_control(c, frame);
+    const size_t at = pre_.size();
+    if (!tx_) {
+        pre_.insert(pre_.end(), frame, frame + sizeof frame);
+        return;
+    }
+    // A head record of its own, with no payload record after it.
+    uint8_t aad[5] = {kRecordHead};
+    put_le(aad + 1, sizeof frame, 4);
+    pre_.resize(at + 4 + sizeof frame + kTagLen);
+    memcpy(pre_.data() + at, aad + 1, 4);
+    tx_->seal(aad, sizeof aad, frame, sizeof frame, pre_.data() + at + 4);
+}
+
+// The control frames first: 1 once they are out, else as write().
+int FrameWriter::write_pre(int fd) {
+    while (pre_at_ < pre_.size()) {
+        ssize_t r = ::send(fd, pre_.data() + pre_at_, pre_.size() - pre_at_, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+        }
+        pre_at_ += static_cast<size_t>(r);
+    }
+    pre_.clear();
+    pre_at_ = 0;
+    return 1;
+}
+
 void FrameWriter::clear() {
+    pre_.clear();
+    pre_at_ = 0;
     stage_len_ = stage_at_ = next_head_ = 0;
     in_payload_ = false;
     parts_.clear();
@@ -131,6 +164,8 @@ bool FrameWriter::merges(const Part &q, size_t nseg, uint64_t total) const {
 }
 
 int FrameWriter::write(int fd) {
+    if (!pre_.empty())
+        if (int rc = write_pre(fd); rc <= 0) return rc;
     if (tx_) return write_sealed(fd);
     for (;;) {
         if (iov_at_ == iov_.size()) {

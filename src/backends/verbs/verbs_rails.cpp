@@ -11,8 +11,10 @@
 #include <numeric>
 
 #include "backends/verbs/verbs.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/log.h"
+#include "util/net.h"
 
 namespace kvx::verbs {
 
@@ -24,34 +26,11 @@ constexpr int64_t kRateWindowNs = 20'000'000;
 // go elsewhere anyway (its QPs are in ERR: the NIC starts nothing more).
 constexpr auto kDrainWait = std::chrono::seconds(2);
 
-int64_t realtime_ns() {
-    timespec ts{};
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 int64_t mono_ns() { return Clock::now().time_since_epoch().count(); }
 
 // Whether a lies in the prefix-bit subnet of b (IPv4 or IPv6).
 bool same_subnet(const sockaddr_storage &a, const sockaddr_storage &b, unsigned prefix) {
-    if (a.ss_family != b.ss_family || prefix == 0) return false;
-    const uint8_t *pa, *pb;
-    unsigned bits;
-    if (a.ss_family == AF_INET) {
-        pa = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in &>(a).sin_addr);
-        pb = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in &>(b).sin_addr);
-        bits = 32;
-    } else {
-        pa = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in6 &>(a).sin6_addr);
-        pb = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in6 &>(b).sin6_addr);
-        bits = 128;
-    }
-    prefix = std::min(prefix, bits);
-    for (unsigned i = 0; i < prefix; i++) {
-        const unsigned byte = i / 8, bit = 7 - i % 8;
-        if (((pa[byte] >> bit) & 1) != ((pb[byte] >> bit) & 1)) return false;
-    }
-    return true;
+    return net::same_subnet(net::to_endpoint(a), net::to_endpoint(b), prefix);
 }
 
 }  // namespace
