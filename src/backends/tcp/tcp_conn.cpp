@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <ctime>
 
 #include "backends/tcp/tcp.h"
@@ -443,12 +445,24 @@ void TcpConn::wake_at(size_t bytes) {
     if (::setsockopt(fd_.get(), SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0) lowat_ = want;
 }
 
-// True when the oldest byte waiting in the socket arrived before `since`
-// (a kernel receive timestamp, SO_TIMESTAMPNS, read with MSG_PEEK).
+// True when the bytes that were to wake this connection had all arrived
+// before `since` (kernel receive timestamps, SO_TIMESTAMPNS, read with
+// MSG_PEEK: that of the last segment peeked). With SO_RCVLOWAT above one
+// byte the first bytes wait for the rest by our choice, not because this
+// thread did not run: what counts is when the lowat-th byte came (on a slow
+// or long path it may come long after the first; counting from the first
+// made every slow stream look frozen and probed it, 4 round trips each).
 bool TcpConn::waited_since(Clock::time_point since) {
-    uint8_t one;
+    int avail = 0, lowat = 1;
+    socklen_t len = sizeof lowat;
+    if (::ioctl(fd_.get(), FIONREAD, &avail) != 0 || avail <= 0) return false;
+    // What the kernel uses: it caps SO_RCVLOWAT at half the receive buffer.
+    if (::getsockopt(fd_.get(), SOL_SOCKET, SO_RCVLOWAT, &lowat, &len) != 0) lowat = 1;
+    const size_t want = std::clamp<size_t>(std::min<size_t>(static_cast<size_t>(lowat), static_cast<size_t>(avail)), 1,
+                                           kLowat);
+    static thread_local std::unique_ptr<uint8_t[]> scratch = std::make_unique_for_overwrite<uint8_t[]>(kLowat);
     alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(timespec))];
-    iovec iov{&one, 1};
+    iovec iov{scratch.get(), want};
     msghdr m{};
     m.msg_iov = &iov;
     m.msg_iovlen = 1;
