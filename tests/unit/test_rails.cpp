@@ -197,6 +197,53 @@ void test_pair_rails(void **) {
     assert_int_equal(pairs[0].first, 0);
     assert_int_equal(pairs[0].second, 0);
 }
+
+// verbs.rail_map: pairs by the map alone, first entry that holds the
+// address; what no entry holds (or whose device we lack) is left out.
+void test_rail_map(void **) {
+    std::vector<std::shared_ptr<verbs::Device>> local = {dev("198.18.0.1", 24), dev("198.18.1.1", 24)};
+    local[0]->name = "mlx5_0";
+    local[0]->port = 1;
+    local[1]->name = "mlx5_1";
+    local[1]->port = 1;
+    // crossed on purpose: the map, not the subnets, decides
+    auto map = verbs::parse_rail_map("mlx5_1=198.18.0.0/24,mlx5_0:1=198.18.1.2,mlx5_0=10.0.0.0/8");
+    assert_int_equal(map.size(), 3);
+    assert_int_equal(map[1].port, 1);
+    assert_int_equal(map[1].prefix, 32);
+    std::vector<verbs::RemoteRail> remote = {{ep("198.18.0.2", 1), 0}, {ep("198.18.1.2", 1), 0},
+                                             {ep("198.18.1.3", 1), 0}, {ep("10.1.2.3", 1), 0}};
+    std::string notes;
+    auto pairs = verbs::pair_rails(local, remote, &notes, map);
+    assert_int_equal(pairs.size(), 3);
+    assert_int_equal(pairs[0].first, 1);  // 198.18.0.2 -> mlx5_1
+    assert_int_equal(pairs[0].second, 0);
+    assert_int_equal(pairs[1].first, 0);  // 198.18.1.2 -> mlx5_0
+    assert_int_equal(pairs[2].first, 0);  // 10.1.2.3 -> mlx5_0
+    assert_int_equal(pairs[2].second, 3);
+    assert_contains(notes, "198.18.1.3");  // in no entry: left out, not paired by subnet
+    notes.clear();
+    map = verbs::parse_rail_map("mlx5_9=198.18.0.0/16");
+    pairs = verbs::pair_rails(local, remote, &notes, map);
+    assert_int_equal(pairs.size(), 0);  // no fallback to rail 0 with a map
+    assert_contains(notes, "names no rail of ours");
+    assert_int_equal(verbs::parse_rail_map("").size(), 0);
+    assert_int_equal(verbs::parse_rail_map("mlx5_0=fd00::/8")[0].addr.family, 6);
+    const char *bad[] = {"mlx5_0", "mlx5_0=", "=10.0.0.1", "mlx5_0=10.0.0.1/33", "mlx5_0=10.0.0.1/0",
+                         "mlx5_0=host.example", "mlx5_0:0=10.0.0.1", "mlx5_0=10.0.0.1,", "mlx5_0=10.0.0.1/x"};
+    for (const char *b : bad) {
+        int code = 0;
+        std::string what;
+        try {
+            verbs::parse_rail_map(b);
+        } catch (const kvx::Error &e) {
+            code = e.code();
+            what = e.what();
+        }
+        if (code != KVX_EINVAL) fail_msg("verbs.rail_map '%s' was accepted", b);
+        assert_contains(what, "verbs.rail_map");
+    }
+}
 #endif
 
 }  // namespace
@@ -209,6 +256,7 @@ int main() {
         cmocka_unit_test(test_verbs_section_rails),
         cmocka_unit_test(test_verbs_devices_option),
         cmocka_unit_test(test_pair_rails),
+        cmocka_unit_test(test_rail_map),
 #endif
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);

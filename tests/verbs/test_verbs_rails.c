@@ -63,8 +63,9 @@ static void print_rails(kvx_transport *t, const char *peer) {
                (unsigned long long)r[i].bytes, (unsigned long long)r[i].parts, r[i].failures);
 }
 
-static void pair_up(pair *p, const char *timeout_ms) {
-    kvx_options *o = vt_options("verbs.devices=all", timeout_ms, NULL);
+/* extra: more options for both transports, or NULL. */
+static void pair_up(pair *p, const char *extra) {
+    kvx_options *o = vt_options("verbs.devices=all", extra, NULL);
     p->ra = region_new(NB, BL, 0x11);
     p->rb = region_new(NB, BL, 0x22);
     for (uint64_t i = 0; i < NB; i++) fill_block(p->ra.base + i * BL, BL, i, 5);
@@ -487,6 +488,43 @@ static void test_one_rail_metadata(void **state) {
     pair_down(&p);
 }
 
+/* verbs.rail_map (since 0.12): the map alone decides. Mapping our second
+ * device to the target's second rail's subnet gives the peer that one rail
+ * (the first is in no entry: left out, not paired by subnet), and bytes
+ * land through it; a map that holds none of the target's rails fails the
+ * add, saying so. */
+static void test_rail_map(void **state) {
+    (void)state;
+    enum { N = 64 };
+    const char *dev2 = getenv("KVX_VM_DEV2"), *addr2 = getenv("KVX_VM_ADDR2");
+    assert_non_null(dev2);
+    assert_non_null(addr2);
+    char map[160];
+    snprintf(map, sizeof map, "verbs.rail_map=%s=%s/24", dev2, addr2);
+    pair p;
+    pair_up(&p, map); /* the target has it too: it pairs nothing (it dials no one) */
+    kvx_rail_stats r[4];
+    assert_int_equal(rails_of(p.a, "b", r, 4), 1);
+    printf("# %s: %s\n", map, r[0].name);
+    assert_true(strncmp(r[0].name, dev2, strlen(dev2)) == 0);
+    assert_non_null(strstr(r[0].name, addr2));
+    static uint64_t ids[N];
+    submit(&p, ids, 0, N);
+    size_t nf = 9;
+    assert_int_equal(wait_ids(p.a, "b", ids, N, 60000, &nf, NULL), N);
+    assert_int_equal(nf, 0);
+    verify_all(&p);
+    kvx_transport_destroy(p.a);
+    /* a map that holds none of the target's rails */
+    snprintf(map, sizeof map, "verbs.rail_map=%s=10.99.0.0/16", dev2);
+    kvx_options *o = vt_options("verbs.devices=all", map, NULL);
+    p.a = vt_transport(&p.ra, NULL, o);
+    kvx_options_destroy(o);
+    VT_ERR(vt_add(p.a, "b", &p.mb), KVX_EHOSTUNREACH);
+    assert_non_null(strstr(kvx_last_error_message(), "verbs.rail_map"));
+    pair_down(&p);
+}
+
 int main(int argc, char **argv) {
     child_exec_dispatch(argc, argv);
     setenv("KVX_TEST_BACKEND", "verbs", 1); /* the target process's backend */
@@ -497,6 +535,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_last_rail_to_tcp),
         cmocka_unit_test(test_both_rails_carry),
         cmocka_unit_test(test_one_rail_metadata),
+        cmocka_unit_test(test_rail_map),
         cmocka_unit_test(test_gid_change),
         cmocka_unit_test(test_rail_down_midstream),
         cmocka_unit_test(test_every_rail_down),

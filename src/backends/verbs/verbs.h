@@ -110,7 +110,20 @@ struct Device {
     void deregister();  // after this nothing can write into the region
 };
 
+// One entry of verbs.rail_map: a peer's rails whose address lies in
+// addr/prefix go with our rail(s) of device (and port, 0: any).
+struct RailMapEntry {
+    std::string device;
+    int port = 0;
+    net::Endpoint addr;
+    unsigned prefix = 0;
+};
+// Parses verbs.rail_map ("" -> none); throws Error(KVX_EINVAL) naming the
+// bad entry.
+std::vector<RailMapEntry> parse_rail_map(const std::string &text);
+
 struct PeerConfig {
+    std::vector<RailMapEntry> rail_map;  // verbs.rail_map; empty: pair by subnet
     uint32_t qps = 1;
     uint32_t sq_depth = 0;      // WRs per send queue the data path uses
     uint32_t signal_every = 0;  // at least one signalled WR per this many
@@ -190,7 +203,8 @@ struct RemoteRail {
 // rdma_cm's routing decides (a routed fabric): a pair it would reach
 // through another device is refused at connect. (local, remote) indexes.
 std::vector<std::pair<size_t, size_t>> pair_rails(const std::vector<std::shared_ptr<Device>> &local,
-                                                  const std::vector<RemoteRail> &remote, std::string *notes);
+                                                  const std::vector<RemoteRail> &remote, std::string *notes,
+                                                  const std::vector<RailMapEntry> &map = {});
 
 class VerbsPeer;
 // The backend's peers, so that a port event reaches those using the port.

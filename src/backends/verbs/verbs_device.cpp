@@ -116,6 +116,14 @@ PeerConfig peer_config(const std::vector<std::shared_ptr<Device>> &rails, const 
     // signalled WR is in flight whenever the queue is full.
     c.signal_every = std::max<uint32_t>(1, std::min<uint32_t>(64, depth / 2));
     c.post_batch_bytes = o.uint("verbs.post_batch_bytes");
+    c.rail_map = parse_rail_map(o.str("verbs.rail_map"));
+    for (const RailMapEntry &e : c.rail_map) {
+        bool served = false;
+        for (const auto &dev : rails) served |= dev->name == e.device && (e.port == 0 || dev->port == e.port);
+        if (!served)
+            fail(KVX_EINVAL, "option verbs.rail_map: %s%s is not a rail of this transport", e.device.c_str(),
+                 e.port ? strfmt(":%d", e.port).c_str() : "");
+    }
     return c;
 }
 
@@ -282,6 +290,61 @@ bool place_port(const std::string &name, int port, const ibv_port_attr &pa,
 }
 
 }  // namespace
+
+std::vector<RailMapEntry> parse_rail_map(const std::string &text) {
+    std::vector<RailMapEntry> out;
+    size_t from = 0;
+    while (!text.empty() && from <= text.size()) {
+        const size_t comma = std::min(text.find(',', from), text.size());
+        const std::string item = text.substr(from, comma - from);
+        from = comma + 1;
+        auto bad = [&](const char *why) {
+            fail(KVX_EINVAL, "option verbs.rail_map: '%s' %s (expected DEV[:PORT]=ADDRESS[/PREFIX],...)", item.c_str(),
+                 why);
+        };
+        const size_t eq = item.find('=');
+        if (eq == std::string::npos) bad("has no '='");
+        RailMapEntry e;
+        std::vector<std::pair<std::string, int>> dev;
+        try {
+            dev = parse_devices(item.substr(0, eq));
+        } catch (const Error &) {
+            bad("names no device, or a bad port, before '='");
+        }
+        if (dev.size() != 1) bad("names no one device before '='");
+        e.device = dev[0].first;
+        e.port = dev[0].second;
+        std::string addr = item.substr(eq + 1);
+        const size_t slash = addr.find('/');
+        std::string plen;
+        if (slash != std::string::npos) {
+            plen = addr.substr(slash + 1);
+            addr.resize(slash);
+        }
+        in6_addr a6{};
+        in_addr a4{};
+        if (inet_pton(AF_INET, addr.c_str(), &a4) == 1) {
+            e.addr.family = 4;
+            memcpy(e.addr.addr.data(), &a4, 4);
+        } else if (inet_pton(AF_INET6, addr.c_str(), &a6) == 1) {
+            e.addr.family = 6;
+            memcpy(e.addr.addr.data(), &a6, 16);
+        } else {
+            bad("has no numeric IPv4 or IPv6 address after '='");
+        }
+        const unsigned bits = e.addr.family == 4 ? 32 : 128;
+        e.prefix = bits;
+        if (slash != std::string::npos) {
+            char *end = nullptr;
+            const long v = plen.empty() ? -1 : strtol(plen.c_str(), &end, 10);
+            if (plen.empty() || *end || v < 1 || v > static_cast<long>(bits)) bad("has a bad prefix length");
+            e.prefix = static_cast<unsigned>(v);
+        }
+        if (out.size() == kMaxRails * 4) fail(KVX_EINVAL, "option verbs.rail_map: more than %zu entries", kMaxRails * 4);
+        out.push_back(std::move(e));
+    }
+    return out;
+}
 
 std::vector<std::pair<std::string, int>> parse_devices(const std::string &text) {
     std::vector<std::pair<std::string, int>> out;

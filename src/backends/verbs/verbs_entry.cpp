@@ -31,6 +31,7 @@ Selection selection(const Options &o) {
     if (sel.one && !device.empty()) sel.devices.emplace_back(device, port);
     if (sel.one && device.empty()) sel.port = port;
     auto listed = parse_devices(o.str("verbs.devices"));  // checked even when verbs.device overrides it
+    parse_rail_map(o.str("verbs.rail_map"));  // its syntax, before any device is opened
     if (!sel.one) sel.devices = std::move(listed);
     sel.gid_index = o.is_set("verbs.gid_index") ? static_cast<int>(o.uint("verbs.gid_index")) : -1;
     return sel;

@@ -29,6 +29,13 @@ inline constexpr OptionSpec kOptionSpecs[] = {
      "`IP:PORT` for rdma_cm to listen on: an address of an RDMA device makes it the one rail; a wildcard address "
      "(`0.0.0.0:PORT`) listens on every rail at PORT; PORT 0 picks a free port. Unset: each rail's address, the first "
      "rail's free port on every rail where it is free."},
+    {"verbs.rail_map", OptType::string, 0, 1024, "",
+     "Pairs rails by a map instead of by subnet (since 0.12): comma-separated `LOCAL=REMOTE`, LOCAL a device or "
+     "`device:port` this transport serves, REMOTE an address or `address/prefix` of a peer's rails (their rdma_cm "
+     "addresses), e.g. `mlx5_0=10.1.0.0/16,mlx5_1=10.2.0.0/16`. Each rail of a peer goes with the local rail of the "
+     "first entry whose REMOTE holds its address (with the least used one when LOCAL is a device of several ports); "
+     "a rail that no entry holds is left out (logged at info). A LOCAL this transport does not serve, or an entry "
+     "that does not parse, makes verbs unusable as the other verbs.* options do. Unset: by subnet."},
     {"verbs.qps_per_peer", OptType::uint, 1, 16, "1",
      "RC queue pairs per peer and rail; a transfer of 512 KiB or more is split over up to one per 256 KiB, on the "
      "queue pairs of every rail that would finish it first, in shares of the rails' measured rates."},

@@ -64,7 +64,7 @@ std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx,
     p->remote_addr_ = v.mr_addr;
     p->block_len_ = ctx.region.block_len;
     std::string notes;
-    for (const auto &[l, r] : pair_rails(rails, v.rails, &notes)) {
+    for (const auto &[l, r] : pair_rails(rails, v.rails, &notes, cfg.rail_map)) {
         Rail rail;
         rail.dev = rails[l];
         rail.remote = v.rails[r];
@@ -73,6 +73,8 @@ std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx,
         p->rails_.push_back(std::move(rail));
     }
     if (!notes.empty()) KVX_LOG(info, "verbs: %s: rails left out: %s", p->where_.c_str(), notes.c_str());
+    if (p->rails_.empty())
+        fail(KVX_EHOSTUNREACH, "verbs: %s: verbs.rail_map pairs none of its rails (%s)", p->where_.c_str(), notes.c_str());
     std::string connected;
     try {
         p->setup_cm_channel();

@@ -36,9 +36,33 @@ bool same_subnet(const sockaddr_storage &a, const sockaddr_storage &b, unsigned 
 }  // namespace
 
 std::vector<std::pair<size_t, size_t>> pair_rails(const std::vector<std::shared_ptr<Device>> &local,
-                                                  const std::vector<RemoteRail> &remote, std::string *notes) {
+                                                  const std::vector<RemoteRail> &remote, std::string *notes,
+                                                  const std::vector<RailMapEntry> &map) {
     std::vector<std::pair<size_t, size_t>> pairs;
     std::vector<size_t> used(local.size(), 0);
+    if (!map.empty()) {  // verbs.rail_map: the first entry that holds the address decides; no fallback
+        for (size_t j = 0; j < remote.size(); j++) {
+            const RailMapEntry *e = nullptr;
+            for (const RailMapEntry &m : map)
+                if (net::same_subnet(remote[j].cm, m.addr, m.prefix)) {
+                    e = &m;
+                    break;
+                }
+            size_t best = local.size();
+            for (size_t i = 0; e && i < local.size(); i++)
+                if (local[i]->name == e->device && (e->port == 0 || local[i]->port == e->port) &&
+                    (best == local.size() || used[i] < used[best]))
+                    best = i;
+            if (best == local.size()) {
+                *notes += strfmt("%s%s: %s", notes->empty() ? "" : "; ", remote[j].cm.str().c_str(),
+                                 e ? "its verbs.rail_map entry names no rail of ours" : "in no verbs.rail_map entry");
+                continue;
+            }
+            used[best]++;
+            pairs.emplace_back(best, j);
+        }
+        return pairs;
+    }
     for (size_t j = 0; j < remote.size(); j++) {
         socklen_t len = 0;
         const sockaddr_storage ra = net::from_endpoint(remote[j].cm, &len);
