@@ -72,6 +72,11 @@ struct OpState {
         uint8_t s = kQueued;
         return state.compare_exchange_strong(s, kReported);
     }
+    // The core forgot it after it started (KVX_CANCEL_IMMEDIATE): it is never
+    // reported, and a part of it not on the wire yet (queued, or one to send
+    // again on another rail or stream after a failure) is dropped, never read
+    // again from memory the application may reuse by now.
+    void forget() { state.store(kReported); }
     // True for the one caller that reports it.
     bool report() { return state.exchange(kReported) != kReported; }
     // One part ended with status. True when the transfer is to be reported

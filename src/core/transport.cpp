@@ -686,6 +686,7 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
             // Not started: the backend drops it unseen. Started: it is on the
             // wire and surfaces in poll (wait), or is forgotten (immediate).
             bool dropped = op->claim_unstarted();
+            if (mode == KVX_CANCEL_IMMEDIATE && !dropped) op->forget();
             if (mode == KVX_CANCEL_IMMEDIATE || dropped) {
                 static_cast<Peer *>(op->owner)->outstanding.fetch_sub(1);
                 count_end_locked(*op, Ending::cancelled);
