@@ -405,6 +405,35 @@ static int spare_addr(const char *verb) {
     return rc;
 }
 
+/* The spare rail (rxe2, KVX_VM_NETDEV3, used by nothing else) given its
+ * address, a target in another process serving verbs on it and tcp, and our
+ * transport (writer_opts on top of the same) with the target added: on
+ * verbs, over that one rail. Skips without the spare rail. */
+static void spare_rail_pair(remote *r, const char *writer_opts) {
+    if (!getenv("KVX_VM_NETDEV3")) {
+        printf("# no spare rail (KVX_VM_NETDEV3): skipped\n");
+        skip();
+    }
+    assert_int_equal(spare_addr("add"), 0);
+    usleep(500 * 1000); /* the address's GID */
+    const char *devs = "verbs.devices=rxe2";
+    const char *opts[] = {devs, "backend=verbs,tcp", "tcp.listen=127.0.0.1:0", "transfer_timeout_ms=3000", NULL};
+    child_start_exec(&r->c, NB, BL, NULL, opts);
+    kvx_options *o =
+        vt_options(devs, "backend=verbs,tcp tcp.listen=127.0.0.1:0 transfer_timeout_ms=3000", writer_opts, NULL);
+    r->ra = region_new(NB, BL, 0x11);
+    for (uint64_t i = 0; i < NB; i++) fill_block(r->ra.base + i * BL, BL, i, 5);
+    r->a = vt_transport(&r->ra, NULL, o);
+    kvx_options_destroy(o);
+    CHECK_OK(vt_add(r->a, "b", &r->c.meta));
+    kvx_peer_state st;
+    CHECK_OK(kvx_get_peer_state(r->a, "b", &st));
+    assert_string_equal(st.backend, "verbs");
+    kvx_rail_stats rs[4];
+    assert_int_equal(rails_of(r->a, "b", rs, 4), 1);
+    assert_non_null(strstr(rs[0].name, "rxe2"));
+}
+
 /* The last rail of a peer goes, both sides serve tcp too: the peer goes down
  * (its transfers in flight are reported once; writes meanwhile fail at once)
  * and reconnects by itself on tcp, where writes land again, verified at the
@@ -412,30 +441,11 @@ static int spare_addr(const char *verb) {
  * down, and Soft-RoCE would not connect on it again anyway. */
 static void test_last_rail_to_tcp(void **state) {
     (void)state;
-    if (!getenv("KVX_VM_NETDEV3")) {
-        printf("# no spare rail (KVX_VM_NETDEV3): skipped\n");
-        skip();
-    }
     enum { N = 256 };
-    assert_int_equal(spare_addr("add"), 0);
-    usleep(500 * 1000); /* the address's GID */
-    const char *devs = "verbs.devices=rxe2";
-    const char *opts[] = {devs, "backend=verbs,tcp", "tcp.listen=127.0.0.1:0", "transfer_timeout_ms=3000", NULL};
     remote r;
-    child_start_exec(&r.c, NB, BL, NULL, opts);
-    kvx_options *o = vt_options(devs, "backend=verbs,tcp tcp.listen=127.0.0.1:0 transfer_timeout_ms=3000",
-                                "peer_redial_ms=200", NULL);
-    r.ra = region_new(NB, BL, 0x11);
-    for (uint64_t i = 0; i < NB; i++) fill_block(r.ra.base + i * BL, BL, i, 5);
-    r.a = vt_transport(&r.ra, NULL, o);
-    kvx_options_destroy(o);
-    CHECK_OK(vt_add(r.a, "b", &r.c.meta));
+    spare_rail_pair(&r, "peer_redial_ms=200");
     kvx_peer_state st;
-    CHECK_OK(kvx_get_peer_state(r.a, "b", &st));
-    assert_string_equal(st.backend, "verbs");
     kvx_rail_stats rs[4];
-    assert_int_equal(rails_of(r.a, "b", rs, 4), 1);
-    assert_non_null(strstr(rs[0].name, "rxe2"));
 
     static uint64_t ids[N];
     remote_submit(&r, ids, 0, N / 2);
@@ -462,6 +472,59 @@ static void test_last_rail_to_tcp(void **state) {
     remote_verify(&r);
     remote_down(&r);
     netdev("KVX_VM_NETDEV3", "up");
+    assert_int_equal(spare_addr("del"), 0);
+}
+
+/* peer_backend_fallback=0: the last rail of a peer goes (its address taken
+ * off the spare netdev: a GID change, which unlike a netdev going down
+ * leaves rxe able to connect again), both sides serve tcp, yet the peer
+ * does not move to tcp: it stays on verbs, reconnecting, writes fail at
+ * once, and attempts fail while the address is away. Once it is back the
+ * peer is up again on verbs by itself (no remove, no re-add), and every
+ * block written then lands, verified at the target. */
+static void test_no_fallback_reconnects_on_verbs(void **state) {
+    (void)state;
+    enum { N = 256 };
+    remote r;
+    spare_rail_pair(&r, "peer_redial_ms=200 peer_backend_fallback=0");
+    kvx_peer_state st;
+
+    static uint64_t ids[N];
+    remote_submit(&r, ids, 0, N / 2);
+    const uint64_t t0 = now_ms();
+    assert_int_equal(spare_addr("del"), 0);
+    size_t refused = 0, k = submit_or_refused(&r, ids, N / 2, N, &refused);
+    size_t nf = 0;
+    assert_int_equal(wait_ids(r.a, "b", ids, k, 60000, &nf, NULL), k);
+    printf("# last rail's address gone: %zu of %zu failed, %zu refused at once\n", nf, k, refused);
+    /* down, reconnecting, on verbs: attempts fail while the address is away */
+    long down = wait_peer_link(r.a, "b", KVX_PEER_RECONNECTING, 30000, &st);
+    assert_true(down >= 0);
+    const uint64_t until = now_ms() + 20000;
+    do {
+        usleep(50 * 1000);
+        CHECK_OK(kvx_get_peer_state(r.a, "b", &st));
+    } while (st.attempts < 2 && now_ms() < until);
+    printf("# reconnecting on %s, %u attempt(s) failed: %s\n", st.backend, st.attempts, st.reason);
+    assert_true(st.attempts >= 2);
+    assert_int_equal(st.link, KVX_PEER_RECONNECTING);
+    assert_string_equal(st.backend, "verbs");
+    uint64_t l = 0, id;
+    VT_ERR(kvx_write_blocks(&id, r.a, "b", &l, &l, 1), KVX_EPEERBROKEN);
+    /* the address back: up on verbs again by itself */
+    assert_int_equal(spare_addr("add"), 0);
+    const uint64_t t_back = now_ms();
+    long up = wait_peer_link(r.a, "b", KVX_PEER_UP, 60000, &st);
+    printf("# up again on %s %llu ms after the address came back (%llu ms after the fault, %u reconnects)\n",
+           st.backend, (unsigned long long)(now_ms() - t_back), (unsigned long long)(now_ms() - t0), st.reconnects);
+    assert_true(up >= 0);
+    assert_string_equal(st.backend, "verbs");
+    assert_int_equal(st.reconnects, 1);
+    remote_submit(&r, ids, 0, NB / PER);
+    assert_int_equal(wait_ids(r.a, "b", ids, NB / PER, 60000, &nf, NULL), NB / PER);
+    assert_int_equal(nf, 0);
+    remote_verify(&r);
+    remote_down(&r);
     assert_int_equal(spare_addr("del"), 0);
 }
 
@@ -532,6 +595,7 @@ int main(int argc, char **argv) {
     require_two_rails();
     atexit(links_up);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_no_fallback_reconnects_on_verbs),
         cmocka_unit_test(test_last_rail_to_tcp),
         cmocka_unit_test(test_both_rails_carry),
         cmocka_unit_test(test_one_rail_metadata),
