@@ -9,11 +9,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <utility>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -240,6 +242,38 @@ constexpr uint64_t stall_grace_ms(uint64_t t, uint64_t rto_ms) {
     return 2 * t + std::clamp<uint64_t>(rto_ms + 250, least, std::max(least, t));
 }
 constexpr uint64_t kernel_give_up_ms(uint64_t t) { return 3 * t + 1000; }
+
+// Reconnection's timer (peer_redial_ms, docs/semantics.md "Timers"), for a
+// peer and for a peer's lost rail alike: after n failed attempts the next
+// waits peer_redial_ms times this, doubling up to 8.
+constexpr uint32_t kRedialMaxFactor = 8;
+constexpr uint32_t redial_factor(uint32_t failed) {
+    return std::min<uint32_t>(1u << std::min<uint32_t>(failed, 3), kRedialMaxFactor);
+}
+
+// The rail dialler's wait (tcp and verbs): until an entry of q (each has a
+// `due` time point) is due, then takes the earliest into *out: true; false
+// once stop is set. lk holds the mutex guarding q and stop; cv is notified
+// when either changes.
+template <class T>
+bool take_due(std::vector<T> &q, std::unique_lock<std::mutex> &lk, std::condition_variable &cv, const bool &stop,
+              T *out) {
+    while (!stop) {
+        if (q.empty()) {
+            cv.wait(lk);
+            continue;
+        }
+        auto next = std::min_element(q.begin(), q.end(), [](const T &a, const T &b) { return a.due < b.due; });
+        if (Clock::now() < next->due) {
+            cv.wait_until(lk, next->due);
+            continue;
+        }
+        *out = *next;
+        q.erase(next);
+        return true;
+    }
+    return false;
+}
 
 // One rail of a peer (a local port or interface paired with one of the
 // peer's), as telemetry shows it.

@@ -39,7 +39,8 @@ constexpr OptionSpec kCoreOptions[] = {
      "when both sides serve it (a warning says so; `peer_backend_fallback=0` forbids it). Meanwhile "
      "`kvx_write_blocks()` fails at once with KVX_EPEERBROKEN and `kvx_get_peer_state()` says "
      "KVX_PEER_RECONNECTING; transfers that failed stay failed. 0: no reconnection, the peer stays broken until it is "
-     "removed and added again (as before 0.8)."},
+     "removed and added again (as before 0.8). The same timer dials a peer's lost rails again while its other rails "
+     "carry on (tcp since 0.12, verbs since 0.13; 0: a lost rail stays down until the peer is added again)."},
     {"region_prewarm", OptType::uint, 0, 1, "0",
      "1 (since 0.4.3): `kvx_transport_create()` has the kernel read every page of the region once (through its user "
      "address, read-only: bytes written meanwhile are kept) before it returns, so that the first transfers do not pay "

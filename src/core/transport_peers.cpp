@@ -139,8 +139,6 @@ Registrations::Status Transport::registration_status(uint64_t reg, int timeout_m
 
 namespace {
 
-constexpr uint32_t kRedialMaxFactor = 8;  // the longest wait between attempts, in peer_redial_ms
-
 // Log a failed attempt at warn on attempts 1, 2, 4, 8, ...; at debug otherwise.
 bool worth_a_warning(uint32_t attempt) { return (attempt & (attempt - 1)) == 0; }
 
@@ -245,7 +243,7 @@ void Transport::redial(const std::shared_ptr<Peer> &p) {
         p->attempts++;
         p->error = code;
         p->reason = why;
-        const uint32_t factor = std::min<uint32_t>(1u << std::min<uint32_t>(p->attempts, 3), kRedialMaxFactor);
+        const uint32_t factor = redial_factor(p->attempts);
         p->due_ns = now + ms_ns(uint64_t{core_.redial_ms} * factor);
         if (worth_a_warning(p->attempts))
             KVX_LOG_PEER(warn, p->id.c_str(), "peer '%s': reconnection attempt %u failed after %lld ms (%s); next in %llu ms",

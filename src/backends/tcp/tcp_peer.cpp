@@ -786,19 +786,8 @@ void TcpPeer::dial_loop() {
     const std::chrono::milliseconds connect(ctx_.options->uint("connect_timeout_ms"));
     const uint64_t per_rail = ctx_.options->uint("tcp.streams");
     std::unique_lock<std::mutex> lk(dial_mu_);
-    while (!dial_stop_) {
-        if (dial_queue_.empty()) {
-            dial_cv_.wait(lk, [&] { return dial_stop_ || !dial_queue_.empty(); });
-            continue;
-        }
-        auto next = std::min_element(dial_queue_.begin(), dial_queue_.end(),
-                                     [](const Dial &a, const Dial &b) { return a.due < b.due; });
-        if (Clock::now() < next->due) {
-            dial_cv_.wait_until(lk, next->due);
-            continue;
-        }
-        Dial d = *next;
-        dial_queue_.erase(next);
+    Dial d{};
+    while (take_due(dial_queue_, lk, dial_cv_, dial_stop_, &d)) {
         lk.unlock();
         size_t live;
         {
@@ -850,9 +839,9 @@ void TcpPeer::dial_loop() {
         if (dial_stop_) break;
         if (d.attempt == 0)
             KVX_LOG(info, "tcp: peer '%s': rail %s not back yet: %s (dialled again every %lld ms at most)",
-                    peer_id_.c_str(), rail_paths_[d.rail].name.c_str(), err.c_str(), (long long)(8 * base).count());
+                    peer_id_.c_str(), rail_paths_[d.rail].name.c_str(), err.c_str(), (long long)(kRedialMaxFactor * base).count());
         d.attempt++;
-        d.due = Clock::now() + std::min(base * (int64_t{1} << std::min(d.attempt, 3)), 8 * base);
+        d.due = Clock::now() + base * redial_factor(static_cast<uint32_t>(d.attempt));
         dial_queue_.push_back(d);
     }
 }

@@ -131,6 +131,10 @@ struct PeerConfig {
     // behind the next completion waits for it, and is posted with the others
     // that waited as one chain ending in one signalled WR (0: post at once).
     uint64_t post_batch_bytes = 0;
+    // A rail that is down is dialled again this long after it went down,
+    // then at doubling intervals up to 8 times this (peer_redial_ms; 0: never).
+    uint64_t redial_ms = 0;
+    uint64_t connect_timeout_ms = 0;  // one such attempt's connect and handshake
 };
 
 // What every rail's device allows (the smallest queue of them).
@@ -199,12 +203,13 @@ struct RemoteRail {
 // Which local rail carries which of the peer's rails: every remote rail
 // goes with the least used local rail whose subnet holds its address; a
 // remote rail no local one shares a subnet with is left out (*notes says
-// which). When no rail pairs so, local rail 0 goes with remote rail 0 and
-// rdma_cm's routing decides (a routed fabric): a pair it would reach
-// through another device is refused at connect. (local, remote) indexes.
+// which). When no rail pairs so and route is set, local rail 0 goes with
+// remote rail 0 and rdma_cm's routing decides (a routed fabric): a pair it
+// would reach through another device is refused at connect. (local,
+// remote) indexes.
 std::vector<std::pair<size_t, size_t>> pair_rails(const std::vector<std::shared_ptr<Device>> &local,
                                                   const std::vector<RemoteRail> &remote, std::string *notes,
-                                                  const std::vector<RailMapEntry> &map = {});
+                                                  const std::vector<RailMapEntry> &map = {}, bool route = true);
 
 class VerbsPeer;
 // The backend's peers, so that a port event reaches those using the port.
@@ -239,15 +244,25 @@ public:
     // The port of a local rail went down (IBV_EVENT_PORT_ERR): the rail
     // pairs on it are taken out. Loop thread.
     void port_down(const Device *dev, const char *why);
+    // The port of a local rail is ACTIVE again, or its address is back
+    // among its GIDs: the rail pairs on it that are down are dialled again
+    // now rather than at their next turn. Loop thread.
+    void port_up(const Device *dev);
 
 private:
-    // One QP's connect: what the handshake needs, and until when.
+    struct Qp;
+    // One QP's connect: what the handshake needs, and until when. At the
+    // add, on the peer's channel and its rail's CQ into qps_; when a rail
+    // rejoins, on a channel and CQ of the attempt's own, into *into.
     struct Dial {
         const wire::AgentMetadata &meta;
         const handshake::Fingerprint &ours;
         net::Deadline deadline;
         size_t rail;   // which rail pair
         size_t index;  // which of its QPs, for messages
+        rdma_event_channel *ch;
+        ibv_cq *cq;
+        std::vector<Qp> *into;
     };
     // A part on its way to one QP's send queue: how far it is posted.
     struct QueuedPart {
@@ -323,10 +338,26 @@ private:
         uint64_t bytes = 0, parts = 0, failures = 0;
         int64_t changed_ns = 0;  // CLOCK_REALTIME
     };
+    // A rail that is down, to be dialled again at due (the dialler's queue).
+    struct Redial {
+        size_t rail;
+        Clock::time_point due;
+        int attempt;
+    };
+    // What a rejoin attempt connected, not yet the peer's.
+    struct Fresh {
+        const Device *dev = nullptr;
+        ibv_comp_channel *comp_ch = nullptr;
+        ibv_cq *cq = nullptr;
+        rdma_event_channel *ch = nullptr;
+        std::vector<Qp> qps;
+        ~Fresh();
+    };
 
     VerbsPeer(EventLoop *loop, const PeerConfig &cfg, const PeerContext &pc, std::shared_ptr<PeerSet> set);
     // connect
     void setup_cm_channel();
+    void make_cq(const Device &dev, ibv_comp_channel **ch, ibv_cq **cq) const;
     void setup_rail(Rail &r);
     void connect_rail(const BackendContext &ctx, const PeerContext &pc, size_t r);
     void fail_rail_at_dial(size_t r, const char *why);
@@ -370,6 +401,14 @@ private:
     void take_parts(Qp &q, std::vector<Part> *into);
     void rail_drained(size_t r, CompletionBatch &out);
     void set_state(Rail &r, Rail::State s);
+    // rejoining (verbs_rejoin.cpp)
+    void redial(size_t r);  // mu_ held
+    void dial_loop();
+    bool can_try(size_t r, std::string *why) const;
+    void call_off_attempt(const Device *dev);  // mu_ held
+    void connect_fresh(size_t r, Fresh *f);
+    bool install(size_t r, Fresh *f);
+    void stop_dialler();
     // events
     void on_event(int tag, uint32_t events) override;
     void on_timer(int tag) override;
@@ -406,6 +445,21 @@ private:
     std::vector<ibv_send_wr> wr_buf_;
     std::vector<ibv_sge> sge_buf_;
     std::once_flag shutdown_once_;
+
+    // Rejoining rails: what a dial needs again, and the dialler thread.
+    wire::AgentMetadata meta_;
+    handshake::Fingerprint ours_{};
+    std::mutex dial_mu_;  // guards the six below; taken after mu_, never before
+    std::condition_variable dial_cv_;
+    std::vector<Redial> dial_queue_;
+    std::vector<bool> dialling_;  // per rail: in dial_queue_ or being dialled, until install()
+    std::vector<bool> kicked_;    // per rail: its port came back during its attempt: again at once
+    size_t attempt_rail_ = SIZE_MAX;  // the rail being dialled now, if any
+    bool dial_stop_ = false;
+    std::thread dialler_;
+    // Calls off the attempt under way (shutdown, the peer broken, the
+    // port of its rail down); cleared as each attempt starts.
+    std::atomic<bool> dial_cancel_{false};
 };
 
 // The verbs section of the metadata: the region's address and length (the

@@ -247,6 +247,11 @@ void VerbsPeer::set_broken(int status) {
     broken_ = true;
     break_status_ = status;
     broken_flag_.store(true, std::memory_order_release);
+    // Its rails are not dialled again one by one: the core dials the peer.
+    std::lock_guard<std::mutex> lk(dial_mu_);
+    dial_queue_.clear();
+    dialling_.assign(dialling_.size(), false);
+    dial_cancel_.store(true);
 }
 
 void VerbsPeer::to_error(Qp &q) {

@@ -116,6 +116,8 @@ PeerConfig peer_config(const std::vector<std::shared_ptr<Device>> &rails, const 
     // signalled WR is in flight whenever the queue is full.
     c.signal_every = std::max<uint32_t>(1, std::min<uint32_t>(64, depth / 2));
     c.post_batch_bytes = o.uint("verbs.post_batch_bytes");
+    c.redial_ms = o.uint("peer_redial_ms");
+    c.connect_timeout_ms = o.uint("connect_timeout_ms");
     c.rail_map = parse_rail_map(o.str("verbs.rail_map"));
     for (const RailMapEntry &e : c.rail_map) {
         bool served = false;

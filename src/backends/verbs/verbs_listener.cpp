@@ -227,16 +227,21 @@ void VerbsBackend::start_listening() {
 }
 
 std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {
-    std::vector<std::shared_ptr<Device>> active;
+    std::vector<std::shared_ptr<Device>> all;
+    bool any_up = false;
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (closed_) fail(KVX_ECLOSED, "peer '%s': the verbs backend is shut down", pc.peer_id.c_str());
-        for (const RailListener &r : rails_)
-            if (!r.dev->port_down()) active.push_back(r.dev);  // new peers pair only ACTIVE ports
+        for (const RailListener &r : rails_) {
+            // Every rail is paired; one whose port is not ACTIVE now starts
+            // down and joins once it can (verbs_rejoin.cpp).
+            all.push_back(r.dev);
+            any_up |= !r.dev->port_down();
+        }
     }
-    if (active.empty())
+    if (!any_up)
         fail(KVX_EHOSTUNREACH, "peer '%s': every RDMA port of ours is down", pc.peer_id.c_str());
-    std::unique_ptr<VerbsPeer> p = VerbsPeer::dial(ctx_, active, loop_, peer_cfg_, pc, peers_);
+    std::unique_ptr<VerbsPeer> p = VerbsPeer::dial(ctx_, all, loop_, peer_cfg_, pc, peers_);
     std::lock_guard<std::mutex> lk(mu_);
     if (closed_ || !p->start()) {
         p->shutdown();

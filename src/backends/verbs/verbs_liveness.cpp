@@ -145,8 +145,8 @@ void VerbsBackend::watch_ports() {
 // Port events of device watch w: a rail's port that leaves ACTIVE, or whose
 // GID table no longer holds the rail's address (a GID change: the address
 // was removed or moved), is taken out of every peer (their parts go to
-// other rails); new peers pair only ACTIVE ports, so one that comes back
-// serves new peers again.
+// other rails). One that is ACTIVE again, or has its address back, has
+// every peer dial its rails on it at once (VerbsPeer::port_up).
 void VerbsBackend::on_async_events(size_t w) {
     Watch &watch = watches_[w];
     ibv_async_event ev{};
@@ -163,7 +163,11 @@ void VerbsBackend::on_async_events(size_t w) {
             if (down || gid_gone) KVX_LOG(warn, "verbs: rail %s: %s%s", r.dev->label.c_str(), ibv_event_type_str(type),
                                           gid_gone ? ": its address is no longer a GID of the port" : "");
             else KVX_LOG(info, "verbs: rail %s: %s", r.dev->label.c_str(), ibv_event_type_str(type));
-            if (!down && !gid_gone) continue;
+            if (!down && !gid_gone) {  // ACTIVE, or its address (back) among the GIDs: its rails rejoin now
+                if (!r.dev->port_down() && r.dev->has_addr_gid())
+                    for (VerbsPeer *p : peers_->peers) p->port_up(r.dev.get());
+                continue;
+            }
             const std::string why = gid_gone ? "port event GID change: the rail's address left the port"
                                              : strfmt("port event %s", ibv_event_type_str(type));
             for (VerbsPeer *p : peers_->peers) p->port_down(r.dev.get(), why.c_str());

@@ -14,8 +14,8 @@ inline constexpr OptionSpec kOptionSpecs[] = {
     {"verbs.devices", OptType::string, 1, 1024, "all",
      "The rails (since 0.7): `all` serves every ACTIVE port that has an IP address, each a rail with its own "
      "registration of the region; or a list `mlx5_0,mlx5_2:1` (a device alone: its ACTIVE ports). Peers pair rails "
-     "by subnet and stripe transfers over them; a rail that fails is taken out and its parts go to the others. "
-     "With backend `verbs`, no usable port (none, none ACTIVE, RLIMIT_MEMLOCK too low for the region, a verbs.* "
+     "by subnet and stripe transfers over them; a rail that fails is taken out and its parts go to the others, and it "
+     "rejoins by itself once it connects again (since 0.13; `peer_redial_ms`). With backend `verbs`, no usable port (none, none ACTIVE, RLIMIT_MEMLOCK too low for the region, a verbs.* "
      "option naming something absent) fails `kvx_transport_create()` with KVX_ENOTSUP and the reason; with `auto` "
      "the transport serves without verbs (logged)."},
     {"verbs.device", OptType::string, 0, 64, "",

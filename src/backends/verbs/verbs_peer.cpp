@@ -63,23 +63,54 @@ std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx,
     p->where_ = strfmt("peer '%s' at %s", pc.peer_id.c_str(), v.rails.front().cm.str().c_str());
     p->remote_addr_ = v.mr_addr;
     p->block_len_ = ctx.region.block_len;
+    p->meta_ = *pc.meta;
+    p->ours_ = ctx.identity.fingerprint;
+    // The peer's rails pair with our ports that can carry now first, as
+    // they always did; one that only a port down now can reach pairs with
+    // it (down from the start, it joins once the port is back).
+    std::vector<std::shared_ptr<Device>> up, down;
+    for (const auto &d : rails) (d->port_down() || !d->has_addr_gid() ? down : up).push_back(d);
     std::string notes;
-    for (const auto &[l, r] : pair_rails(rails, v.rails, &notes, cfg.rail_map)) {
+    std::vector<bool> paired(v.rails.size(), false);
+    auto add = [&](const std::shared_ptr<Device> &dev, size_t r) {
         Rail rail;
-        rail.dev = rails[l];
+        rail.dev = dev;
         rail.remote = v.rails[r];
-        rail.name = rails[l]->label + " -> " + v.rails[r].cm.str();
-        p->max_msg_ = p->max_msg_ ? std::min(p->max_msg_, rails[l]->max_msg) : rails[l]->max_msg;
+        rail.name = dev->label + " -> " + v.rails[r].cm.str();
+        p->max_msg_ = p->max_msg_ ? std::min(p->max_msg_, dev->max_msg) : dev->max_msg;
         p->rails_.push_back(std::move(rail));
-    }
+        paired[r] = true;
+    };
+    std::string unused;
+    for (const auto &[l, r] : pair_rails(up, v.rails, &unused, cfg.rail_map)) add(up[l], r);
+    std::vector<size_t> rest;
+    std::vector<RemoteRail> rest_rails;
+    for (size_t r = 0; r < v.rails.size(); r++)
+        if (!paired[r]) {
+            rest.push_back(r);
+            rest_rails.push_back(v.rails[r]);
+        }
+    for (const auto &[l, r] : pair_rails(down, rest_rails, &notes, cfg.rail_map, /*route=*/false)) add(down[l], rest[r]);
     if (!notes.empty()) KVX_LOG(info, "verbs: %s: rails left out: %s", p->where_.c_str(), notes.c_str());
     if (p->rails_.empty())
-        fail(KVX_EHOSTUNREACH, "verbs: %s: verbs.rail_map pairs none of its rails (%s)", p->where_.c_str(), notes.c_str());
+        fail(KVX_EHOSTUNREACH, "verbs: %s: %s none of its rails (%s)", p->where_.c_str(),
+             cfg.rail_map.empty() ? "no port of ours pairs with" : "verbs.rail_map pairs", notes.c_str());
     std::string connected;
     try {
         p->setup_cm_channel();
         std::exception_ptr first;
+        std::string skipped;  // rails not tried, and why
+        p->dialling_.assign(p->rails_.size(), false);
+        p->kicked_.assign(p->rails_.size(), false);
         for (size_t r = 0; r < p->rails_.size(); r++) {
+            std::string why;
+            if (!p->can_try(r, &why)) {  // dialled again once it can be (start())
+                KVX_LOG(info, "verbs: %s: rail %s starts down: %s", p->where_.c_str(), p->rails_[r].name.c_str(),
+                        why.c_str());
+                skipped += strfmt("%s%s: %s", skipped.empty() ? "" : "; ", p->rails_[r].name.c_str(), why.c_str());
+                p->set_state(p->rails_[r], Rail::State::down);
+                continue;
+            }
             try {
                 p->connect_rail(ctx, pc, r);
                 connected += (connected.empty() ? "" : ", ") + p->rails_[r].name;
@@ -89,7 +120,12 @@ std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx,
                 p->fail_rail_at_dial(r, e.what());
             }
         }
-        if (connected.empty()) std::rethrow_exception(first);
+        if (connected.empty()) {
+            if (!first)
+                fail(KVX_EHOSTUNREACH, "verbs: %s: none of its rails can be reached now (%s)", p->where_.c_str(),
+                     skipped.c_str());
+            std::rethrow_exception(first);
+        }
     } catch (...) {
         p->shutdown();  // not started: tears down what exists, calls no sink
         throw;
@@ -109,14 +145,18 @@ void VerbsPeer::setup_cm_channel() {
 // in a shared CQ, and a broken peer's flushes cannot crowd out another
 // peer's completions. Every WR may complete (flushes complete unsignalled
 // WRs too), plus one drain marker and the probe receives per QP.
-void VerbsPeer::setup_rail(Rail &r) {
-    r.comp_ch = ibv_create_comp_channel(r.dev->ctx);
-    if (!r.comp_ch) fail(KVX_EBACKEND, "verbs: ibv_create_comp_channel on %s: %s", r.dev->label.c_str(), strerror(errno));
-    net::set_nonblocking(r.comp_ch->fd, "completion channel");
+void VerbsPeer::setup_rail(Rail &r) { make_cq(*r.dev, &r.comp_ch, &r.cq); }
+
+// A completion channel and an armed CQ on dev for one rail pair's QPs; what
+// was made is in *ch and *cq (the caller's to destroy) when it throws.
+void VerbsPeer::make_cq(const Device &dev, ibv_comp_channel **ch, ibv_cq **cq) const {
+    *ch = ibv_create_comp_channel(dev.ctx);
+    if (!*ch) fail(KVX_EBACKEND, "verbs: ibv_create_comp_channel on %s: %s", dev.label.c_str(), strerror(errno));
+    net::set_nonblocking((*ch)->fd, "completion channel");
     int cqe = static_cast<int>(cfg_.qps * (cfg_.sq_depth + 1 + kProbeRecvs));
-    r.cq = ibv_create_cq(r.dev->ctx, cqe, this, r.comp_ch, 0);
-    if (!r.cq) fail(KVX_EBACKEND, "verbs: ibv_create_cq(%d) on %s: %s", cqe, r.dev->label.c_str(), strerror(errno));
-    if (ibv_req_notify_cq(r.cq, 0) != 0) fail(KVX_EBACKEND, "verbs: ibv_req_notify_cq failed");
+    *cq = ibv_create_cq(dev.ctx, cqe, const_cast<VerbsPeer *>(this), *ch, 0);
+    if (!*cq) fail(KVX_EBACKEND, "verbs: ibv_create_cq(%d) on %s: %s", cqe, dev.label.c_str(), strerror(errno));
+    if (ibv_req_notify_cq(*cq, 0) != 0) fail(KVX_EBACKEND, "verbs: ibv_req_notify_cq failed");
 }
 
 // Each rail gets an equal share of the time left (the last one all of it),
@@ -126,7 +166,7 @@ void VerbsPeer::connect_rail(const BackendContext &ctx, const PeerContext &pc, s
     const auto left = pc.deadline.at() - Clock::now();
     const net::Deadline mine = pc.deadline.sooner(Clock::now() + left / static_cast<long>(rails_.size() - r));
     for (uint32_t i = 0; i < cfg_.qps; i++)
-        connect_qp(Dial{*pc.meta, ctx.identity.fingerprint, mine, r, i});
+        connect_qp(Dial{*pc.meta, ctx.identity.fingerprint, mine, r, i, cm_ch_, rails_[r].cq, nullptr});
     set_state(rails_[r], Rail::State::up);
 }
 
@@ -161,9 +201,14 @@ void VerbsPeer::connect_qp(const Dial &d) {
 CmEvent VerbsPeer::wait_cm(rdma_cm_id *id, const Dial &d, const char *what) {
     CmEvent ev;
     for (;;) {
-        if (next_cm_event(cm_ch_, &ev)) {
+        if (next_cm_event(d.ch, &ev)) {
             if (ev.id == id) return ev;
-            if (ends_connection(ev.type)) {
+            if (ends_connection(ev.type) && d.into) {  // a rejoin: its own QPs alone are on its channel
+                for (const Qp &q : *d.into)
+                    if (q.id.get() == ev.id)
+                        fail(KVX_ECONNRESET, "%s: an earlier connection closed while connecting QP %zu (%s)",
+                             where_.c_str(), d.index, rdma_event_str(ev.type));
+            } else if (ends_connection(ev.type)) {
                 for (const Qp &q : qps_)
                     if (q.id.get() == ev.id && q.rail == d.rail)
                         fail(KVX_ECONNRESET, "%s: an earlier connection closed while connecting QP %zu (%s)",
@@ -175,8 +220,9 @@ CmEvent VerbsPeer::wait_cm(rdma_cm_id *id, const Dial &d, const char *what) {
             continue;
         }
         if (errno != EAGAIN && errno != EINTR) fail(KVX_EBACKEND, "verbs: rdma_get_cm_event: %s", strerror(errno));
-        int rc = net::wait_fd(cm_ch_->fd, POLLIN, d.deadline);
+        int rc = net::wait_fd(d.ch->fd, POLLIN, d.deadline);
         if (rc == -ETIMEDOUT) fail(KVX_ETIMEDOUT, "%s: no answer within the connect timeout (%s)", where_.c_str(), what);
+        if (rc == -ECANCELED) fail(KVX_ECANCELED, "%s: connecting called off (%s)", where_.c_str(), what);
         if (rc < 0) fail(KVX_EBACKEND, "verbs: poll on the rdma_cm channel: %s", strerror(-rc));
     }
 }
@@ -190,7 +236,7 @@ CmEvent VerbsPeer::wait_cm(rdma_cm_id *id, const Dial &d, const char *what) {
 // connection uses the device that holds our MR.
 CmId VerbsPeer::resolve(const Dial &d) {
     rdma_cm_id *raw = nullptr;
-    if (rdma_create_id(cm_ch_, &raw, this, RDMA_PS_TCP) != 0)
+    if (rdma_create_id(d.ch, &raw, this, RDMA_PS_TCP) != 0)
         fail(KVX_EBACKEND, "verbs: rdma_create_id: %s", strerror(errno));
     CmId id(raw);
     const Rail &rail = rails_[d.rail];
@@ -263,7 +309,7 @@ void VerbsPeer::hello(const Dial &d, handshake::Initiator &in) {
 bool VerbsPeer::authenticate(const Dial &d, handshake::Initiator &in) {
     CmId id = resolve(d);
     const Rail &rail = rails_[d.rail];
-    ibv_qp_init_attr qa = rc_qp_attr(rail.cq, cfg_.sq_depth + 1, kProbeRecvs);  // +1: a drain marker
+    ibv_qp_init_attr qa = rc_qp_attr(d.cq, cfg_.sq_depth + 1, kProbeRecvs);  // +1: a drain marker
     OwnedQp qp(ibv_create_qp(rail.dev->pd, &qa));
     if (!qp)
         fail(KVX_EBACKEND, "%s: ibv_create_qp (send queue %u): %s", where_.c_str(), cfg_.sq_depth + 1, strerror(errno));
@@ -324,7 +370,7 @@ void VerbsPeer::adopt(CmId id, const Dial &d) {
     q.turn = d.index * kMaxRails + d.rail;
     KVX_LOG(debug, "verbs: %s: rail %s QP %zu (qp %u) authenticated", where_.c_str(), rails_[d.rail].name.c_str(),
             d.index, q.qp->qp_num);
-    qps_.push_back(std::move(q));
+    (d.into ? *d.into : qps_).push_back(std::move(q));
 }
 
 // On the loop thread, as the tokens are only touched there.
@@ -340,6 +386,9 @@ bool VerbsPeer::start() {
         }
         if (ok) {
             set_->peers.push_back(this);
+            std::lock_guard<std::mutex> lk(mu_);
+            for (size_t r = 0; r < rails_.size(); r++)  // not connected at the add: to be dialled again
+                if (rails_[r].state == Rail::State::down) redial(r);
             return;
         }
         loop_->detach(tok_cm_);
@@ -357,6 +406,7 @@ bool VerbsPeer::start() {
 
 void VerbsPeer::shutdown() {
     std::call_once(shutdown_once_, [this] {
+        stop_dialler();  // a rejoin under way is called off, none starts
         loop_->call([this] {  // from here on the event loop never calls us
             loop_->detach(tok_cm_);
             tok_cm_ = 0;

@@ -37,7 +37,7 @@ bool same_subnet(const sockaddr_storage &a, const sockaddr_storage &b, unsigned 
 
 std::vector<std::pair<size_t, size_t>> pair_rails(const std::vector<std::shared_ptr<Device>> &local,
                                                   const std::vector<RemoteRail> &remote, std::string *notes,
-                                                  const std::vector<RailMapEntry> &map) {
+                                                  const std::vector<RailMapEntry> &map, bool route) {
     std::vector<std::pair<size_t, size_t>> pairs;
     std::vector<size_t> used(local.size(), 0);
     if (!map.empty()) {  // verbs.rail_map: the first entry that holds the address decides; no fallback
@@ -78,7 +78,7 @@ std::vector<std::pair<size_t, size_t>> pair_rails(const std::vector<std::shared_
         used[best]++;
         pairs.emplace_back(best, j);
     }
-    if (pairs.empty() && !local.empty() && !remote.empty()) pairs.emplace_back(0, 0);
+    if (route && pairs.empty() && !local.empty() && !remote.empty()) pairs.emplace_back(0, 0);
     return pairs;
 }
 
@@ -176,7 +176,7 @@ void VerbsPeer::fail_rail(size_t r, const std::string &why, bool gone, Completio
     rail.failures++;
     if (rails_up() == 1) {
         set_state(rail, Rail::State::down);
-        KVX_LOG(warn, "verbs: %s: rail %s: %s; no rail left: the peer is broken until re-added", where_.c_str(),
+        KVX_LOG(warn, "verbs: %s: rail %s: %s; no rail left: the peer is broken (the core reconnects it)", where_.c_str(),
                 rail.name.c_str(), why.c_str());
         break_peer(KVX_ECONNRESET, out);
         return;
@@ -245,6 +245,7 @@ void VerbsPeer::rail_drained(size_t r, CompletionBatch &out) {
     }
     KVX_LOG(info, "verbs: %s: rail %s drained; %zu part(s) it owed posted again", where_.c_str(), rail.name.c_str(),
             moved);
+    redial(r);  // back in the background once it connects again
 }
 
 // A signalled zero-length marker behind everything on q (in ERR: it
@@ -289,6 +290,7 @@ void VerbsPeer::port_down(const Device *dev, const char *why) {
     CompletionBatch out;
     std::unique_lock<std::mutex> lk(mu_);
     if (stopping_) return;
+    call_off_attempt(dev);  // a rejoin through it: nothing more goes out there
     for (size_t r = 0; r < rails_.size(); r++) {
         if (rails_[r].dev.get() != dev) continue;
         if (rails_[r].state == Rail::State::draining) {  // nothing leaves the port now: drained
