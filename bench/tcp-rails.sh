@@ -1,16 +1,18 @@
 #!/bin/bash
 # Two tcp rails against one, and against iperf3 (issue 29's tcp bars):
 # two network namespaces joined by two veth pairs, each through a token
-# bucket of RATE (tbf, on the initiator's side). In each of REPEAT rounds, in
+# bucket of RATE (tbf, on the initiator's side; rail 2's RATE2 when given:
+# rails of different speeds). In each of REPEAT rounds, in
 # this order: iperf3 one stream on rail 1; two iperf3 at once, one per rail,
 # summed; kvxfer-bench tcp with tcp.interfaces=<rail 1> (one rail); with
 # tcp.interfaces=all (two rails). Prints GB/s median (min-max) and the
 # medians of the per-round ratios. Needs root, iproute2, tc, iperf3.
-#   bench/tcp-rails.sh BUILD_DIR      (RATE=400mbit REPEAT=3 BLOCK=1M DURATION=3)
+#   bench/tcp-rails.sh BUILD_DIR      (RATE=400mbit RATE2=RATE REPEAT=3 BLOCK=1M DURATION=3)
 set -euo pipefail
 build=${1:?usage: bench/tcp-rails.sh BUILD_DIR}
 bench=$(readlink -f "$build/kvxfer-bench")
-RATE=${RATE:-400mbit} REPEAT=${REPEAT:-3} BLOCK=${BLOCK:-1M} DURATION=${DURATION:-3}
+RATE=${RATE:-400mbit}
+RATE2=${RATE2:-$RATE} REPEAT=${REPEAT:-3} BLOCK=${BLOCK:-1M} DURATION=${DURATION:-3}
 [ "$(id -u)" = 0 ] || { echo "tcp-rails.sh: needs root (network namespaces)" >&2; exit 1; }
 a=kvxrla$$ b=kvxrlb$$
 cleanup() { ip netns del $a 2>/dev/null || true; ip netns del $b 2>/dev/null || true; }
@@ -20,7 +22,8 @@ for i in 1 2; do
     ip link add rla$i netns $a type veth peer name rlb$i netns $b
     ip -n $a addr add 10.23$i.0.1/24 dev rla$i; ip -n $b addr add 10.23$i.0.2/24 dev rlb$i
     ip -n $a link set rla$i up; ip -n $b link set rlb$i up
-    ip netns exec $a tc qdisc add dev rla$i root tbf rate "$RATE" burst 512kb latency 50ms
+    rate=$RATE; [ $i = 2 ] && rate=$RATE2
+    ip netns exec $a tc qdisc add dev rla$i root tbf rate "$rate" burst 512kb latency 50ms
 done
 ip -n $a link set lo up; ip -n $b link set lo up
 gbps_iperf() { python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9)'; }
@@ -52,7 +55,8 @@ for r in $(seq "$REPEAT"); do
     echo "round $r" >&2
     printf '%s %s %s %s\n' "$(iperf_one)" "$(iperf_two)" "$(kvx rla1)" "$(kvx all)" >> "$out"
 done
-python3 - "$out" "$RATE" "$BLOCK" <<'PY'
+rates=$RATE; [ "$RATE2" != "$RATE" ] && rates="$RATE and $RATE2"
+python3 - "$out" "$rates" "$BLOCK" <<'PY'
 import sys, statistics as st
 rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
 def fmt(v): return "%.3f (%.3f-%.3f)" % (st.median(v), min(v), max(v))
