@@ -64,7 +64,7 @@ kvx_layer(registry
   SEES util wire handshake backend_api registry)
 kvx_layer(core
   SOURCES src/core/options.cpp src/core/fingerprint.cpp src/core/id_table.cpp src/core/transport.cpp
-          src/core/transport_peers.cpp src/core/registrations.cpp src/core/telemetry.cpp src/core/metrics.cpp
+          src/core/transport_peers.cpp src/core/transport_watchdog.cpp src/core/registrations.cpp src/core/telemetry.cpp src/core/metrics.cpp
           src/core/ready.cpp src/core/prewarm.cpp src/core/hugepages.cpp
   SEES util wire handshake backend_api registry core
   LIBS OpenSSL::Crypto nlohmann_json::nlohmann_json)

@@ -445,7 +445,8 @@ typedef struct kvx_peer_state {
     /** RECONNECTING: when the next attempt starts (CLOCK_REALTIME, ns);
      *  0 while one runs or in the other states. */
     int64_t next_attempt_ns;
-    /** Times it reconnected since it was added. */
+    /** Times it reconnected since it was added (a return to the preferred
+     *  path, since 0.13, is no reconnection: not counted). */
     uint32_t reconnects;
     /** Failed attempts since it went down (0 when up). */
     uint32_t attempts;
@@ -466,7 +467,9 @@ typedef struct kvx_peer_state {
  * A peer stays registered through a failure: only kvx_remove_remote_peer()
  * (or a replacing add) ends it. A reconnection authenticates anew and takes
  * the first path both sides offer that connects, so kvx_peer_backend() may
- * name another backend afterwards (verbs -> tcp when every RDMA rail is down).
+ * name another backend afterwards (verbs -> tcp when every RDMA rail is down;
+ * since 0.13 the peer returns to verbs by itself once a rail connects again,
+ * staying KVX_PEER_UP, reconnects not counting it: docs/semantics.md).
  * @param out  filled in; the caller owns it.
  * @return 0; KVX_ENOENT (peer_id not registered, or still connecting);
  *         KVX_EINVAL (NULL argument, bad peer_id); KVX_ECLOSED.

@@ -299,7 +299,9 @@ public:
     // Break the connection without waiting (timeout path); pending ops fail.
     virtual void abort(int status) = 0;
     // Fail what is pending, close connections, release resources. After
-    // return the sink is never called again for this peer.
+    // return the sink is never called again for this peer. Idempotent; a
+    // caller that comes while another shuts the peer down returns only
+    // once that is done (std::call_once): the core's remove relies on it.
     virtual void shutdown() = 0;
     // How this peer's bytes move when the backend has several ways ("mapped",
     // "process_vm_writev"); "" when it has one. Static storage.

@@ -38,9 +38,13 @@ constexpr OptionSpec kCoreOptions[] = {
      "`connect_timeout_ms`, as `kvx_add_remote_peer()` does: a verbs peer whose rails are all down continues on tcp "
      "when both sides serve it (a warning says so; `peer_backend_fallback=0` forbids it). Meanwhile "
      "`kvx_write_blocks()` fails at once with KVX_EPEERBROKEN and `kvx_get_peer_state()` says "
-     "KVX_PEER_RECONNECTING; transfers that failed stay failed. 0: no reconnection, the peer stays broken until it is "
-     "removed and added again (as before 0.8). The same timer dials a peer's lost rails again while its other rails "
-     "carry on (tcp since 0.12, verbs since 0.13; 0: a lost rail stays down until the peer is added again)."},
+     "KVX_PEER_RECONNECTING; transfers that failed stay failed. A peer up on such a fallback (since 0.13: tcp while "
+     "its preferred verbs failed to connect, after a reconnection or at its add) dials the preferred path again on "
+     "the same timer (this long after it landed, then doubling up to 8 times this) and, once it connects, returns to "
+     "it by itself: later writes take it at once, transfers in flight end on the old path, nothing fails (a warning "
+     "says so; `reconnects` does not count it). The same timer dials a peer's lost rails again while its other rails "
+     "carry on (tcp since 0.12, verbs since 0.13). 0: no reconnection, no return and no rail dialled again: the peer "
+     "stays broken until it is removed and added again (as before 0.8), a lost rail down until then."},
     {"region_prewarm", OptType::uint, 0, 1, "0",
      "1 (since 0.4.3): `kvx_transport_create()` has the kernel read every page of the region once (through its user "
      "address, read-only: bytes written meanwhile are kept) before it returns, so that the first transfers do not pay "

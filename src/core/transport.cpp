@@ -212,7 +212,13 @@ void Transport::close() {
 void Transport::shut_down(std::map<std::string, std::shared_ptr<Peer>> &peers) {
     if (watchdog_.joinable()) watchdog_.join();
     registrations_.shutdown();  // connection attempts (and reconnections), called off above, end within a slice
-    for (auto &[id, p] : peers) p->link->shutdown();  // no reconnection runs now to replace it
+    std::vector<std::shared_ptr<BackendPeer>> links;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto &[id, p] : peers)
+            for (auto &l : links_locked(*p)) links.push_back(std::move(l));
+    }
+    for (auto &l : links) l->shutdown();  // no reconnection or return runs now to replace one
     for (auto &b : backends_) b->shutdown();
     loop_->stop();
 }
@@ -275,27 +281,35 @@ wire::AgentMetadata Transport::check_peer(const std::string &id, const uint8_t *
 }
 
 std::shared_ptr<Transport::Peer> Transport::connect_peer(const std::string &id, const wire::AgentMetadata &m,
-                                                         const std::atomic<bool> *called_off) {
+                                                         const std::atomic<bool> *called_off, bool *fell_back) {
     auto peer = std::make_shared<Peer>();
     peer->t = this;
     peer->id = id;
     peer->num_blocks = m.num_blocks;
     peer->meta = std::make_shared<const wire::AgentMetadata>(m);
-    peer->link = connect_link(id, m, called_off, peer.get(), &peer->backend);
+    peer->link = connect_link(id, m, called_off, peer.get(), &peer->backend, nullptr, fell_back);
     peer->since_ns = Peer::now_ns();
     return peer;
 }
 
 std::shared_ptr<BackendPeer> Transport::connect_link(const std::string &id, const wire::AgentMetadata &m,
                                                      const std::atomic<bool> *called_off, CompletionSink *sink,
-                                                     const char **backend) {
+                                                     const char **backend, const char *better_than,
+                                                     bool *fell_back) {
     PeerContext pc;
     pc.peer_id = id;
     pc.meta = &m;
     pc.deadline = net::Deadline(Clock::now() + std::chrono::milliseconds(core_.connect_timeout_ms), called_off);
     pc.sink = sink;
     std::string skipped;
-    const std::vector<Candidate> cands = candidates(id, m, &skipped);
+    std::vector<Candidate> cands = candidates(id, m, &skipped);
+    if (better_than) {  // a return attempt: the link's own path and those after it are not tried
+        auto own = std::find_if(cands.begin(), cands.end(),
+                                [&](const Candidate &c) { return strcmp(c.backend->name(), better_than) == 0; });
+        // (not listed at all: nothing is known to be better; no attempt)
+        cands.erase(own == cands.end() ? cands.begin() : own, cands.end());
+    }
+    if (fell_back) *fell_back = false;
     for (size_t i = 0; i < cands.size(); i++) {
         Backend &b = *cands[i].backend;
         pc.section = cands[i].section;
@@ -313,9 +327,15 @@ std::shared_ptr<BackendPeer> Transport::connect_link(const std::string &id, cons
             if (!core_.fallback)
                 fail(e.code(), "%s (backend %s; peer_backend_fallback=0, so no other path was tried)", e.what(),
                      b.name());
-            KVX_LOG_PEER(warn, id.c_str(), "peer '%s': backend %s failed to connect (%s): trying the next path", id.c_str(), b.name(),
-                    e.what());
+            // A return attempt that fails is routine while the path is away: not worth a warning.
+            if (better_than)
+                KVX_LOG_PEER(debug, id.c_str(), "peer '%s': backend %s failed to connect (%s): trying the next path",
+                             id.c_str(), b.name(), e.what());
+            else
+                KVX_LOG_PEER(warn, id.c_str(), "peer '%s': backend %s failed to connect (%s): trying the next path",
+                             id.c_str(), b.name(), e.what());
             skipped += strfmt("%s%s: failed (%s)", skipped.empty() ? "" : "; ", b.name(), e.what());
+            if (fell_back) *fell_back = true;
             continue;
         }
         *backend = b.name();
@@ -362,7 +382,7 @@ std::vector<Transport::Candidate> Transport::candidates(const std::string &id, c
 
 void Transport::remove_peer(const std::string &id) {
     std::shared_ptr<Peer> peer;
-    std::shared_ptr<BackendPeer> link;
+    std::vector<std::shared_ptr<BackendPeer>> links;
     {
         std::lock_guard<std::mutex> lk(mu_);
         check_open_locked();
@@ -378,12 +398,13 @@ void Transport::remove_peer(const std::string &id) {
         peer = std::move(it->second);
         peer->removed = true;
         stop_redial_locked(*peer);
-        link = peer->link;  // a reconnection no longer replaces it
+        links = links_locked(*peer);  // a reconnection or return no longer replaces one
         peers_.erase(it);
     }
     // Its pending ops come back failed through complete(): after this
-    // returns none of its transfers is in flight any more.
-    link->shutdown();
+    // returns none of its transfers is in flight any more (nor on a link a
+    // return left behind).
+    for (auto &l : links) l->shutdown();
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (auto q = completions_.find(id); q != completions_.end()) forget_drained_locked(q);
@@ -492,6 +513,7 @@ uint64_t Transport::write_blocks(const std::string &peer_id, const uint64_t *loc
         // (it did: a peer never given work before has a clock of 0).
         if (peer->outstanding.load() == 0) peer->progress();
         peer->outstanding.fetch_add(1);
+        peer->link_left++;
         peer->submitting.fetch_add(1);
     }
     struct Submitted {
@@ -514,9 +536,24 @@ void Transport::finish_locked(uint64_t id, Peer &peer, int status) {
     count_end_locked(*inflight_.find(id), status == 0 ? Ending::done : Ending::failed, status);
     inflight_.erase(id);
     peer.outstanding.fetch_sub(1);
+    left_link_locked(peer, id);
     queue_locked(peer.id, id, status);
     if (status != 0) KVX_LOG_PEER(debug, peer.id.c_str(), "transfer %llu to peer '%s' failed: %s", (unsigned long long)id, peer.id.c_str(),
                              error_name(status));
+}
+
+void Transport::left_link_locked(Peer &p, uint64_t id) {
+    if (id >= p.link_from_id) {
+        p.link_left--;
+        return;
+    }
+    // A link a return left behind (or one a reconnection shut down: in none).
+    for (Peer::Retired &r : p.retired)
+        if (id >= r.from_id && id < r.below_id) {
+            r.last_end_ns = Peer::now_ns();
+            if (--r.left == 0) wd_cv_.notify_all();  // its last: the watchdog shuts it down
+            return;
+        }
 }
 
 // What a failed transfer reports (kvx_result): the core knows better than
@@ -688,7 +725,9 @@ size_t Transport::cancel(const uint64_t *ids, size_t n, int mode, uint64_t *infl
             bool dropped = op->claim_unstarted();
             if (mode == KVX_CANCEL_IMMEDIATE && !dropped) op->forget();
             if (mode == KVX_CANCEL_IMMEDIATE || dropped) {
-                static_cast<Peer *>(op->owner)->outstanding.fetch_sub(1);
+                Peer &owner = *static_cast<Peer *>(op->owner);
+                owner.outstanding.fetch_sub(1);
+                left_link_locked(owner, ids[i]);
                 count_end_locked(*op, Ending::cancelled);
                 inflight_.erase(ids[i]);
             } else {
@@ -710,139 +749,6 @@ void Transport::drop_unpolled_locked(const std::unordered_set<uint64_t> &ids) {
         dropped += std::erase_if(it->second.failed, [&](const Failed &f) { return gone(f.id); });
     }
     ready_.taken(dropped);
-}
-
-// A transfer times out only when its peer stalls: work outstanding and no
-// progress (no acknowledgement, nothing completed) for transfer_timeout_ms,
-// or for stall_grace_ms of it when the network was silent at that point
-// (backend.h). Time spent queued behind a healthy peer's other transfers
-// does not count, and nothing here scans the transfers in flight: the work
-// is O(peers). Time this process did not run (stopped, a paused VM) does
-// not count either: its event loop could not take acknowledgements then.
-void Transport::watchdog() {
-    const auto timeout = std::chrono::milliseconds(core_.transfer_timeout_ms);
-    // A peer that gets work while the watchdog sleeps is checked at most this late.
-    const auto slack = std::clamp<std::chrono::milliseconds>(timeout / 20, std::chrono::milliseconds(1),
-                                                             std::chrono::milliseconds(100));
-    // Waking later than this past its time, the watchdog was not running.
-    const auto paused = std::max<Clock::duration>(4 * slack, std::chrono::milliseconds(200));
-    std::unique_lock<std::mutex> lk(mu_);
-    while (!closed_) {
-        Clock::time_point next = Clock::now() + slack;
-        lk.unlock();
-        std::vector<std::shared_ptr<Peer>> broke;
-        std::vector<Stalled> stalled = stalled_peers(&next, &broke);
-        lk.lock();
-        for (auto &p : broke)
-            if (!p->removed && p->state == Peer::Link::up) went_down_locked(*p, "its connection failed");
-        size_t n = 0;
-        for (auto &s : stalled) {
-            // Progress or completion since the look: not stalled after all.
-            if (s.peer->progress_ns.load() != s.since || s.peer->outstanding.load() == 0) continue;
-            KVX_LOG_PEER(warn, s.peer->id.c_str(), "peer '%s' made no progress for %llu ms with %llu transfers in flight: failing them",
-                    s.peer->id.c_str(), (unsigned long long)(Peer::now_ns() - s.since) / 1000000,
-                    (unsigned long long)s.peer->outstanding.load());
-            s.peer->timed_out.store(true);
-            if (s.peer->state == Peer::Link::up)
-                went_down_locked(*s.peer, strfmt("no progress for %u ms with transfers in flight (transfer_timeout_ms)",
-                                                 core_.transfer_timeout_ms));
-            stalled[n++] = std::move(s);
-        }
-        stalled.resize(n);
-        // How much longer than expected the next step took: the process was
-        // not running for most of it. An abort waits up to 200 ms for its
-        // resets to arrive (tcp's settle), a sleep ends at `next`.
-        Clock::duration late{};
-        if (!stalled.empty()) {
-            lk.unlock();
-            const Clock::time_point t0 = Clock::now();
-            for (auto &s : stalled) s.link->abort(KVX_ETIMEDOUT);  // reports its transfers, failed
-            late = Clock::now() - t0 - std::chrono::milliseconds(250 * static_cast<int64_t>(stalled.size()));
-            lk.lock();
-        } else {
-            start_redials_locked(&next);
-            const Clock::time_point from = Clock::now();
-            wd_cv_.wait_until(lk, next);
-            late = Clock::now() - std::max(next, from);
-        }
-        if (late > paused) {
-            lk.unlock();
-            credit_pause(std::chrono::duration_cast<std::chrono::nanoseconds>(late).count());
-            lk.lock();
-        }
-    }
-}
-
-// The process did not run for late_ns: every peer's last progress moves
-// that much later (never past now), so a stall counts only time in which
-// its acknowledgements could have been taken.
-void Transport::credit_pause(int64_t late_ns) {
-    std::vector<std::shared_ptr<Peer>> peers;
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        for (auto &[id, p] : peers_) peers.push_back(p);
-    }
-    KVX_LOG(info, "the stall watchdog woke %lld ms late (the process was stopped or starved): peers' stall time "
-                  "restarts", (long long)(late_ns / 1000000));
-    const int64_t now = Peer::now_ns();
-    for (auto &p : peers) {
-        int64_t old = p->progress_ns.load();
-        while (!p->progress_ns.compare_exchange_weak(old, std::min(old + late_ns, now))) {
-        }
-    }
-}
-
-std::vector<Transport::Stalled> Transport::stalled_peers(Clock::time_point *next,
-                                                         std::vector<std::shared_ptr<Peer>> *broke) {
-    std::vector<std::pair<std::shared_ptr<Peer>, std::shared_ptr<BackendPeer>>> peers;
-    std::vector<Stalled> stalled;
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        peers.reserve(peers_.size());
-        for (auto &[id, p] : peers_)
-            if (p->state == Peer::Link::up) peers.emplace_back(p, p->link);
-    }
-    auto ns = [](uint64_t ms) { return std::chrono::nanoseconds(std::chrono::milliseconds(ms)).count(); };
-    const int64_t timeout_ns = ns(core_.transfer_timeout_ms);
-    const int64_t now = Peer::now_ns();
-    for (auto &[p, link] : peers) {
-        if (link->broken()) {
-            broke->push_back(p);
-            continue;
-        }
-        if (p->outstanding.load() == 0 || p->timed_out.load()) continue;
-        const int64_t since = p->progress_ns.load(std::memory_order_relaxed);
-        int64_t due = since + (p->grace_from_ns == since ? p->grace_ns : timeout_ns);
-        if (p->silent_since_ns != since) {  // a new stall (or progress since the last look)
-            p->silent_since_ns = since;
-            p->silent_sampled_ns = 0;
-            p->silent_rto_us = 0;
-        }
-        // The network may be silent in the middle of the stall and answer
-        // again by its end while data the peer sent us still waits for its
-        // kernel's next resend (a keepalive probe answered just before the
-        // timeout says nothing of that): look from half the timeout on, at
-        // most every 50 ms, and count what was seen.
-        if (p->grace_from_ns != since && now >= since + timeout_ns / 2 &&
-            (due <= now || now >= p->silent_sampled_ns + ns(50))) {
-            p->silent_sampled_ns = now;
-            p->silent_rto_us = std::max(p->silent_rto_us, link->network_silent_rto_us());
-        }
-        const uint64_t rto_us = due <= now && p->grace_from_ns != since ? p->silent_rto_us : 0;
-        if (rto_us != 0) {
-            const uint64_t grace_ms = stall_grace_ms(core_.transfer_timeout_ms, (rto_us + 999) / 1000);
-            p->grace_from_ns = since;
-            p->grace_ns = ns(grace_ms);
-            due = since + p->grace_ns;
-            KVX_LOG_PEER(warn, p->id.c_str(), "peer '%s' made no progress for %u ms while the network loses its packets (the kernel is "
-                          "resending, timeout %llu ms): waiting for a resend, up to %llu ms in all",
-                    p->id.c_str(), core_.transfer_timeout_ms, (unsigned long long)(rto_us + 999) / 1000,
-                    (unsigned long long)grace_ms);
-        }
-        if (due <= now) stalled.push_back(Stalled{p, link, since});
-        else *next = std::min(*next, Clock::now() + std::chrono::nanoseconds(due - now));
-    }
-    return stalled;
 }
 
 }  // namespace kvx

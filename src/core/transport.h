@@ -115,6 +115,33 @@ private:
         int error = 0;                // what took it down, then the last attempt's failure
         std::string reason;
         std::atomic<bool> redial_off{false};  // removed, replaced or closed: an attempt stops
+        // Return to a preferred path (peer_redial_ms), under mu_: up on a
+        // backend less preferred than one that applies but failed to
+        // connect, it dials that one again in the background (attempting
+        // then covers the attempt) and moves to it once it connects.
+        bool fallback = false;
+        int64_t return_due_ns = 0;     // fallback: the next attempt (steady ns)
+        uint32_t return_attempts = 0;  // failed since it landed on the fallback
+        int64_t landed_ns = 0;         // when its link connected (steady ns)
+        // A return attempt stops: the peer went down, was removed or replaced,
+        // or the transport closed.
+        std::atomic<bool> return_off{false};
+        // The transfers of link: ids from link_from_id on went to it (ids
+        // grow; under mu_), link_left of them are in flight.
+        uint64_t link_from_id = 0, link_left = 0;
+        // Links left behind by a return, each until its transfers (ids in
+        // [from_id, below_id), left of them in flight) are reported; the
+        // watchdog then shuts it down (or at once when it breaks, or aborts
+        // it when none of them ended for transfer_timeout_ms) and only then
+        // drops it, so that remove and close, which shut down every link
+        // listed here, return after it is done. Under mu_.
+        struct Retired {
+            std::shared_ptr<BackendPeer> link;
+            uint64_t from_id = 0, below_id = 0, left = 0;
+            int64_t last_end_ns = 0;  // retired, or one of its transfers last reported (steady ns)
+            bool closing = false;     // the watchdog is shutting it down
+        };
+        std::vector<Retired> retired;
         // Set (under mu_) before a timed-out transfer is reported, so that a
         // caller who sees the failure also sees the peer broken; the link is
         // aborted right after.
@@ -170,11 +197,40 @@ private:
     const std::shared_ptr<Peer> &registered_locked(const std::string &id) const;
     // p's state but its path (the link's: read without mu_).
     PeerState peer_state_locked(const Peer &p) const;
-    // Reconnection (transport_peers.cpp). The watchdog marks peers whose
-    // link broke (mu_ held) and starts due attempts on the connect workers.
+    // Reconnection (transport_peers.cpp). The watchdog (transport_watchdog.cpp)
+    // marks peers whose link broke (mu_ held) and starts due attempts on the
+    // connect workers.
     void went_down_locked(Peer &p, std::string why);
-    void start_redials_locked(Clock::time_point *next);
+    void start_redials_locked(Clock::time_point *next);  // and start_returns_locked()
+    void start_returns_locked(Clock::time_point *next);
     void redial(const std::shared_ptr<Peer> &p);
+    // A return attempt of a peer on a fallback (connect worker): dials the
+    // backends it prefers to its link's and, once one connects, makes that
+    // its link and retires the old one.
+    void return_to_preferred(const std::shared_ptr<Peer> &p);
+    // A peer (re)connected on link (mu_ held): fell_back says a preferred
+    // path failed on the way, so it tries that one again from time to time.
+    void landed_locked(Peer &p, bool fell_back);
+    // No return (any more): the peer went down, was removed or replaced, or
+    // the transport closed; an attempt under way is called off (mu_ held).
+    void no_return_locked(Peer &p);
+    // Id (erased from inflight_) no longer counts against the link it went to.
+    void left_link_locked(Peer &p, uint64_t id);
+    // p's links: the current one and those retired (mu_ held).
+    static std::vector<std::shared_ptr<BackendPeer>> links_locked(const Peer &p);
+    // What the watchdog does to a retired link outside mu_: shut it down
+    // (its transfers are all reported, or it broke), or, when none of them
+    // ended for the stall timeout, abort it.
+    struct Reaped {
+        std::shared_ptr<Peer> peer;
+        std::shared_ptr<BackendPeer> link;
+        bool shut = false;
+        int64_t idle_ns = 0;
+    };
+    // The retired links to shut down (marked closing) or to abort (mu_
+    // held), for the caller to act on without it: reap_retired().
+    std::vector<Reaped> reap_retired_locked();
+    void reap_retired(std::vector<Reaped> &reaped);
     // Ends reconnection of a peer taken out of peers_ (remove, replace, close).
     void stop_redial_locked(Peer &p);
     // Throws KVX_EPEERBROKEN for a peer whose link is not up, saying why;
@@ -182,10 +238,14 @@ private:
     [[noreturn]] void refuse_broken_locked(Peer &p);
     // Connects a link for peer id to the first path that takes it, before
     // connect_timeout_ms or until *called_off is set (may be null); its
-    // transfers report to sink. *backend: the backend's name.
+    // transfers report to sink. *backend: the backend's name. better_than (a
+    // backend's name, or null): only the paths preferred to it are tried.
+    // *fell_back (may be null): a path preferred to the one taken applied
+    // but failed to connect.
     std::shared_ptr<BackendPeer> connect_link(const std::string &id, const wire::AgentMetadata &m,
                                               const std::atomic<bool> *called_off, CompletionSink *sink,
-                                              const char **backend);
+                                              const char **backend, const char *better_than = nullptr,
+                                              bool *fell_back = nullptr);
     void complete(Peer &peer, uint64_t id, int status);
     void finish_locked(uint64_t id, Peer &peer, int status);
     // Removes ids from the completion queues (cancel of finished, unpolled ids):
@@ -211,6 +271,7 @@ private:
         std::shared_ptr<Peer> peer;
         std::shared_ptr<BackendPeer> link;  // its link then
         int64_t since = 0;
+        std::vector<std::shared_ptr<BackendPeer>> retired;  // its retired links, aborted with it
     };
     // Peers stalled now (work outstanding, no progress for the timeout); sets
     // *next to when the next one could stall.
@@ -219,8 +280,9 @@ private:
     void credit_pause(int64_t late_ns);
     // Connects to the first path that takes it, before connect_timeout_ms or
     // until *called_off is set (may be null).
+    // *fell_back: as connect_link() says.
     std::shared_ptr<Peer> connect_peer(const std::string &id, const wire::AgentMetadata &m,
-                                       const std::atomic<bool> *called_off);
+                                       const std::atomic<bool> *called_off, bool *fell_back);
     // Registration steps (transport_peers.cpp): the checks that need no
     // connection, the reservation of the id, and connect + publish.
     wire::AgentMetadata check_peer(const std::string &id, const uint8_t *meta, size_t meta_len,
@@ -274,6 +336,9 @@ private:
     std::thread watchdog_;
     size_t down_peers_ = 0;  // peers in Link::down (the watchdog starts their attempts)
     size_t redials_running_ = 0;  // reconnection attempts queued or running (at most half the connect workers)
+    size_t fallback_peers_ = 0;   // up peers with fallback set (the watchdog starts their return attempts)
+    size_t returns_running_ = 0;  // return attempts queued or running (within that half, at most a quarter)
+    size_t retired_links_ = 0;    // Peer::retired entries, of every peer
 };
 
 }  // namespace kvx

@@ -64,8 +64,9 @@ Registrations::Ref Transport::reserve_locked(const std::string &id, uint64_t reg
 void Transport::connect_and_publish(const Registrations::Ref &r, const wire::AgentMetadata &m) {
     const int64_t t0 = Peer::now_ns();
     std::shared_ptr<Peer> peer;
+    bool fell_back = false;
     try {
-        peer = connect_peer(r->id, m, &r->called_off);
+        peer = connect_peer(r->id, m, &r->called_off, &fell_back);
     } catch (...) {
         std::string msg;
         int code = failure_of(std::current_exception(), &msg);
@@ -89,6 +90,7 @@ void Transport::connect_and_publish(const Registrations::Ref &r, const wire::Age
             peer->stats = telemetry_.slot(r->id);
             telemetry_.connected(peer->stats.get(), Peer::now_ns() - t0);
             peers_[r->id] = peer;
+            landed_locked(*peer, fell_back);
             completions_[r->id].registered = true;
             registrations_.finish_locked(r, 0, "");
             return;
@@ -105,10 +107,12 @@ uint64_t Transport::add_peer_async(const std::string &id, const uint8_t *meta, s
     if (flags & ~static_cast<unsigned>(KVX_PEER_REPLACE)) fail(KVX_EINVAL, "flags 0x%x has unknown bits", flags);
     auto m = std::make_shared<wire::AgentMetadata>(check_peer(id, meta, meta_len, base_addr, num_blocks, block_len));
     std::shared_ptr<Peer> replaced;
+    std::vector<std::shared_ptr<BackendPeer>> links;
     uint64_t reg;
     {
         std::lock_guard<std::mutex> lk(mu_);
         Registrations::Ref r = reserve_locked(id, next_reg_, flags & KVX_PEER_REPLACE, &replaced);
+        if (replaced) links = links_locked(*replaced);
         reg = next_reg_++;
         registrations_.submit_locked(r, [this, r, m] {
             try {
@@ -117,7 +121,7 @@ uint64_t Transport::add_peer_async(const std::string &id, const uint8_t *meta, s
             }
         });
     }
-    if (replaced) replaced->link->shutdown();  // its transfers fail, as on remove
+    for (auto &l : links) l->shutdown();  // the replaced peer's transfers fail, as on remove
     return reg;
 }
 
@@ -136,6 +140,15 @@ Registrations::Status Transport::registration_status(uint64_t reg, int timeout_m
 // anew. Success swaps the link in under mu_; failure waits twice as long
 // (up to 8 x peer_redial_ms) for the next attempt. Writes meanwhile fail at
 // once (refuse_broken_locked). Remove, replace and close stop it.
+//
+// A peer up on a fallback (a path it prefers applied but failed to connect:
+// verbs with every rail down, so tcp) is up, but not where it should be.
+// On the same timer and workers (after the reconnections) it dials the
+// paths it prefers to its link's again; once one connects, that becomes its
+// link under mu_ (writes go there from then on) and the old link is retired:
+// it carries its transfers in flight to their end, reported through the
+// same sink, and is shut down once the last is reported (by the watchdog),
+// or at once if it has none. Writes never fail for it.
 
 namespace {
 
@@ -146,7 +159,81 @@ int64_t ms_ns(uint64_t ms) { return static_cast<int64_t>(ms) * 1000000; }
 
 }  // namespace
 
+void Transport::landed_locked(Peer &p, bool fell_back) {
+    p.link_from_id = next_id_;
+    p.link_left = 0;
+    p.landed_ns = Peer::now_ns();
+    // peer_redial_ms=0: no return either (the peer keeps its fallback).
+    const bool on = fell_back && core_.redial_ms != 0;
+    if (on && !p.fallback) fallback_peers_++;
+    if (!on && p.fallback) fallback_peers_--;
+    p.fallback = on;
+    p.return_attempts = 0;
+    if (!on) return;
+    p.return_due_ns = Peer::now_ns() + ms_ns(core_.redial_ms);
+    wd_cv_.notify_all();
+}
+
+void Transport::no_return_locked(Peer &p) {
+    p.return_off.store(true);  // an attempt under way stops
+    if (p.fallback) fallback_peers_--;
+    p.fallback = false;
+}
+
+std::vector<std::shared_ptr<BackendPeer>> Transport::links_locked(const Peer &p) {
+    std::vector<std::shared_ptr<BackendPeer>> out{p.link};
+    for (const Peer::Retired &r : p.retired) out.push_back(r.link);
+    return out;
+}
+
+std::vector<Transport::Reaped> Transport::reap_retired_locked() {
+    std::vector<Reaped> out;
+    const int64_t now = Peer::now_ns(), timeout_ns = ms_ns(core_.transfer_timeout_ms);
+    for (auto &[id, p] : peers_)
+        for (Peer::Retired &r : p->retired) {
+            if (r.closing) continue;
+            if (r.left == 0 || r.link->broken()) {
+                if (r.left != 0)
+                    KVX_LOG_PEER(warn, id.c_str(), "peer '%s': the link it left for a preferred path failed with %llu "
+                                 "transfers in flight: failing them", id.c_str(), (unsigned long long)r.left);
+                r.closing = true;  // listed until it is shut down: remove and close wait for that
+                out.push_back(Reaped{p, r.link, true, 0});
+            } else if (now - r.last_end_ns >= timeout_ns) {
+                out.push_back(Reaped{p, r.link, false, now - r.last_end_ns});
+            }
+        }
+    return out;
+}
+
+// Outside mu_. A retired link that made no progress for the stall timeout
+// is aborted (as the peer's own link would be), unless the network is
+// silent under it, which gets the same grace as the peer's (Timers); the
+// next look shuts it down. One whose transfers are all reported, or that
+// broke, is shut down and then dropped from its peer (unless a removal,
+// a replacement or a reconnection took the peer's list meanwhile).
+void Transport::reap_retired(std::vector<Reaped> &reaped) {
+    for (Reaped &r : reaped) {
+        if (r.shut) {
+            r.link->shutdown();
+            std::lock_guard<std::mutex> lk(mu_);
+            auto &v = r.peer->retired;
+            auto it = std::find_if(v.begin(), v.end(), [&](const Peer::Retired &x) { return x.link == r.link; });
+            if (it == v.end()) continue;
+            v.erase(it);
+            if (!r.peer->redial_off.load()) retired_links_--;  // else stop_redial_locked() counted it out
+            continue;
+        }
+        const uint64_t rto_us = r.link->network_silent_rto_us();
+        if (rto_us != 0 && r.idle_ns < ms_ns(stall_grace_ms(core_.transfer_timeout_ms, rto_us / 1000))) continue;
+        KVX_LOG_PEER(warn, r.peer->id.c_str(), "peer '%s': the link it left for a preferred path made no progress for "
+                     "%lld ms: failing what it carries", r.peer->id.c_str(), (long long)(r.idle_ns / 1000000));
+        r.link->abort(KVX_ETIMEDOUT);
+    }
+    reaped.clear();  // the last reference to a link or a removed peer goes without mu_
+}
+
 void Transport::went_down_locked(Peer &p, std::string why) {
+    no_return_locked(p);
     const int64_t now = Peer::now_ns();
     p.since_ns = now;
     p.attempts = 0;
@@ -167,18 +254,20 @@ void Transport::went_down_locked(Peer &p, std::string why) {
 
 void Transport::stop_redial_locked(Peer &p) {
     p.redial_off.store(true);
+    no_return_locked(p);
+    retired_links_ -= p.retired.size();  // the caller shuts them down (links_locked) with its link
     if (p.state == Peer::Link::down) down_peers_--;
     p.state = Peer::Link::broken;
 }
 
 void Transport::start_redials_locked(Clock::time_point *next) {
-    if (down_peers_ == 0) return;
+    if (down_peers_ == 0) return start_returns_locked(next);
     const int64_t now = Peer::now_ns();
     for (auto &[id, p] : peers_) {
         if (p->state != Peer::Link::down || p->attempting) continue;
         // Half the connect workers at most: an attempt holds one for up to
         // connect_timeout_ms, and adds must find one behind a partition too.
-        if (redials_running_ >= Registrations::kMaxWorkers / 2) {
+        if (redials_running_ + returns_running_ >= Registrations::kMaxWorkers / 2) {
             *next = std::min(*next, Clock::now() + std::chrono::milliseconds(core_.redial_ms));
             break;
         }
@@ -209,25 +298,138 @@ void Transport::start_redials_locked(Clock::time_point *next) {
                 redials_running_--;
             });
     }
+    start_returns_locked(next);
+}
+
+// Returns of peers on a fallback come after the reconnections (those peers
+// work meanwhile, the ones down do not), and a quarter of the connect
+// workers stays free for reconnections.
+void Transport::start_returns_locked(Clock::time_point *next) {
+    if (fallback_peers_ == 0) return;
+    const int64_t now = Peer::now_ns();
+    for (auto &[id, p] : peers_) {
+        if (p->state != Peer::Link::up || !p->fallback || p->attempting) continue;
+        if (redials_running_ + returns_running_ >= Registrations::kMaxWorkers / 2 ||
+            returns_running_ >= Registrations::kMaxWorkers / 4) {
+            *next = std::min(*next, Clock::now() + std::chrono::milliseconds(core_.redial_ms));
+            break;
+        }
+        if (p->return_due_ns > now) {
+            *next = std::min(*next, Clock::now() + std::chrono::nanoseconds(p->return_due_ns - now));
+            continue;
+        }
+        p->attempting = true;
+        p->return_off.store(false);
+        returns_running_++;
+        std::shared_ptr<Peer> peer = p;
+        registrations_.submit_task_locked(
+            [this, peer] {
+                try {
+                    return_to_preferred(peer);
+                } catch (...) {  // out of memory on the way: tried again later
+                    std::lock_guard<std::mutex> lk(mu_);
+                    if (peer->attempting) {
+                        peer->attempting = false;
+                        peer->return_due_ns = Peer::now_ns() + ms_ns(core_.redial_ms);
+                    }
+                }
+                std::lock_guard<std::mutex> lk(mu_);
+                returns_running_--;
+                wd_cv_.notify_all();  // a redial may have waited for the worker or for this peer
+            },
+            [this, peer] {
+                peer->attempting = false;
+                peer->return_due_ns = Peer::now_ns() + ms_ns(core_.redial_ms);
+                returns_running_--;
+            });
+    }
+}
+
+void Transport::return_to_preferred(const std::shared_ptr<Peer> &p) {
+    const char *was;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (p->removed || closed_ || p->state != Peer::Link::up || !p->fallback) {
+            p->attempting = false;
+            return;
+        }
+        was = p->backend;
+    }
+    std::shared_ptr<BackendPeer> link, unused;
+    const char *backend = "";
+    bool fell_back = false;
+    int code = 0;
+    std::string why;
+    try {
+        link = connect_link(p->id, *p->meta, &p->return_off, p.get(), &backend, was, &fell_back);
+    } catch (...) {
+        code = failure_of(std::current_exception(), &why);
+    }
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        p->attempting = false;
+        const int64_t now = Peer::now_ns();
+        if (p->removed || closed_ || p->state != Peer::Link::up || !p->fallback || p->timed_out.load() ||
+            p->backend != was || p->link->broken()) {
+            // Gone, or down (a reconnection now chooses the path): the link
+            // was never used.
+            unused = std::move(link);
+        } else if (!link) {
+            p->return_attempts++;
+            const uint32_t factor = redial_factor(p->return_attempts);
+            p->return_due_ns = now + ms_ns(uint64_t{core_.redial_ms} * factor);
+            if (worth_a_warning(p->return_attempts))
+                KVX_LOG_PEER(info, p->id.c_str(), "peer '%s': still on %s: return attempt %u to a preferred path "
+                             "failed (%s; %s); next in %llu ms", p->id.c_str(), was, p->return_attempts,
+                             error_name(code), why.c_str(), (unsigned long long)core_.redial_ms * factor);
+        } else {
+            // From here on writes go to the new link; the old one finishes
+            // what it carries and is shut down once that is all reported.
+            Peer::Retired old{std::move(p->link), p->link_from_id, next_id_, p->link_left, now};
+            KVX_LOG_PEER(warn, p->id.c_str(), "peer '%s': back on %s (was %s) after %lld ms on %s (%u failed return "
+                         "attempts); %llu transfers in flight on %s finish there", p->id.c_str(), backend, was,
+                         (long long)((now - p->landed_ns) / 1000000), was, p->return_attempts,
+                         (unsigned long long)old.left, was);
+            p->link = std::move(link);
+            p->backend = backend;
+            landed_locked(*p, fell_back);
+            if (old.left == 0) {
+                unused = std::move(old.link);
+            } else {
+                p->retired.push_back(std::move(old));
+                retired_links_++;
+            }
+        }
+    }
+    if (unused) unused->shutdown();
 }
 
 void Transport::redial(const std::shared_ptr<Peer> &p) {
-    std::shared_ptr<BackendPeer> old;
+    std::vector<std::shared_ptr<BackendPeer>> old;
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (p->removed || closed_) return;
-        old = p->link;
+        // Links a return left behind go too: every transfer in flight when
+        // the peer went down fails (docs/semantics.md), and no stall timer
+        // watches a peer that is down.
+        old = links_locked(*p);  // still listed while they shut down: a removal waits for them
     }
     // The failed link's transfers are reported (failed) and nothing of it
     // lands once this returns: the new link starts from a clean slate.
-    old->shutdown();
+    for (auto &l : old) l->shutdown();
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!p->redial_off.load()) retired_links_ -= p->retired.size();  // else stop_redial_locked() did
+        p->retired.clear();
+    }
     std::shared_ptr<BackendPeer> link;
     const char *backend = "";
     int code = 0;
     std::string why;
     const int64_t t0 = Peer::now_ns();
+    bool fell_back = false;
     try {
-        link = connect_link(p->id, *p->meta, &p->redial_off, p.get(), &backend);
+        link = connect_link(p->id, *p->meta, &p->redial_off, p.get(), &backend, nullptr, &fell_back);
     } catch (...) {
         code = failure_of(std::current_exception(), &why);
     }
@@ -260,6 +462,7 @@ void Transport::redial(const std::shared_ptr<Peer> &p) {
             (long long)((now - p->since_ns) / 1000000), p->attempts);
     p->link = std::move(link);
     p->backend = backend;
+    landed_locked(*p, fell_back);
     p->state = Peer::Link::up;
     p->since_ns = now;
     p->attempts = 0;
