@@ -144,4 +144,8 @@ int self_maps_file(const char *name, char *out, size_t cap);
  * seqpacket socket in /proc/net/unix whose inode pid holds. */
 void shm_listener_name(pid_t pid, char *name, size_t cap);
 
+/* A TCP socket bound to 127.0.0.1 on a port the kernel picked (*port), and
+ * listening with backlog when backlog > 0; fails the test when it cannot. */
+int loopback_socket(int backlog, uint16_t *port);
+
 #endif

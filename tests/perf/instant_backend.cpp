@@ -17,9 +17,26 @@ constexpr uint16_t kSectionId = 0x7e57;  // outside the range of shipped backend
 std::atomic<bool> g_hold{false};
 std::atomic<int> g_delay_ms{0};
 
+class InstantPeer;
+std::mutex g_peers_mu;
+std::vector<InstantPeer *> g_peers;  // live ones, for release()
+
 class InstantPeer final : public BackendPeer {
 public:
-    explicit InstantPeer(CompletionSink *sink) : sink_(sink) {}
+    explicit InstantPeer(CompletionSink *sink) : sink_(sink) {
+        std::lock_guard<std::mutex> lk(g_peers_mu);
+        g_peers.push_back(this);
+    }
+    ~InstantPeer() override {
+        std::lock_guard<std::mutex> lk(g_peers_mu);
+        std::erase(g_peers, this);
+    }
+    // Its held transfers, to complete (release()).
+    CompletionSink *take_held(std::vector<OpRef> *out) {
+        std::lock_guard<std::mutex> lk(mu_);
+        out->swap(held_);
+        return sink_;
+    }
     void submit(Op op) override {
         if (int ms = g_delay_ms.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
         if (!op.state->try_start()) return;  // cancelled before it started
@@ -37,7 +54,9 @@ public:
     }
     bool broken() const override { return false; }
     void abort(int status) override { fail_held(status, false); }
-    void shutdown() override { fail_held(KVX_ECLOSED, true); }
+    void shutdown() override {  // a second caller returns once the first is done (backend.h)
+        std::call_once(shut_, [this] { fail_held(KVX_ECLOSED, true); });
+    }
 
 private:
     void fail_held(int status, bool stop) {
@@ -55,6 +74,7 @@ private:
     std::mutex mu_;
     std::vector<OpRef> held_;
     std::atomic<bool> stopped_{false};
+    std::once_flag shut_;
 };
 
 class InstantBackend final : public Backend {
@@ -74,6 +94,25 @@ void check_section(const wire::Section &, const wire::AgentMetadata &) {}
 }  // namespace
 
 void hold(bool on) { g_hold.store(on); }
+void release() {
+    // Reported without a lock, as a backend does (the test releases only
+    // while nothing shuts the peers down).
+    std::vector<std::pair<CompletionSink *, std::vector<OpRef>>> held;
+    {
+        std::lock_guard<std::mutex> lk(g_peers_mu);
+        for (InstantPeer *p : g_peers) {
+            held.emplace_back();
+            held.back().first = p->take_held(&held.back().second);
+        }
+    }
+    for (auto &[sink, ops] : held)
+        for (OpRef &op : ops)
+            if (op->report()) sink->complete(op->id, 0);
+}
+int live_peers() {
+    std::lock_guard<std::mutex> lk(g_peers_mu);
+    return static_cast<int>(g_peers.size());
+}
 void submit_delay_ms(int ms) { g_delay_ms.store(ms); }
 
 }  // namespace kvx::instant

@@ -11,5 +11,9 @@ namespace kvx::instant {
 void hold(bool on);
 // Each submit() first sleeps this long (0: not at all), to race a remove.
 void submit_delay_ms(int ms);
+// Held transfers of every peer complete now, done.
+void release();
+// Peers (links) connected and not yet destroyed.
+int live_peers();
 
 }  // namespace kvx::instant

@@ -51,17 +51,7 @@ struct Relay {
     size_t frame_len() const { return sealed ? 4 + 48 + 16 + kP + 16 : 48 + kP; }
     size_t head_off() const { return sealed ? 4 : 0; }  // where the (sealed) frame header starts
 
-    void start() {
-        lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        assert_int_equal(::bind(lfd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
-        assert_int_equal(::listen(lfd, 4), 0);
-        socklen_t l = sizeof a;
-        getsockname(lfd, reinterpret_cast<sockaddr *>(&a), &l);
-        port = ntohs(a.sin_port);
-    }
+    void start() { lfd = loopback_socket(4, &port); }
 
     // A forged frame for blocks 12-15: cleartext format, and in sealed mode
     // the record layout with tags the attacker cannot compute.
