@@ -7,7 +7,8 @@
  * the peer by itself and carries bytes again); every rail down (every id reported once, failed or
  * done; re-adding works once the rails are back); metadata of a one-rail
  * transport (version 0, as 0.4.6 writes it) accepted; the last rail of a
- * peer gone (the spare rail, KVX_VM_NETDEV3), the peer continues on tcp.
+ * peer gone (the spare rail, KVX_VM_NETDEV3), the peer continues on tcp,
+ * and returns to verbs once its address is back.
  *
  * Needs two rails: in tests/rdma-vm, KVX_VM_NETDEV and KVX_VM_NETDEV2 name
  * their netdevs (set down and up again here, as root). Without a second
@@ -472,6 +473,30 @@ static void spare_rail_pair(remote *r, const char *writer_opts) {
     assert_non_null(strstr(rs[0].name, "rxe2"));
 }
 
+/* Every block written once more (NB / PER transfers, ids[0..]): none
+ * fails, and every block at the target is verified. */
+static void write_every_block(remote *r, uint64_t *ids) {
+    size_t nf = 9;
+    remote_submit(r, ids, 0, NB / PER);
+    assert_int_equal(wait_ids(r->a, "b", ids, NB / PER, 60000, &nf, NULL), NB / PER);
+    assert_int_equal(nf, 0);
+    remote_verify(r);
+}
+
+/* The spare rail's address taken away after burst / 2 transfers were
+ * submitted, the rest submitted during the outage (each accepted or refused
+ * at once); every accepted id is reported. Returns when the address went. */
+static uint64_t spare_address_lost(remote *r, uint64_t *ids, size_t burst) {
+    remote_submit(r, ids, 0, burst / 2);
+    const uint64_t t0 = now_ms();
+    assert_int_equal(spare_addr("del"), 0);
+    size_t refused = 0, k = submit_or_refused(r, ids, burst / 2, burst, &refused);
+    size_t nf = 0;
+    assert_int_equal(wait_ids(r->a, "b", ids, k, 60000, &nf, NULL), k);
+    printf("# last rail's address gone: %zu of %zu failed, %zu refused at once\n", nf, k, refused);
+    return t0;
+}
+
 /* The last rail of a peer goes, both sides serve tcp too: the peer goes down
  * (its transfers in flight are reported once; writes meanwhile fail at once)
  * and reconnects by itself on tcp, where writes land again, verified at the
@@ -504,10 +529,7 @@ static void test_last_rail_to_tcp(void **state) {
     assert_string_equal(backend, "tcp");
     assert_int_equal(rails_of(r.a, "b", rs, 4), 0); /* tcp has no rails */
     /* every block again, on tcp: all land, verified at the target */
-    remote_submit(&r, ids, 0, NB / PER);
-    assert_int_equal(wait_ids(r.a, "b", ids, NB / PER, 60000, &nf, NULL), NB / PER);
-    assert_int_equal(nf, 0);
-    remote_verify(&r);
+    write_every_block(&r, ids);
     remote_down(&r);
     netdev("KVX_VM_NETDEV3", "up");
     assert_int_equal(spare_addr("del"), 0);
@@ -528,13 +550,7 @@ static void test_no_fallback_reconnects_on_verbs(void **state) {
     kvx_peer_state st;
 
     static uint64_t ids[N];
-    remote_submit(&r, ids, 0, N / 2);
-    const uint64_t t0 = now_ms();
-    assert_int_equal(spare_addr("del"), 0);
-    size_t refused = 0, k = submit_or_refused(&r, ids, N / 2, N, &refused);
-    size_t nf = 0;
-    assert_int_equal(wait_ids(r.a, "b", ids, k, 60000, &nf, NULL), k);
-    printf("# last rail's address gone: %zu of %zu failed, %zu refused at once\n", nf, k, refused);
+    const uint64_t t0 = spare_address_lost(&r, ids, N);
     /* down, reconnecting, on verbs: attempts fail while the address is away */
     long down = wait_peer_link(r.a, "b", KVX_PEER_RECONNECTING, 30000, &st);
     assert_true(down >= 0);
@@ -558,10 +574,93 @@ static void test_no_fallback_reconnects_on_verbs(void **state) {
     assert_true(up >= 0);
     assert_string_equal(st.backend, "verbs");
     assert_int_equal(st.reconnects, 1);
-    remote_submit(&r, ids, 0, NB / PER);
-    assert_int_equal(wait_ids(r.a, "b", ids, NB / PER, 60000, &nf, NULL), NB / PER);
+    write_every_block(&r, ids);
+    remote_down(&r);
+    assert_int_equal(spare_addr("del"), 0);
+}
+
+/* Fallback allowed: the last rail's address goes mid-stream, the peer
+ * reconnects on tcp (writes land there, verified); the address back, the
+ * peer returns to verbs by itself (no remove, no re-add) while writes keep
+ * coming across the move: each id is reported once, none fails, every
+ * block is right at the target, the rail carries bytes again, and the
+ * return is no reconnection. */
+static void test_returns_to_verbs(void **state) {
+    (void)state;
+    enum { N = 8192, BURST = 128, DEPTH = 16, AFTER = 256 };
+    remote r;
+    spare_rail_pair(&r, "peer_redial_ms=200");
+    kvx_peer_state st;
+    kvx_rail_stats rs[4];
+    const char *backend = NULL, *path = NULL;
+    static uint64_t ids[N];
+
+    const uint64_t t0 = spare_address_lost(&r, ids, BURST);
+    size_t nf = 0;
+    long up = wait_peer_link(r.a, "b", KVX_PEER_UP, 60000, &st);
+    assert_true(up >= 0);
+    printf("# up again on %s %llu ms after the fault (%u reconnects)\n", st.backend,
+           (unsigned long long)(now_ms() - t0), st.reconnects);
+    assert_string_equal(st.backend, "tcp");
+    assert_int_equal(st.reconnects, 1);
+    /* every block on tcp: all land, verified */
+    write_every_block(&r, ids);
+
+    /* the address back, writes kept coming (at most DEPTH in flight) until
+     * the peer is on verbs and AFTER more went there */
+    g_log[0] = 0;
+    CHECK_OK(kvx_set_log_handler(on_log, NULL, KVX_LOG_WARN));
+    /* new content (seed 6) for the writes across the move, verified below */
+    for (uint64_t i = 0; i < NB; i++) fill_block(r.ra.base + i * BL, BL, i, 6);
+    assert_int_equal(spare_addr("add"), 0);
+    const uint64_t t_back = now_ms(), until = t_back + 60000;
+    uint64_t t_verbs = 0;
+    size_t n = 0, on_tcp = 0, after = 0;
+    while (n < N && now_ms() < until && after < AFTER) {
+        CHECK_OK(kvx_peer_backend(&backend, &path, r.a, "b"));
+        const int verbs = strcmp(backend, "verbs") == 0;
+        if (verbs && t_verbs == 0) t_verbs = now_ms();
+        CHECK_OK(kvx_get_peer_state(r.a, "b", &st));
+        assert_int_equal(st.link, KVX_PEER_UP);
+        if (st.in_flight >= DEPTH) {
+            usleep(1000);
+            continue;
+        }
+        remote_submit(&r, ids, n, n + 1);
+        n++;
+        if (verbs) after++;
+        else on_tcp++;
+    }
+    printf("# back on verbs %llu ms after the address came back (%zu transfers submitted on tcp meanwhile, %zu on "
+           "verbs after)\n", (unsigned long long)(t_verbs ? t_verbs - t_back : now_ms() - t_back), on_tcp, after);
+    assert_true(t_verbs != 0);
+    size_t got = wait_ids(r.a, "b", ids, n, 60000, &nf, NULL);
+    printf("# %zu transfers across the return: %zu reported, %zu failed\n", n, got, nf);
+    assert_int_equal(got, n);
     assert_int_equal(nf, 0);
-    remote_verify(&r);
+    CHECK_OK(kvx_log_flush(5000));
+    CHECK_OK(kvx_set_log_handler(NULL, NULL, KVX_LOG_WARN));
+    printf("%s", g_log);
+    assert_non_null(strstr(g_log, "back on verbs (was tcp)"));
+    CHECK_OK(kvx_get_peer_state(r.a, "b", &st));
+    assert_string_equal(st.backend, "verbs");
+    assert_int_equal(st.link, KVX_PEER_UP);
+    assert_int_equal(st.reconnects, 1); /* a return is no reconnection */
+    assert_int_equal(st.in_flight, 0);
+    /* what was written across the move landed, on either path */
+    for (size_t k = 0; k < n && k < NB / PER; k++)
+        for (uint64_t j = 0; j < PER; j++) {
+            const uint64_t blk = (k * PER + j) % NB;
+            if (!child_verify(&r.c, blk, blk, 6)) fail_msg("block %llu written across the move is wrong", (unsigned long long)blk);
+        }
+    /* every block again, on verbs */
+    for (uint64_t i = 0; i < NB; i++) fill_block(r.ra.base + i * BL, BL, i, 5);
+    write_every_block(&r, ids);
+    assert_int_equal(rails_of(r.a, "b", rs, 4), 1);
+    print_rails(r.a, "b");
+    assert_non_null(strstr(rs[0].name, "rxe2"));
+    assert_true(rs[0].up);
+    assert_true(rs[0].bytes > 0);
     remote_down(&r);
     assert_int_equal(spare_addr("del"), 0);
 }
@@ -634,6 +733,7 @@ int main(int argc, char **argv) {
     atexit(links_up);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_fallback_reconnects_on_verbs),
+        cmocka_unit_test(test_returns_to_verbs),
         cmocka_unit_test(test_last_rail_to_tcp),
         cmocka_unit_test(test_both_rails_carry),
         cmocka_unit_test(test_one_rail_metadata),
