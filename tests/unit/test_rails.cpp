@@ -113,12 +113,12 @@ void test_verbs_section_rails(void **) {
     verbs::SectionInfo v;
     v.mr_addr = 0x10000;
     v.mr_len = 16 * kBl;
-    v.rails = {{ep("198.18.0.1", 20049), 0x11}, {ep("198.18.1.1", 20049), 0x22}, {ep("198.18.2.1", 7), 0x33}};
+    v.rails = {{ep("198.18.0.1", 20049), {0x11}}, {ep("198.18.1.1", 20049), {0x22}}, {ep("198.18.2.1", 7), {0x33}}};
     wire::Section s = verbs::encode_section(v);
     assert_int_equal(s.version, 1);
     verbs::SectionInfo d = verbs::decode_section(s, m);
     assert_int_equal(d.rails.size(), 3);
-    assert_int_equal(d.rails[2].rkey, 0x33);
+    assert_int_equal(d.rails[2].rkeys[0], 0x33);
     assert_string_equal(d.rails[1].cm.str().c_str(), "198.18.1.1:20049");
     assert_int_equal(d.mr_addr, 0x10000);
 
@@ -128,7 +128,7 @@ void test_verbs_section_rails(void **) {
     v0.body.resize(44);
     d = verbs::decode_section(v0, m);
     assert_int_equal(d.rails.size(), 1);
-    assert_int_equal(d.rails[0].rkey, 0x11);
+    assert_int_equal(d.rails[0].rkeys[0], 0x11);
     // ... and that older reader's rule accepts version 1: longer, newer.
     assert_true(s.body.size() > 44 && s.version > 0);
 
@@ -143,10 +143,102 @@ void test_verbs_section_rails(void **) {
     bad.body[44] = 0xff;
     assert_int_equal(code_of([&] { verbs::decode_section(bad, m); }, &msg), KVX_EBADMETA);
     assert_contains(msg, "rails");
-    wire::Section later = s;  // a later version may append
-    later.version = 2;
-    later.body.push_back(7);
-    assert_int_equal(verbs::decode_section(later, m).rails.size(), 3);
+}
+
+// A region registered in slices (verbs.mr_slice_bytes): version 2, which
+// appends each rail's keys of the slices after its first. Its first-rail
+// prefix gives the first slice's length as mr_len, so that a reader before
+// 0.14 refuses it rather than write past that slice with its key.
+void test_verbs_section_slices(void **) {
+    const wire::AgentMetadata m = meta_of(16, kBl);
+    verbs::SectionInfo v;
+    v.mr_addr = 0x10000;
+    v.mr_len = 16 * kBl;
+    v.slice_len = 5 * kBl;  // 5 + 5 + 5 + 1 blocks
+    v.rails = {{ep("198.18.0.1", 20049), {0x11, 0x12, 0x13, 0x14}}, {ep("198.18.1.1", 20049), {0x21, 0x22, 0x23, 0x24}}};
+    const wire::Section s = verbs::encode_section(v);
+    assert_int_equal(s.version, 2);
+    const size_t v1_len = 44 + 4 + 24;
+    assert_int_equal(s.body.size(), v1_len + 12 + 2 * 3 * 4);
+    verbs::SectionInfo d = verbs::decode_section(s, m);
+    assert_int_equal(d.slice_len, 5 * kBl);
+    assert_int_equal(d.mr_len, 16 * kBl);
+    assert_true(d.rails[0].rkeys == v.rails[0].rkeys);
+    assert_true(d.rails[1].rkeys == v.rails[1].rkeys);
+
+    // Not sliced (a slice as large as the region, or none): version 1, one key.
+    v.slice_len = 16 * kBl;
+    v.rails = {{ep("198.18.0.1", 20049), {0x11}}};
+    assert_int_equal(verbs::encode_section(v).version, 1);
+    assert_int_equal(verbs::decode_section(verbs::encode_section(v), m).slice_len, 16 * kBl);
+
+    // What readers before 0.14 take of it (the version 0 and 1 prefixes, by
+    // the rule that a later version may append): refused, naming the length.
+    std::string msg;
+    for (size_t len : {size_t{44}, v1_len}) {
+        wire::Section old = s;
+        old.version = len == 44 ? 0 : 1;
+        old.body.resize(len);
+        assert_int_equal(code_of([&] { verbs::decode_section(old, m); }, &msg), KVX_EBADMETA);
+        assert_contains(msg, "MR length");
+    }
+
+    // Hostile slices: every defect refused, named.
+    auto with = [&](size_t at, uint64_t val, int bytes) {
+        wire::Section b = s;
+        for (int i = 0; i < bytes; i++) b.body[at + i] = static_cast<uint8_t>(val >> (8 * i));  // little-endian
+        return b;
+    };
+    const size_t at_len = v1_len, at_count = v1_len + 8;
+    struct {
+        wire::Section sec;
+        const char *says;
+    } bad[] = {
+        {with(at_len, 5 * kBl + 1, 8), "slice length"},  // not whole blocks
+        {with(at_len, 0, 8), "slice length"},
+        {with(at_len, 16 * kBl, 8), "slices"},          // the whole region: one slice, the count says 4
+        {with(at_len, 17 * kBl, 8), "slice length"},    // past the region
+        {with(at_len, 3 * kBl, 8), "slices"},           // 6 slices, the count says 4
+        {with(at_count, 3, 4), "slices"},
+        {with(at_count, 0xffffffff, 4), "slices"},
+        {with(20 + 8, 4 * kBl, 8), "MR length"},        // the prefix's mr_len is not the first slice's
+    };
+    for (auto &b : bad) {
+        assert_int_equal(code_of([&] { verbs::decode_section(b.sec, m); }, &msg), KVX_EBADMETA);
+        assert_contains(msg, b.says);
+    }
+    wire::Section cut = s;  // a key short
+    cut.body.pop_back();
+    assert_int_equal(code_of([&] { verbs::decode_section(cut, m); }, &msg), KVX_EBADMETA);
+    wire::Section extra = s;  // a byte more: refused at version 2, a later version may append
+    extra.body.push_back(7);
+    assert_int_equal(code_of([&] { verbs::decode_section(extra, m); }, &msg), KVX_EBADMETA);
+    extra.version = 3;
+    assert_int_equal(verbs::decode_section(extra, m).rails[1].rkeys[3], 0x24);
+    // A later version that appends must be able to say "one registration":
+    // a slice as long as the region, one slice, no keys.
+    wire::Section whole = with(at_count, 1, 4);
+    for (int i = 0; i < 8; i++) whole.body[28 + i] = whole.body[at_len + i] = static_cast<uint8_t>((16 * kBl) >> (8 * i));
+    whole.body.resize(v1_len + 12);
+    d = verbs::decode_section(whole, m);
+    assert_int_equal(d.slice_len, 16 * kBl);
+    assert_int_equal(d.rails[1].rkeys.size(), 1);
+    // Exactly kMaxSlices: 256 blocks, a slice each.
+    v.mr_len = 256 * kBl;
+    v.slice_len = kBl;
+    v.rails = {{ep("198.18.0.1", 20049), std::vector<uint32_t>(256, 0x11)}};
+    d = verbs::decode_section(verbs::encode_section(v), meta_of(256, kBl));
+    assert_int_equal(d.rails[0].rkeys.size(), 256);
+    // More slices than kMaxSlices: 1,000 blocks of one block each.
+    const wire::AgentMetadata big = meta_of(1000, kBl);
+    v.mr_len = 1000 * kBl;
+    v.slice_len = kBl;
+    v.rails[0].rkeys.assign(1000, 0x11);
+    v.rails.resize(1);
+    const wire::Section many = verbs::encode_section(v);
+    assert_int_equal(many.version, 2);
+    assert_int_equal(code_of([&] { verbs::decode_section(many, big); }, &msg), KVX_EBADMETA);
+    assert_contains(msg, "at most 256");
 }
 
 void test_verbs_devices_option(void **) {
@@ -173,8 +265,8 @@ std::shared_ptr<verbs::Device> dev(const char *ip, uint8_t prefix) {
 
 void test_pair_rails(void **) {
     std::vector<std::shared_ptr<verbs::Device>> local = {dev("198.18.0.1", 24), dev("198.18.1.1", 24)};
-    std::vector<verbs::RemoteRail> remote = {{ep("198.18.1.2", 1), 0}, {ep("198.18.0.2", 1), 0},
-                                             {ep("10.0.0.2", 1), 0}};
+    std::vector<verbs::RemoteRail> remote = {{ep("198.18.1.2", 1), {0}}, {ep("198.18.0.2", 1), {0}},
+                                             {ep("10.0.0.2", 1), {0}}};
     std::string notes;
     auto pairs = verbs::pair_rails(local, remote, &notes);
     assert_int_equal(pairs.size(), 2);  // by subnet, never the one no rail of ours reaches
@@ -184,14 +276,14 @@ void test_pair_rails(void **) {
     assert_int_equal(pairs[1].second, 1);
     assert_contains(notes, "10.0.0.2");
     // two remote rails on one subnet of ours: both there, the least used first
-    remote = {{ep("198.18.0.2", 1), 0}, {ep("198.18.0.3", 1), 0}};
+    remote = {{ep("198.18.0.2", 1), {0}}, {ep("198.18.0.3", 1), {0}}};
     local.push_back(dev("198.18.0.9", 24));
     pairs = verbs::pair_rails(local, remote, &notes);
     assert_int_equal(pairs.size(), 2);
     assert_int_equal(pairs[0].first, 0);
     assert_int_equal(pairs[1].first, 2);
     // no subnet in common (a routed fabric): rail 0 with rail 0, rdma_cm decides
-    remote = {{ep("10.9.0.2", 1), 0}};
+    remote = {{ep("10.9.0.2", 1), {0}}};
     pairs = verbs::pair_rails(local, remote, &notes);
     assert_int_equal(pairs.size(), 1);
     assert_int_equal(pairs[0].first, 0);
@@ -211,8 +303,8 @@ void test_rail_map(void **) {
     assert_int_equal(map.size(), 3);
     assert_int_equal(map[1].port, 1);
     assert_int_equal(map[1].prefix, 32);
-    std::vector<verbs::RemoteRail> remote = {{ep("198.18.0.2", 1), 0}, {ep("198.18.1.2", 1), 0},
-                                             {ep("198.18.1.3", 1), 0}, {ep("10.1.2.3", 1), 0}};
+    std::vector<verbs::RemoteRail> remote = {{ep("198.18.0.2", 1), {0}}, {ep("198.18.1.2", 1), {0}},
+                                             {ep("198.18.1.3", 1), {0}}, {ep("10.1.2.3", 1), {0}}};
     std::string notes;
     auto pairs = verbs::pair_rails(local, remote, &notes, map);
     assert_int_equal(pairs.size(), 3);
@@ -254,6 +346,7 @@ int main() {
         cmocka_unit_test(test_split_shares_rounding),
 #ifdef KVX_TEST_HAVE_VERBS
         cmocka_unit_test(test_verbs_section_rails),
+        cmocka_unit_test(test_verbs_section_slices),
         cmocka_unit_test(test_verbs_devices_option),
         cmocka_unit_test(test_pair_rails),
         cmocka_unit_test(test_rail_map),

@@ -3,8 +3,9 @@
  * QPs per peer, runs larger than max_msg_sz, cancel of queued transfers,
  * many small transfers posted in batches (and cancelled while they wait,
  * also inside a chain),
- * remove with transfers in flight, and a forged MR address that must not
- * reach outside the target's region. Skips (77) without an RDMA device. */
+ * remove with transfers in flight, a forged MR address that must not
+ * reach outside the target's region, and regions registered in slices.
+ * Skips (77) without an RDMA device. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -453,6 +454,98 @@ static void *writer(void *arg) {
     return NULL;
 }
 
+/* Regions registered in slices (verbs.mr_slice_bytes), on every rail:
+ * slices of 3 blocks here, 5 at the peer, none at a third transport, so
+ * that runs cross slice boundaries at different places on both sides and
+ * every WR must take the key of its own slice, here and there. */
+static void sliced_writes(pair *p, const char *from, uint32_t seed) {
+    enum { BL = 64 * 1024 };
+    const uint64_t nb = p->ra.nb;
+    uint64_t l[64], r[64], ids[3];
+    for (uint64_t i = 0; i < nb; i++) fill_block(p->ra.base + i * BL, BL, i, seed);
+    /* one run over every slice, shifted by a block; then scattered singles */
+    for (uint64_t k = 0; k < nb - 1; k++) l[k] = k, r[k] = k + 1;
+    CHECK_OK(kvx_write_blocks(&ids[0], p->a, from, l, r, nb - 1));
+    size_t nf = 9;
+    assert_int_equal(wait_ids(p->a, from, ids, 1, 60000, &nf, NULL), 1);
+    assert_int_equal(nf, 0);
+    verify(&p->rb, l, r, nb - 1, seed);
+    /* runs of 4 blocks at other offsets (each crosses a boundary of 3 or 5
+     * blocks somewhere) and scattered singles, two transfers at once */
+    for (uint64_t k = 0; k < 16; k++) l[k] = (k / 4) * 9 + k % 4, r[k] = (k / 4) * 11 + 1 + k % 4;
+    for (uint64_t k = 16; k < 24; k++) l[k] = (k * 13) % nb, r[k] = 50 + k - 16;
+    CHECK_OK(kvx_write_blocks(&ids[1], p->a, from, l, r, 16));
+    CHECK_OK(kvx_write_blocks(&ids[2], p->a, from, l + 16, r + 16, 8));
+    assert_int_equal(wait_ids(p->a, from, ids + 1, 2, 60000, &nf, NULL), 2);
+    assert_int_equal(nf, 0);
+    for (uint64_t k = 0; k < 24; k++) assert_true(block_matches(p->rb.base + r[k] * BL, BL, l[k], seed));
+    assert_true(region_guards_ok(&p->rb));
+}
+
+static void test_sliced(void **state) {
+    (void)state;
+    enum { NB = 64, BL = 64 * 1024 };
+    /* every rail (the VM's two), whatever the run's KVX_TEST_OPTIONS */
+    kvx_options *oa = vt_options("verbs.devices=all", "verbs.mr_slice_bytes=200000", NULL); /* 3 blocks */
+    kvx_options *ob = vt_options("verbs.devices=all", "verbs.mr_slice_bytes=327680", NULL); /* 5 blocks */
+    kvx_options *oc = vt_options("verbs.devices=all", "verbs.mr_slice_bytes=0", NULL);
+    pair p;
+    p.ra = region_new(NB, BL, 0x11);
+    p.rb = region_new(NB, BL, 0x22);
+    p.a = vt_transport(&p.ra, NULL, oa);
+    p.b = vt_transport(&p.rb, NULL, ob);
+    get_meta(p.a, &p.ma);
+    get_meta(p.b, &p.mb);
+    assert_int_equal(vt_meta_verbs_version(&p.ma), 2);
+    assert_int_equal(vt_meta_verbs_slice_len(&p.ma), 3 * BL);  /* rounded down to whole blocks */
+    assert_int_equal(vt_meta_verbs_slice_len(&p.mb), 5 * BL);
+    /* the VM has two rails: each advertises its own keys, both carry */
+    if (getenv("KVX_VM_DEV2")) assert_int_equal(vt_meta_verbs_rails(&p.mb), 2);
+    CHECK_OK(vt_add(p.a, "b", &p.mb));
+    sliced_writes(&p, "b", 31);
+
+    /* the other way round, and to and from a transport that is not sliced */
+    region rc = region_new(NB, BL, 0x33);
+    kvx_transport *c = vt_transport(&rc, NULL, oc);
+    metablob mc;
+    get_meta(c, &mc);
+    assert_int_equal(vt_meta_verbs_version(&mc), 1);
+    pair q = {p.rb, rc, p.b, c, p.mb, mc};
+    CHECK_OK(vt_add(q.a, "c", &q.mb));
+    sliced_writes(&q, "c", 32);
+    pair q2 = {rc, p.ra, c, p.a, mc, p.ma};
+    memset(p.ra.base, p.ra.fill, NB * BL); /* a's region, the next target, back to its fill */
+    CHECK_OK(vt_add(q2.a, "a", &q2.mb));
+    sliced_writes(&q2, "a", 33);
+
+    /* What a transport before 0.14 reads of a sliced section (its version 0
+     * prefix, whose MR length is the first slice's): refused, never used
+     * with the first slice's key beyond that slice. */
+    metablob old = p.mb;
+    vt_meta_verbs_as_v0(&old);
+    VT_ERR(vt_add(c, "old", &old), KVX_EBADMETA);
+    assert_non_null(strstr(kvx_last_error_message(), "MR length"));
+
+    kvx_transport_destroy(c);
+    assert_true(region_guards_ok(&rc));
+    region_free(&rc);
+    pair_down(&p);
+    kvx_options_destroy(oa);
+    kvx_options_destroy(ob);
+    kvx_options_destroy(oc);
+
+    /* A block a slice would make 300 slices, more than 256: slices of two. */
+    region big = region_new(300, 4096, 0x44);
+    kvx_options *ox = vt_options("verbs.mr_slice_bytes=4096", NULL);
+    kvx_transport *x = vt_transport(&big, NULL, ox);
+    metablob mx;
+    get_meta(x, &mx);
+    assert_int_equal(vt_meta_verbs_slice_len(&mx), 2 * 4096);
+    kvx_transport_destroy(x);
+    kvx_options_destroy(ox);
+    region_free(&big);
+}
+
 static void test_threads(void **state) {
     (void)state;
     enum { NB = 256, BL = 8192, TH = 4 };
@@ -488,7 +581,7 @@ int main(void) {
         cmocka_unit_test(test_huge_run),      cmocka_unit_test(test_cancel_queued),
         cmocka_unit_test(test_remove_inflight), cmocka_unit_test(test_outside_region),
         cmocka_unit_test(test_threads),       cmocka_unit_test(test_batched_posts),
-        cmocka_unit_test(test_cancel_inside_chain),
+        cmocka_unit_test(test_cancel_inside_chain), cmocka_unit_test(test_sliced),
     };
     return cmocka_run_group_tests_name("verbs_transfer", tests, NULL, NULL);
 }

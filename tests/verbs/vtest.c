@@ -146,6 +146,18 @@ unsigned vt_meta_verbs_rails(const metablob *m) {
     return 1 + (unsigned)rd(m->bytes + v + VERBS_V0_LEN, 4);
 }
 
+unsigned vt_meta_verbs_version(const metablob *m) {
+    size_t v = vt_meta_verbs_off(m);
+    assert_true(v != 0);
+    return m->bytes[v - 8 + 3];
+}
+
+uint64_t vt_meta_verbs_slice_len(const metablob *m) {
+    if (vt_meta_verbs_version(m) < 2) return 0;
+    size_t v = vt_meta_verbs_off(m);
+    return rd(m->bytes + v + VERBS_V0_LEN + 4 + 24 * (vt_meta_verbs_rails(m) - 1), 8);
+}
+
 void vt_meta_verbs_as_v0(metablob *m) {
     size_t v = vt_meta_verbs_off(m);
     assert_true(v != 0);

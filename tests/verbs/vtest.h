@@ -49,6 +49,10 @@ void vt_meta_mr(const metablob *m, uint64_t *addr, uint32_t *rkey);
 void vt_meta_verbs_as_v0(metablob *m);
 /* How many rails the verbs section advertises. */
 unsigned vt_meta_verbs_rails(const metablob *m);
+/* The verbs section's version (2: the region registered in slices). */
+unsigned vt_meta_verbs_version(const metablob *m);
+/* Its slice length (version 2), or 0 (one registration). */
+uint64_t vt_meta_verbs_slice_len(const metablob *m);
 
 /* Polls for a while and fails the test if anything at all surfaces. */
 void vt_expect_silence(kvx_transport *t, int ms);

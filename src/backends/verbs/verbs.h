@@ -72,6 +72,8 @@ std::vector<std::pair<std::string, int>> parse_devices(const std::string &text);
 
 // Most rails a transport serves and advertises.
 constexpr size_t kMaxRails = 16;
+// Most registrations (slices, verbs.mr_slice_bytes) of the region per rail.
+constexpr size_t kMaxSlices = 256;
 
 // The device and the registration, shared by the backend and its peers: the
 // PD lives until the last QP on it is gone, the MR only until backend shutdown.
@@ -82,8 +84,11 @@ struct Device {
     ibv_device_attr attr{};
     ibv_port_attr port_attr{};
     ibv_pd *pd = nullptr;
-    ibv_mr *mr = nullptr;
-    uint32_t lkey = 0;
+    // The region's registration: slices of slice_len bytes from its start
+    // (the last one shorter), one when the region is not sliced.
+    std::vector<ibv_mr *> mrs;
+    std::vector<uint32_t> lkeys;  // theirs, kept after deregister(): a late post fails cleanly
+    uint64_t slice_len = 0;
     uint64_t max_msg = 0;   // largest message one WR may carry
     Region region;
     sockaddr_storage addr{};  // our RDMA address (port 0): source of outgoing connections
@@ -105,8 +110,10 @@ struct Device {
     // when the table cannot be read): after a GID change an address that
     // left the port cannot carry this rail's connections.
     bool has_addr_gid() const;
-    // One MR over exactly r, writable by peers, in a PD of its own; false with *why.
-    bool register_region(const Region &r, std::string *why);
+    // MRs over exactly r, slice bytes each (whole blocks; r.size() or more:
+    // one), writable by peers, in a PD of their own; false with *why.
+    bool register_region(const Region &r, uint64_t slice, std::string *why);
+    uint32_t lkey_at(uint64_t off) const { return lkeys[off / slice_len]; }
     void deregister();  // after this nothing can write into the region
 };
 
@@ -197,7 +204,9 @@ constexpr int kCqPollBatch = 32;                 // completions per ibv_poll_cq
 // One rail as a peer's metadata advertises it.
 struct RemoteRail {
     net::Endpoint cm;  // its rdma_cm listener
-    uint32_t rkey = 0;  // of the region's MR on that rail's device
+    // Of the region's registration on that rail's device: one per slice
+    // (SectionInfo::slice_len), one when the region is not sliced.
+    std::vector<uint32_t> rkeys;
 };
 
 // Which local rail carries which of the peer's rails: every remote rail
@@ -356,6 +365,8 @@ private:
 
     VerbsPeer(EventLoop *loop, const PeerConfig &cfg, const PeerContext &pc, std::shared_ptr<PeerSet> set);
     // connect
+    void choose_rails(const std::vector<std::shared_ptr<Device>> &rails, const std::vector<RemoteRail> &remote,
+                      const std::vector<RailMapEntry> &map);
     void setup_cm_channel();
     void make_cq(const Device &dev, ibv_comp_channel **ch, ibv_cq **cq) const;
     void setup_rail(Rail &r);
@@ -377,6 +388,7 @@ private:
     std::vector<size_t> fastest(size_t k, uint64_t bytes) const;
     void place(std::vector<Part> &&parts, const std::vector<size_t> &qps, CompletionBatch &out);
     uint64_t wrs_for(const Runs &runs) const;
+    uint64_t wr_len(const Run &r, uint64_t off) const;
     bool should_wait(const Qp &q) const;
     void post_ready(Qp &q, CompletionBatch &out);
     Chain build_chain(Qp &q, uint32_t room);
@@ -426,6 +438,9 @@ private:
     CompletionSink *sink_;
     std::shared_ptr<PeerSet> set_;
     uint64_t remote_addr_ = 0;
+    uint64_t local_slice_ = 0;   // our registration's slice length (every rail's)
+    uint64_t remote_slice_ = 0;  // the peer's
+    bool sliced_ = false;        // either side's region is in slices: WRs end at their boundaries
     uint64_t block_len_ = 0;
     uint64_t max_msg_ = 0;  // of every rail's port, the smallest
 
@@ -466,15 +481,20 @@ private:
 // same on every rail) and each rail's rdma_cm address and rkey.
 struct SectionInfo {
     uint64_t mr_addr = 0;
-    uint64_t mr_len = 0;
+    uint64_t mr_len = 0;     // the region's size
+    uint64_t slice_len = 0;  // bytes per registration, whole blocks (mr_len: one)
     std::vector<RemoteRail> rails;  // at least one, at most kMaxRails
 };
 // The verbs section (its type, kSectionId, is in verbs_options.h): verbs_wire.cpp.
 // Version 1 (0.7) appends the rails after the first to version 0's layout,
 // which a reader of version 0 takes whole and alone: a transport before 0.7
 // uses the first rail of a newer one, and a newer one the only rail of an
-// older one (docs/wire-format.md).
+// older one (docs/wire-format.md). Version 2 (0.14), written only for a
+// sliced region, appends the slices' keys; its first-rail prefix gives the
+// first slice's length as mr_len, which a reader before 0.14 refuses (it
+// would write with the first slice's key beyond it).
 constexpr uint8_t kSectionVersion = 1;
+constexpr uint8_t kSectionVersionSliced = 2;
 wire::Section encode_section(const SectionInfo &v);
 // Throws Error(KVX_EBADMETA) naming the defect; m: the rest of the peer's metadata.
 SectionInfo decode_section(const wire::Section &s, const wire::AgentMetadata &m);

@@ -27,8 +27,24 @@ constexpr uint64_t kSplitMin = 256 << 10;  // with several QPs, ops of 2x this a
 
 uint64_t VerbsPeer::wrs_for(const Runs &runs) const {
     uint64_t n = 0;
-    for (const Run &r : runs) n += (r.len + max_msg_ - 1) / max_msg_;
+    for (const Run &r : runs) {
+        const uint64_t last = r.len ? r.len - 1 : 0;
+        if (!sliced_ || (r.local_off / local_slice_ == (r.local_off + last) / local_slice_ &&
+                         r.remote_off / remote_slice_ == (r.remote_off + last) / remote_slice_)) {
+            n += (r.len + max_msg_ - 1) / max_msg_;  // inside one slice on both sides
+            continue;
+        }
+        for (uint64_t off = 0; off < r.len; n++) off += wr_len(r, off);
+    }
     return n;
+}
+
+// The bytes of run r's WR from off: at most max_msg_, and none across a
+// slice of the registration, ours (its lkey) or the peer's (its rkey).
+uint64_t VerbsPeer::wr_len(const Run &r, uint64_t off) const {
+    if (!sliced_) return std::min(r.len - off, max_msg_);
+    const uint64_t lo = r.local_off + off, ro = r.remote_off + off;
+    return std::min({r.len - off, max_msg_, local_slice_ - lo % local_slice_, remote_slice_ - ro % remote_slice_});
 }
 
 void VerbsPeer::submit(Op op) {
@@ -101,18 +117,18 @@ VerbsPeer::Chain VerbsPeer::build_chain(Qp &q, uint32_t room) {
         const uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(room - n, p.wrs_left));
         for (uint32_t k = 0; k < take; k++, n++) {
             const Run &r = p.part.runs[run];
-            const uint64_t len = std::min(r.len - off, max_msg_);
+            const uint64_t len = wr_len(r, off);
             ibv_sge &sg = sge_buf_[n];
             sg.addr = reinterpret_cast<uintptr_t>(rail.dev->region.base) + r.local_off + off;
             sg.length = static_cast<uint32_t>(len);
-            sg.lkey = rail.dev->lkey;
+            sg.lkey = rail.dev->lkey_at(r.local_off + off);
             ibv_send_wr &w = wr_buf_[n];
             w = ibv_send_wr{};
             w.sg_list = &sg;
             w.num_sge = 1;
             w.opcode = IBV_WR_RDMA_WRITE;
             w.wr.rdma.remote_addr = remote_addr_ + r.remote_off + off;
-            w.wr.rdma.rkey = rail.remote.rkey;
+            w.wr.rdma.rkey = rail.remote.rkeys[(r.remote_off + off) / remote_slice_];
             w.next = nullptr;
             if (n > 0) wr_buf_[n - 1].next = &w;
             off += len;

@@ -65,36 +65,49 @@ bool Device::has_addr_gid() const {
     return false;
 }
 
-bool Device::register_region(const Region &r, std::string *why) {
+bool Device::register_region(const Region &r, uint64_t slice, std::string *why) {
     region = r;
+    slice_len = std::min(slice, r.size());
     pd = ibv_alloc_pd(ctx);
     if (!pd) {
         *why = strfmt("ibv_alloc_pd on %s: %s", name.c_str(), strerror(errno));
         return false;
     }
     // Exactly the region, writable by peers; nothing else is registered in this PD.
-    mr = ibv_reg_mr(pd, r.base, r.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    if (!mr) {
+    for (uint64_t off = 0; off < r.size(); off += slice_len) {
+        const uint64_t len = std::min(slice_len, r.size() - off);
+        ibv_mr *mr = ibv_reg_mr(pd, r.base + off, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+        if (mr) {
+            mrs.push_back(mr);
+            lkeys.push_back(mr->lkey);
+            continue;
+        }
         int e = errno;
         rlimit rl{};
         getrlimit(RLIMIT_MEMLOCK, &rl);
-        *why = strfmt("cannot register the %llu byte region with %s: %s%s", (unsigned long long)r.size(),
-                      name.c_str(), strerror(e),
+        *why = strfmt("cannot register the %llu byte region with %s%s: %s%s", (unsigned long long)r.size(),
+                      name.c_str(),
+                      slice_len < r.size() ? strfmt(" (its slice at byte %llu, %llu bytes)", (unsigned long long)off,
+                                                    (unsigned long long)len).c_str()
+                                           : "",
+                      strerror(e),
                       rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < r.size()
                           ? strfmt(" (RLIMIT_MEMLOCK is %llu bytes)", (unsigned long long)rl.rlim_cur).c_str()
                           : "");
         KVX_LOG(warn, "verbs: %s", why->c_str());
+        deregister();
+        lkeys.clear();
         return false;
     }
-    lkey = mr->lkey;
     return true;
 }
 
 void Device::deregister() {
-    if (!mr) return;
-    int rc = ibv_dereg_mr(mr);
-    if (rc != 0) KVX_LOG(error, "verbs: ibv_dereg_mr: %s", strerror(rc));
-    mr = nullptr;
+    for (ibv_mr *mr : mrs) {
+        int rc = ibv_dereg_mr(mr);
+        if (rc != 0) KVX_LOG(error, "verbs: ibv_dereg_mr: %s", strerror(rc));
+    }
+    mrs.clear();
 }
 
 PeerConfig peer_config(const std::vector<std::shared_ptr<Device>> &rails, const Options &o) {

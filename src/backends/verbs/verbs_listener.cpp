@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -55,6 +56,24 @@ bool plan_listen(const Options &o, const Selection &sel, ListenPlan *lp, std::st
     return true;
 }
 
+// The registration's slice length: verbs.mr_slice_bytes in whole blocks
+// (at least one), or more where that would make more than kMaxSlices (so
+// that a setting never stops a larger region from serving); the region's
+// size when not sliced.
+uint64_t slice_of(const Options &o, const Region &r) {
+    const uint64_t want = o.uint("verbs.mr_slice_bytes");
+    uint64_t blocks = std::max<uint64_t>(1, want / r.block_len);
+    if (want == 0 || blocks >= r.num_blocks) return r.size();
+    const uint64_t least = r.num_blocks / kMaxSlices + (r.num_blocks % kMaxSlices != 0);
+    if (blocks < least) {
+        KVX_LOG(info, "verbs: verbs.mr_slice_bytes=%llu would cut the region into more than %zu slices: slices of %llu "
+                "blocks (%llu bytes)", (unsigned long long)want, kMaxSlices, (unsigned long long)least,
+                (unsigned long long)(least * r.block_len));
+        blocks = least;
+    }
+    return blocks >= r.num_blocks ? r.size() : blocks * r.block_len;
+}
+
 // librdmacm's context of the named device (the one its cm_ids use), or nullptr.
 ibv_context *cm_context(const std::string &device) {
     int n = 0;
@@ -73,6 +92,7 @@ ibv_context *cm_context(const std::string &device) {
 bool VerbsBackend::init(std::string *why) {
     const Options &o = *ctx_.options;
     ListenPlan lp;
+    lp.slice = slice_of(o, ctx_.region);
     if (!plan_listen(o, selection(o), &lp, why)) return false;
     listen_ch_ = rdma_create_event_channel();
     if (!listen_ch_) {
@@ -125,7 +145,7 @@ bool VerbsBackend::add_rail(const ListenPlan &lp, const Placement *pl, std::stri
     choose_addresses(pl, r.id, *r.dev, &r.advertised);
     r.dev->index = rails_.size();
     r.dev->label = strfmt("%s:%u", r.dev->name.c_str(), r.dev->port);
-    if (!r.dev->register_region(ctx_.region, why)) return false;
+    if (!r.dev->register_region(ctx_.region, lp.slice, why)) return false;
     guard.release();
     rails_.push_back(std::move(r));
     return true;
@@ -221,9 +241,11 @@ void VerbsBackend::start_listening() {
     if (!ok) fail(KVX_EBACKEND, "verbs: cannot watch the rdma_cm listener");
     watch_ports();
     for (const RailListener &r : rails_)
-        KVX_LOG(info, "verbs: listening on %s (rail %s, MR %llu bytes rkey 0x%x, %u QP(s)/peer, SQ %u, signal every %u)",
+        KVX_LOG(info,
+                "verbs: listening on %s (rail %s, region %llu bytes in %zu MR(s), rkey 0x%x, %u QP(s)/peer, SQ %u, "
+                "signal every %u)",
                 r.advertised.str().c_str(), r.dev->label.c_str(), (unsigned long long)ctx_.region.size(),
-                r.dev->mr->rkey, peer_cfg_.qps, peer_cfg_.sq_depth, peer_cfg_.signal_every);
+                r.dev->mrs.size(), r.dev->mrs.front()->rkey, peer_cfg_.qps, peer_cfg_.sq_depth, peer_cfg_.signal_every);
 }
 
 std::unique_ptr<BackendPeer> VerbsBackend::connect(const PeerContext &pc) {

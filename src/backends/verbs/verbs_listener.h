@@ -42,6 +42,7 @@ struct ListenPlan {
     uint16_t port = 0;             // the port verbs.listen asks for, 0: any
     bool explicit_host = false;    // verbs.listen names one address: one rail
     std::vector<Placement> pls;    // the discovered ports (rails), unless explicit_host
+    uint64_t slice = 0;            // bytes per registration of the region (its size: one)
 };
 
 class VerbsBackend final : public Backend, private EventLoop::Source {
@@ -57,7 +58,12 @@ public:
         SectionInfo v;
         v.mr_addr = reinterpret_cast<uintptr_t>(ctx_.region.base);
         v.mr_len = ctx_.region.size();
-        for (const RailListener &r : rails_) v.rails.push_back(RemoteRail{r.advertised, r.dev->mr->rkey});
+        v.slice_len = rails_.front().dev->slice_len;
+        for (const RailListener &r : rails_) {
+            RemoteRail rr{r.advertised, {}};
+            for (const ibv_mr *mr : r.dev->mrs) rr.rkeys.push_back(mr->rkey);
+            v.rails.push_back(std::move(rr));
+        }
         return encode_section(v);
     }
     std::unique_ptr<BackendPeer> connect(const PeerContext &pc) override;

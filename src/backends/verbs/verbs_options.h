@@ -44,6 +44,13 @@ inline constexpr OptionSpec kOptionSpecs[] = {
      "completion, a new transfer waits for that completion and is posted with the others that waited, one doorbell "
      "and one signalled work request for all (for hardware NICs, e.g. 1048576; docs/performance.md); 0 posts each "
      "transfer at once."},
+    {"verbs.mr_slice_bytes", OptType::uint, 0, 1ull << 46, "0",
+     "When not 0 (since 0.14): every rail registers the region in slices of this many bytes, rounded down to whole "
+     "blocks (at least one; larger where that would make more than 256 slices, logged at info), and no work request "
+     "crosses a slice, here or at the peer. 0: one registration over the region. Reads from one registration above "
+     "4 GiB were published slower than from slices on hardware NICs; Soft-RoCE shows no difference "
+     "(docs/performance.md), so it is off by default. A release before 0.14 refuses a sliced transport's metadata "
+     "(KVX_EBADMETA: its add fails, also where tcp would serve)."},
 };
 inline constexpr OptionTable kOptions = kOptionSpecs;
 // The type of its metadata section (docs/wire-format.md).

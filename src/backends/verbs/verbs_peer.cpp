@@ -62,39 +62,13 @@ std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx,
     const SectionInfo v = decode_section(*pc.section, *pc.meta);
     p->where_ = strfmt("peer '%s' at %s", pc.peer_id.c_str(), v.rails.front().cm.str().c_str());
     p->remote_addr_ = v.mr_addr;
+    p->remote_slice_ = v.slice_len;
+    p->local_slice_ = rails.front()->slice_len;  // every rail registers alike
+    p->sliced_ = p->local_slice_ < ctx.region.size() || p->remote_slice_ < v.mr_len;
     p->block_len_ = ctx.region.block_len;
     p->meta_ = *pc.meta;
     p->ours_ = ctx.identity.fingerprint;
-    // The peer's rails pair with our ports that can carry now first, as
-    // they always did; one that only a port down now can reach pairs with
-    // it (down from the start, it joins once the port is back).
-    std::vector<std::shared_ptr<Device>> up, down;
-    for (const auto &d : rails) (d->port_down() || !d->has_addr_gid() ? down : up).push_back(d);
-    std::string notes;
-    std::vector<bool> paired(v.rails.size(), false);
-    auto add = [&](const std::shared_ptr<Device> &dev, size_t r) {
-        Rail rail;
-        rail.dev = dev;
-        rail.remote = v.rails[r];
-        rail.name = dev->label + " -> " + v.rails[r].cm.str();
-        p->max_msg_ = p->max_msg_ ? std::min(p->max_msg_, dev->max_msg) : dev->max_msg;
-        p->rails_.push_back(std::move(rail));
-        paired[r] = true;
-    };
-    std::string unused;
-    for (const auto &[l, r] : pair_rails(up, v.rails, &unused, cfg.rail_map)) add(up[l], r);
-    std::vector<size_t> rest;
-    std::vector<RemoteRail> rest_rails;
-    for (size_t r = 0; r < v.rails.size(); r++)
-        if (!paired[r]) {
-            rest.push_back(r);
-            rest_rails.push_back(v.rails[r]);
-        }
-    for (const auto &[l, r] : pair_rails(down, rest_rails, &notes, cfg.rail_map, /*route=*/false)) add(down[l], rest[r]);
-    if (!notes.empty()) KVX_LOG(info, "verbs: %s: rails left out: %s", p->where_.c_str(), notes.c_str());
-    if (p->rails_.empty())
-        fail(KVX_EHOSTUNREACH, "verbs: %s: %s none of its rails (%s)", p->where_.c_str(),
-             cfg.rail_map.empty() ? "no port of ours pairs with" : "verbs.rail_map pairs", notes.c_str());
+    p->choose_rails(rails, v.rails, cfg.rail_map);
     std::string connected;
     try {
         p->setup_cm_channel();
@@ -132,6 +106,41 @@ std::unique_ptr<VerbsPeer> VerbsPeer::dial(const BackendContext &ctx,
     }
     KVX_LOG(info, "verbs: connected to %s with %u QP(s) per rail on %s", p->where_.c_str(), cfg.qps, connected.c_str());
     return p;
+}
+
+// The peer's rails pair with our ports that can carry now first, as they
+// always did; one that only a port down now can reach pairs with it (down
+// from the start, it joins once the port is back). Throws
+// KVX_EHOSTUNREACH when no rail pairs.
+void VerbsPeer::choose_rails(const std::vector<std::shared_ptr<Device>> &rails,
+                             const std::vector<RemoteRail> &remote, const std::vector<RailMapEntry> &map) {
+    std::vector<std::shared_ptr<Device>> up, down;
+    for (const auto &d : rails) (d->port_down() || !d->has_addr_gid() ? down : up).push_back(d);
+    std::string notes;
+    std::vector<bool> paired(remote.size(), false);
+    auto add = [&](const std::shared_ptr<Device> &dev, size_t r) {
+        Rail rail;
+        rail.dev = dev;
+        rail.remote = remote[r];
+        rail.name = dev->label + " -> " + remote[r].cm.str();
+        max_msg_ = max_msg_ ? std::min(max_msg_, dev->max_msg) : dev->max_msg;
+        rails_.push_back(std::move(rail));
+        paired[r] = true;
+    };
+    std::string unused;
+    for (const auto &[l, r] : pair_rails(up, remote, &unused, map)) add(up[l], r);
+    std::vector<size_t> rest;
+    std::vector<RemoteRail> rest_rails;
+    for (size_t r = 0; r < remote.size(); r++)
+        if (!paired[r]) {
+            rest.push_back(r);
+            rest_rails.push_back(remote[r]);
+        }
+    for (const auto &[l, r] : pair_rails(down, rest_rails, &notes, map, /*route=*/false)) add(down[l], rest[r]);
+    if (!notes.empty()) KVX_LOG(info, "verbs: %s: rails left out: %s", where_.c_str(), notes.c_str());
+    if (rails_.empty())
+        fail(KVX_EHOSTUNREACH, "verbs: %s: %s none of its rails (%s)", where_.c_str(),
+             map.empty() ? "no port of ours pairs with" : "verbs.rail_map pairs", notes.c_str());
 }
 
 void VerbsPeer::setup_cm_channel() {

@@ -257,7 +257,7 @@ bool VerbsPeer::post_marker(Qp &q) {
     w.opcode = IBV_WR_RDMA_WRITE;
     w.send_flags = IBV_SEND_SIGNALED;
     w.wr.rdma.remote_addr = remote_addr_;
-    w.wr.rdma.rkey = rails_[q.rail].remote.rkey;
+    w.wr.rdma.rkey = rails_[q.rail].remote.rkeys.front();
     ibv_send_wr *bad = nullptr;
     return ibv_post_send(q.qp, &w, &bad) == 0;
 }
