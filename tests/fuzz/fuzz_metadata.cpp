@@ -2,8 +2,11 @@
 // reachable before any authentication: the container
 // (kvx::wire::decode_metadata, src/wire/metadata.cpp) and, for every tcp
 // section (type 2) it returns, the tcp backend's section codec
-// (kvx::tcp::decode_section, src/backends/tcp/tcp_wire.cpp). Verbs sections
-// (type 3) stay opaque here: their codec needs rdma-core headers.
+// (kvx::tcp::decode_section, src/backends/tcp/tcp_wire.cpp), for every verbs
+// section (type 3) the verbs backend's (kvx::verbs::decode_section,
+// src/backends/verbs/verbs_wire.cpp). The verbs codec's header includes
+// rdma-core's, so verbs sections are checked only in a build with the verbs
+// backend (KVX_FUZZ_VERBS, tests/fuzz/CMakeLists.txt) and stay opaque without.
 //
 // Each input is decoded twice:
 //  1. as is: the checksum makes almost every mutation fail early, which is
@@ -14,7 +17,10 @@
 // that decode to the same value, encode canonically, and re-encode byte for
 // byte to the input, except for the bytes the reader ignores (see
 // normalized() below). An accepted tcp section must hold 1..16 valid
-// endpoints and re-encode (kvx::tcp::encode_section) to its bytes likewise.
+// endpoints and re-encode (kvx::tcp::encode_section) to its bytes likewise;
+// an accepted verbs section 1..16 rails with valid endpoints and one key per
+// slice of the region (see check_verbs_section()), and re-encode
+// (kvx::verbs::encode_section) to its bytes likewise.
 // Failures abort(). Errors other than KVX_EBADMETA / KVX_EVERSION, and any
 // exception that is not a kvx::Error, are bugs.
 #include <openssl/sha.h>
@@ -28,6 +34,9 @@
 #include <vector>
 
 #include "backends/tcp/tcp_wire.h"
+#ifdef KVX_FUZZ_VERBS
+#include "backends/verbs/verbs.h"
+#endif
 #include "kvxfer.h"
 #include "util/bytes.h"
 #include "util/error.h"
@@ -122,6 +131,68 @@ void check_tcp_section(const Section &s) {
     if (again != eps) die("tcp decode_section(encode_section(e)) != e");
 }
 
+#ifdef KVX_FUZZ_VERBS
+namespace verbs = kvx::verbs;
+
+constexpr size_t kVerbsReserved = 40;  // the u32 after the first rail's rkey, not read
+
+bool same(const verbs::SectionInfo &a, const verbs::SectionInfo &b) {
+    if (a.mr_addr != b.mr_addr || a.mr_len != b.mr_len || a.slice_len != b.slice_len) return false;
+    if (a.rails.size() != b.rails.size()) return false;
+    for (size_t i = 0; i < a.rails.size(); i++)
+        if (!(a.rails[i].cm == b.rails[i].cm) || a.rails[i].rkeys != b.rails[i].rkeys) return false;
+    return true;
+}
+
+// The verbs section: bounded, documented errors only. What it accepts is what
+// the initiator then writes with: 1..16 rails with valid endpoints, each with
+// one key per slice (slice_len: whole blocks, mr_len when not sliced), over
+// exactly the metadata's region, which must not wrap around. It re-encodes to
+// the section's bytes: version 0 as version 1 with no further rail (the u32
+// it appends), versions 1 and 2 exactly, a later version as its version 2
+// prefix (it may append); the reserved u32 is not read. One slice is one
+// registration, which the encoder writes as version 1: a version 2 or later
+// section of one slice re-encodes to the bytes before its slice fields.
+void check_verbs_section(const Section &s, const AgentMetadata &m) {
+    verbs::SectionInfo v;
+    if (refused("verbs section", [&] { v = verbs::decode_section(s, m); })) return;
+    if (v.rails.empty() || v.rails.size() > verbs::kMaxRails)
+        die("accepted a verbs section with 0 or more than 16 rails");
+    if (v.mr_len != m.num_blocks * m.block_len) die("accepted a verbs region of another size than the metadata's");
+    if (v.mr_addr > UINT64_MAX - v.mr_len) die("accepted a verbs region that wraps around");
+    if (v.slice_len == 0 || v.slice_len % m.block_len != 0 || v.slice_len > v.mr_len)
+        die("accepted a verbs slice length that is not whole blocks of the region");
+    const uint64_t slices = v.mr_len / v.slice_len + (v.mr_len % v.slice_len != 0);
+    if (slices > verbs::kMaxSlices) die("accepted more than kMaxSlices verbs slices");
+    for (const verbs::RemoteRail &r : v.rails) {
+        check_endpoint(r.cm);
+        if (r.rkeys.size() != slices) die("accepted a verbs rail without exactly one key per slice");
+    }
+
+    const Section enc = verbs::encode_section(v);
+    const uint8_t version = slices > 1 ? verbs::kSectionVersionSliced : verbs::kSectionVersion;
+    if (enc.type != verbs::kSectionId || enc.version != version)
+        die("verbs section encodes with another type or version");
+    std::vector<uint8_t> want = s.body, got = enc.body;
+    std::fill(want.begin() + kVerbsReserved, want.begin() + kVerbsReserved + 4, 0);
+    if (s.version == 0) want.resize(want.size() + 4, 0);  // more_rails
+    if (s.version >= verbs::kSectionVersionSliced && slices == 1) {  // the slice fields version 1 leaves out
+        got.resize(got.size() + 12);
+        kvx::put_le(got.data() + got.size() - 12, v.slice_len, 8);
+        kvx::put_le(got.data() + got.size() - 4, 1, 4);
+    }
+    if (s.version <= verbs::kSectionVersionSliced
+            ? got != want
+            : got.size() > want.size() || !std::equal(got.begin(), got.end(), want.begin()))
+        die("verbs section does not re-encode to its bytes");
+    verbs::SectionInfo again;
+    if (refused("re-encoded verbs section", [&] { again = verbs::decode_section(enc, m); }))
+        die("re-encoded verbs section refused");
+    if (!same(again, v)) die("verbs decode_section(encode_section(v)) != v");
+    if (verbs::encode_section(again) != enc) die("verbs section encoding is not canonical");
+}
+#endif
+
 // The input as encode_metadata() writes what the reader kept. The reader
 // ignores (docs/wire-format.md): the minor version and whatever a newer minor
 // appended to the core section, the core section's reserved bytes, the
@@ -167,8 +238,12 @@ void decode_and_check(const uint8_t *p, size_t n) {
     AgentMetadata m;
     if (refused("metadata", [&] { m = decode_metadata(p, n); })) return;
     check_invariants(m);
-    for (const Section &s : m.sections)
+    for (const Section &s : m.sections) {
         if (s.type == kSectionTcp) check_tcp_section(s);
+#ifdef KVX_FUZZ_VERBS
+        if (s.type == verbs::kSectionId) check_verbs_section(s, m);
+#endif
+    }
 
     std::vector<uint8_t> enc = encode_metadata(m);
     if (enc.size() > kMetaMaxLen) die("re-encoding exceeds the metadata size limit");

@@ -1,7 +1,8 @@
 // Writes the seed inputs of the fuzz corpora (deterministic output):
 //   kvx_fuzz_gen_seeds OUT_DIR   -> OUT_DIR/{metadata,frame,handshake}/seed-*
 // metadata: agent metadata 2.x (src/wire/metadata.h) with tcp and verbs
-// sections (src/backends/tcp/tcp_wire.cpp, src/backends/verbs/verbs_wire.cpp);
+// sections (src/backends/tcp/tcp_wire.cpp, src/backends/verbs/verbs_wire.cpp:
+// versions 0, 1 and 2, valid and hostile);
 // frame: tcp streams (src/backends/tcp/tcp_wire.h, input layout in
 // fuzz_frame.cpp); handshake: messages of src/handshake/handshake.h.
 // The committed corpora (tests/fuzz/corpus/<target>) are these seeds plus
@@ -21,6 +22,10 @@
 
 #include "backends/tcp/tcp.h"
 #include "backends/tcp/tcp_wire.h"
+#ifdef KVX_FUZZ_VERBS
+#include "backends/verbs/verbs.h"
+#include "util/error.h"
+#endif
 #include "handshake/handshake.h"
 #include "kvxfer.h"
 #include "meta_writer.h"
@@ -73,16 +78,52 @@ Endpoint ep6(uint8_t last, uint16_t port) {
     return e;
 }
 
-// The verbs section as src/backends/verbs/verbs_wire.cpp writes it (its
-// codec needs rdma-core headers): endpoint, mr_addr, mr_len, rkey, reserved.
-Section verbs_section(const Endpoint &cm, uint64_t mr_addr, uint64_t mr_len, uint32_t rkey) {
+// One rail of a verbs section: its rdma_cm endpoint and one rkey per slice.
+struct Rail {
+    Endpoint cm;
+    std::vector<uint32_t> rkeys;
+};
+
+// n rails (every third IPv6) of `slices` keys each, all keys distinct.
+std::vector<Rail> rails(size_t n, size_t slices) {
+    std::vector<Rail> out;
+    for (size_t i = 0; i < n; i++) {
+        const auto r = static_cast<uint8_t>(i);
+        Rail rail{i % 3 == 2 ? ep6(r, 4791) : ep4(10, r, 0, 7, 4791), {}};
+        for (size_t k = 0; k < slices; k++) rail.rkeys.push_back(static_cast<uint32_t>(0x10000 * (i + 1) + k));
+        out.push_back(rail);
+    }
+    return out;
+}
+
+// The verbs section byte by byte after docs/wire-format.md, not by
+// kvx::verbs::encode_section: the seeds stay the same with or without the
+// verbs backend, and with it the codec is held to them (verbs_seed() below,
+// the fuzz target on replay). Version 0: the first rail and the region, len
+// its size; 1 appends the further rails; 2 (len: the slice length, also in
+// version 0's mr_len) the slice length and count, then each rail's keys of
+// the slices after its first. A later version writes version 2 (and appends).
+Section verbs_section(uint8_t version, uint64_t mr_addr, uint64_t len, const std::vector<Rail> &rs) {
     kvx::Writer w;
-    put_endpoint(w, cm);
+    put_endpoint(w, rs[0].cm);
     w.u64(mr_addr);
-    w.u64(mr_len);
-    w.u32(rkey);
-    w.u32(0);
-    return Section{kSectionVerbs, 0, std::move(w.buf())};
+    w.u64(len);
+    w.u32(rs[0].rkeys[0]);
+    w.u32(0);  // reserved
+    if (version >= 1) {
+        w.u32(static_cast<uint32_t>(rs.size() - 1));
+        for (size_t i = 1; i < rs.size(); i++) {
+            put_endpoint(w, rs[i].cm);
+            w.u32(rs[i].rkeys[0]);
+        }
+    }
+    if (version >= 2) {
+        w.u64(len);
+        w.u32(static_cast<uint32_t>(rs[0].rkeys.size()));
+        for (const Rail &r : rs)
+            for (size_t i = 1; i < r.rkeys.size(); i++) w.u32(r.rkeys[i]);
+    }
+    return Section{kSectionVerbs, version, std::move(w.buf())};
 }
 
 AgentMetadata base_meta() {
@@ -118,6 +159,110 @@ Bytes build(const std::vector<Sec> &secs, uint16_t minor = kMetaMinor, uint16_t 
 
 uint16_t version_flags(uint8_t version) { return static_cast<uint16_t>(version << 8); }
 
+// A seed with one verbs section; with the verbs backend built, its decoder
+// must accept it exactly when it is valid (the fuzz target checks the rest).
+void verbs_seed(const std::string &name, const AgentMetadata &m, bool valid) {
+#ifdef KVX_FUZZ_VERBS
+    std::string why = "accepted";
+    try {
+        (void)kvx::verbs::decode_section(m.sections.at(0), m);
+    } catch (const kvx::Error &e) {
+        why = e.what();
+    }
+    if ((why == "accepted") != valid) {
+        fprintf(stderr, "gen_seeds: verbs seed %s is meant to be %s: %s\n", name.c_str(),
+                valid ? "accepted" : "refused", why.c_str());
+        exit(1);
+    }
+#else
+    (void)valid;
+#endif
+    emit("metadata", name, encode_metadata(m));
+}
+
+// Verbs sections of each version, at their limits and past them. Each seed
+// holds the section alone (the core section is always there).
+void verbs_seeds() {
+    AgentMetadata m = base_meta();
+    const uint64_t bl = m.block_len, region = m.num_blocks * bl;
+    auto with = [&](const Section &s) {
+        m.sections = {s};
+        return m;
+    };
+    auto poked = [](Section s, size_t at, uint64_t val, int bytes) {
+        for (int i = 0; i < bytes; i++) s.body[at + static_cast<size_t>(i)] = static_cast<uint8_t>(val >> (8 * i));
+        return s;
+    };
+    auto grown = [](Section s, size_t n) {
+        s.body.resize(s.body.size() + n, 0x5a);
+        return s;
+    };
+    auto relabeled = [](Section s, uint8_t version, size_t len) {
+        s.version = version;
+        s.body.resize(len);
+        return s;
+    };
+
+    // version 1: several rails, the most rails, and one past
+    const Section v1 = verbs_section(1, m.base_addr, region, rails(3, 1));
+    verbs_seed("verbs-v1-3rails", with(v1), true);
+    verbs_seed("verbs-v1-16rails", with(verbs_section(1, m.base_addr, region, rails(16, 1))), true);
+    verbs_seed("verbs-v1-17rails", with(verbs_section(1, m.base_addr, region, rails(17, 1))), false);
+    verbs_seed("verbs-v1-reserved-set", with(poked(v1, 40, 0xa5a5a5a5, 4)), true);  // not read
+    verbs_seed("verbs-v1-mr-len", with(poked(v1, 28, region - bl, 8)), false);
+    verbs_seed("verbs-v1-long", with(grown(v1, 4)), false);
+    verbs_seed("verbs-v0-long", with(grown(relabeled(v1, 0, 44), 4)), false);
+    // the region ends at the top of the address space; one byte higher wraps
+    verbs_seed("verbs-v1-top", with(verbs_section(1, UINT64_MAX - region, region, rails(2, 1))), true);
+    verbs_seed("verbs-v1-wraps", with(verbs_section(1, UINT64_MAX - region + 1, region, rails(2, 1))), false);
+
+    // version 2: 16 blocks in slices of 5 (5 + 5 + 5 + 1) on 2 rails
+    m.num_blocks = 16;
+    const uint64_t r16 = 16 * bl;
+    const Section v2 = verbs_section(2, m.base_addr, 5 * bl, rails(2, 4));
+    const size_t v1_len = 48 + 24;  // v2's version 1 prefix: 2 rails
+    verbs_seed("verbs-v2-sliced", with(v2), true);
+    verbs_seed("verbs-v2-3rails-even", with(verbs_section(2, m.base_addr, 4 * bl, rails(3, 4))), true);  // 4 x 4
+    verbs_seed("verbs-v2-16rails", with(verbs_section(2, m.base_addr, 8 * bl, rails(16, 2))), true);
+    verbs_seed("verbs-v2-reserved-set", with(poked(v2, 40, 1, 1)), true);
+    verbs_seed("verbs-v2-top", with(verbs_section(2, UINT64_MAX - r16, 5 * bl, rails(2, 4))), true);
+    verbs_seed("verbs-v2-wraps", with(verbs_section(2, UINT64_MAX - r16 + 1, 5 * bl, rails(2, 4))), false);
+    // what readers before 0.14 take of it, and version 2 cut or grown
+    verbs_seed("verbs-v2-as-v0", with(relabeled(v2, 0, 44)), false);
+    verbs_seed("verbs-v2-as-v1", with(relabeled(v2, 1, v1_len)), false);
+    verbs_seed("verbs-v2-no-slices", with(relabeled(v2, 2, v1_len)), false);
+    verbs_seed("verbs-v2-slices-cut", with(relabeled(v2, 2, v1_len + 11)), false);
+    verbs_seed("verbs-v2-key-missing", with(relabeled(v2, 2, v2.body.size() - 4)), false);
+    verbs_seed("verbs-v2-key-extra", with(grown(v2, 4)), false);
+    // hostile slice lengths and counts
+    verbs_seed("verbs-v2-first-len-region", with(poked(v2, 28, r16, 8)), false);
+    verbs_seed("verbs-v2-slice-len0", with(poked(poked(v2, 28, 0, 8), v1_len, 0, 8)), false);
+    verbs_seed("verbs-v2-slice-unaligned", with(verbs_section(2, m.base_addr, 5 * bl + 1, rails(2, 4))), false);
+    verbs_seed("verbs-v2-slice-over", with(verbs_section(2, m.base_addr, 2 * r16, rails(2, 1))), false);
+    verbs_seed("verbs-v2-count-short", with(verbs_section(2, m.base_addr, 5 * bl, rails(2, 3))), false);
+    verbs_seed("verbs-v2-count-huge", with(poked(v2, v1_len + 8, 0xffffffff, 4)), false);
+    // the most slices (511 blocks in slices of 2: the last one block), and one more
+    m.num_blocks = 511;
+    verbs_seed("verbs-v2-256slices", with(verbs_section(2, m.base_addr, 2 * bl, rails(1, 256))), true);
+    m.num_blocks = 257;
+    verbs_seed("verbs-v2-257slices", with(verbs_section(2, m.base_addr, bl, rails(1, 257))), false);
+    // a later version: version 2 and whatever it appends
+    m.num_blocks = 16;
+    Section v3 = grown(v2, 12);
+    v3.version = 3;
+    verbs_seed("verbs-v3-appended", with(v3), true);
+    verbs_seed("verbs-v3-keys-cut", with(relabeled(v3, 3, v2.body.size() - 4)), false);
+    // one slice (the region's size) is one registration: written as version
+    // 1, read in version 2 so that a later version can describe it
+    const Section one = verbs_section(2, m.base_addr, r16, rails(2, 1));
+    verbs_seed("verbs-v2-one-slice", with(one), true);
+    verbs_seed("verbs-v2-one-slice-key", with(grown(one, 4)), false);
+    Section one3 = grown(one, 8);
+    one3.version = 3;
+    verbs_seed("verbs-v3-one-slice", with(one3), true);
+    verbs_seed("verbs-v3-one-slice-count2", with(poked(one3, v1_len + 8, 2, 4)), false);
+}
+
 void metadata_seeds() {
     AgentMetadata m = base_meta();
     emit("metadata", "tcp-1ep", encode_metadata(m));
@@ -132,17 +277,20 @@ void metadata_seeds() {
     emit("metadata", "tcp-16ep", encode_metadata(m));
 
     AgentMetadata v = base_meta();
-    const Section vs = verbs_section(ep4(192, 168, 0, 7, 4791), v.base_addr, v.num_blocks * v.block_len, 0x1234);
+    const uint64_t region = v.num_blocks * v.block_len;
+    const Section vs = verbs_section(0, v.base_addr, region, {{ep4(192, 168, 0, 7, 4791), {0x1234}}});
     v.sections = {vs};
     v.fingerprint = "fedcba9876543210";
     emit("metadata", "verbs", encode_metadata(v));
-    v.sections = {verbs_section(ep6(9, 4791), v.base_addr, v.num_blocks * v.block_len, 0x1234)};
+    v.sections = {verbs_section(0, v.base_addr, region, {{ep6(9, 4791), {0x1234}}})};
     emit("metadata", "verbs-v6", encode_metadata(v));
     v = base_meta();
     v.sections = {vs, v.sections[0]};
     emit("metadata", "verbs-then-tcp", encode_metadata(v));
     v.sections = {v.sections[1], vs};
     emit("metadata", "tcp-then-verbs", encode_metadata(v));
+
+    verbs_seeds();
 
     AgentMetadata core = base_meta();
     core.sections.clear();
@@ -164,10 +312,9 @@ void metadata_seeds() {
     AgentMetadata hv = base_meta();
     hv.sections[0].version = 1;
     hv.sections[0].body.resize(hv.sections[0].body.size() + 8, 0x22);  // a newer tcp section appends
-    Section vs2 = vs;
-    vs2.version = 2;
-    vs2.body.resize(vs2.body.size() + 16, 0x44);
-    hv.sections.push_back(vs2);
+    Section vs3 = verbs_section(3, hv.base_addr, 1024 * hv.block_len, rails(2, 4));  // a newer verbs section appends
+    vs3.body.resize(vs3.body.size() + 16, 0x44);
+    hv.sections.push_back(vs3);
     emit("metadata", "higher-section-versions", encode_metadata(hv));
     AgentMetadata lv = base_meta();
     lv.sections[0].body.resize(lv.sections[0].body.size() + 8, 0x22);  // same version, longer: refused by tcp
