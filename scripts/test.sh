@@ -8,14 +8,32 @@ JOBS=${JOBS:-$(nproc)}
 BUILD=${BUILD:-build}
 FUZZ_SECONDS=${KVX_FUZZ_SECONDS:-40}
 
-stage() { echo; echo "=== kvxfer test stage: $* ==="; }
+stage() { echo; echo "=== kvxfer test stage: $* ($(date -u +%H:%M:%S), ${SECONDS}s in) ==="; }
 
 configure() { # dir, extra cmake args...
+    configure_only "$@"
+    cmake --build "$1" -j "$JOBS" >/dev/null
+}
+
+configure_only() { # dir, extra cmake args...
     local dir=$1; shift
     # warnings are errors here (not in users' builds): also in a build dir `make build` made
     if [ -f "$dir/CMakeCache.txt" ]; then cmake -S . -B "$dir" -DKVX_WERROR=ON "$@" >/dev/null
     else cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_WERROR=ON "$@" >/dev/null; fi
-    cmake --build "$dir" -j "$JOBS" >/dev/null
+}
+
+# Builds what the ctest selection (label arguments) runs, and the library
+# with its plugins, not the whole tree: a stage that runs some tests in a
+# build of its own (the whole tree is compiled, warnings as errors, by the
+# unit stage's two builds).
+configure_for() { # dir, ctest selection (one argument), extra cmake args...
+    local dir=$1 sel=$2 targets
+    shift 2
+    configure_only "$dir" "$@"
+    # shellcheck disable=SC2086 # sel: ctest's label options, word-split on purpose
+    targets=$(scripts/ctest-targets.py "$dir" $sel)
+    # shellcheck disable=SC2086 # one target per word
+    cmake --build "$dir" -j "$JOBS" --target $targets >/dev/null
 }
 
 unit() {
@@ -46,7 +64,7 @@ asan() {
 
 tsan() {
     stage "thread sanitizer (tests labelled threads: one process, many threads)"
-    configure build-tsan -DKVX_SANITIZE=thread
+    configure_for build-tsan "-L threads" -DKVX_SANITIZE=thread
     (cd build-tsan && TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$PWD/../tests/tsan.supp" \
         ctest --output-on-failure -L threads)
 }
@@ -54,7 +72,7 @@ tsan() {
 fuzz() {
     stage "libFuzzer, ${FUZZ_SECONDS}s per target"
     # clang warnings are not errors here yet: the gcc stages hold the line
-    CC=clang CXX=clang++ configure build-fuzz -DKVX_FUZZ=ON -DKVX_FUZZ_SECONDS="$FUZZ_SECONDS" -DKVX_WERROR=OFF
+    CC=clang CXX=clang++ configure_for build-fuzz "-L fuzz" -DKVX_FUZZ=ON -DKVX_FUZZ_SECONDS="$FUZZ_SECONDS" -DKVX_WERROR=OFF
     # one fuzzer per core (each is single-threaded): CI's time, not less fuzzing
     (cd build-fuzz && ctest -j "$JOBS" --output-on-failure -L fuzz)
 }
