@@ -20,6 +20,9 @@ if(TARGET kvxfer-verbs)
 endif()
 install(FILES include/kvxfer.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT development)
+# the parts kvxfer.h includes (never included alone)
+install(FILES include/kvxfer/stats.h include/kvxfer/log.h
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvxfer COMPONENT development)
 install(FILES ${CMAKE_BINARY_DIR}/kvxfer.pc
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT development)
 

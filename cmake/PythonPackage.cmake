@@ -47,6 +47,7 @@ add_custom_command(OUTPUT ${_py}/stamp
   COMMAND ${CMAKE_COMMAND} -E make_directory ${_py}/prefix/include ${_py}/prefix/lib
   COMMAND ${CMAKE_COMMAND} -E copy_directory ${CMAKE_SOURCE_DIR}/bindings/python ${_py}/src
   COMMAND ${CMAKE_COMMAND} -E create_symlink ${CMAKE_SOURCE_DIR}/include/kvxfer.h ${_py}/prefix/include/kvxfer.h
+  COMMAND ${CMAKE_COMMAND} -E create_symlink ${CMAKE_SOURCE_DIR}/include/kvxfer ${_py}/prefix/include/kvxfer
   COMMAND ${CMAKE_COMMAND} -E create_symlink $<TARGET_LINKER_FILE:kvxfer> ${_py}/prefix/lib/libkvxfer.so
   COMMAND ${CMAKE_COMMAND} -E chdir ${_py}/src
           ${CMAKE_COMMAND} -E env KVXFER_PREFIX=${_py}/prefix KVXFER_RPATH=0 SWIG=${KVX_SWIG}

@@ -1,7 +1,8 @@
 /*
  * kvxfer - one-sided KV-cache block transfer between hosts.
  *
- * This is the whole public API: one C99 header, opaque handles, one error
+ * This is the whole public API: one C99 header (with the two parts it
+ * includes, kvxfer/stats.h and kvxfer/log.h), opaque handles, one error
  * convention. It implements the data-plane contract of vLLM's DataTransport:
  * a transport owns (but never frees) one local region of num_blocks x block_len
  * bytes, hands out opaque agent metadata, registers remote peers from theirs,
@@ -10,7 +11,8 @@
  *
  * Sections: export macros, version, error codes, opaque types, options,
  * lifecycle, properties, peers, transfers, completion and cancel,
- * introspection (stats), utilities.
+ * introspection (stats, in kvxfer/stats.h), utilities, logging (in
+ * kvxfer/log.h).
  *
  * Conventions (true for every function unless its comment says otherwise):
  *  - Functions return int: 0 on success, a negative KVX_E* code on failure.
@@ -750,131 +752,13 @@ KVX_API int kvx_wait(size_t *out_ready, kvx_transport *t, int timeout_ms);
  */
 KVX_API int kvx_completion_fd(int *out_fd, kvx_transport *t);
 
-/* ---------------------------------------------------------------- introspection */
+/* ---------------------------------------------------------------- introspection: kvxfer/stats.h */
 
-/** Buckets of the latency histogram in kvx_stats (since 0.2). */
-#define KVX_STATS_LATENCY_BUCKETS 304
-
-/**
- * Counters of a transport, or of one of its peers (kvx_get_stats(), since
- * 0.2). A caller-sized struct: the caller sets size (KVX_STATS_INIT does) and
- * the library fills that many bytes at most, so fields added at the end in a
- * later version never break an older caller. Every field is a uint64_t.
- *
- * Transfers are counted when they end: done (the bytes are in the peer's
- * region, reported done by kvx_poll()), failed (reported failed, or lost at
- * close; since 0.9 also by cause, at the end of the struct), cancelled (by
- * kvx_cancel() before they ended). A transfer of 0
- * blocks counts as done, with no bytes and no latency sample.
- * Latency: from kvx_write_blocks() to the moment the library learns the
- * transfer is done (not to the kvx_poll() that reports it), of done
- * transfers, in a histogram of KVX_STATS_LATENCY_BUCKETS fixed log buckets:
- * bucket i holds latencies in [kvx_stats_bucket_lower_ns(i),
- * kvx_stats_bucket_lower_ns(i + 1)) ns (1 ns wide below 8 ns, then at most
- * 12.5 % of its lower bound); the last bucket has no upper bound.
- * Percentiles are the midpoint of the bucket holding them; latency_ns_max is
- * exact.
- */
-typedef struct kvx_stats {
-    uint64_t size;                /**< in: sizeof(kvx_stats) as the caller knows
-                                       it; out: bytes filled by the library  */
-    uint64_t transfers_done;
-    uint64_t transfers_failed;
-    uint64_t transfers_cancelled;
-    uint64_t bytes_done;          /**< block bytes of the done transfers       */
-    uint64_t bytes_failed;
-    uint64_t bytes_cancelled;
-    uint64_t transfers_inflight;  /**< submitted, not ended yet                 */
-    uint64_t bytes_inflight;
-    uint64_t peers;               /**< registered peers (a peer's own: 1 or 0) */
-    uint64_t peers_connecting;    /**< registrations in progress (own: 1 or 0) */
-    uint64_t connects;            /**< registrations that connected            */
-    uint64_t connect_failures;    /**< that failed to connect (not cancelled)  */
-    uint64_t connect_ns_total;    /**< time to connect, sum over connects      */
-    uint64_t connect_ns_max;
-    uint64_t connect_ns_last;
-    uint64_t latency_count;       /**< samples in the histogram                 */
-    uint64_t latency_ns_p50;
-    uint64_t latency_ns_p90;
-    uint64_t latency_ns_p99;
-    uint64_t latency_ns_p999;
-    uint64_t latency_ns_max;
-    uint64_t latency_buckets[KVX_STATS_LATENCY_BUCKETS]; /**< counts, see above */
-    /* since 0.9: transfers_failed by cause (kvx_result's status); the four add
-     * up to transfers_failed */
-    uint64_t transfers_failed_timeout;    /**< KVX_ETIMEDOUT: the stall timeout */
-    uint64_t transfers_failed_connection; /**< KVX_ECONNRESET: the connection failed */
-    uint64_t transfers_failed_removed;    /**< KVX_ECANCELED: the peer was removed or
-                                               replaced, or the transport closed */
-    uint64_t transfers_failed_other;      /**< any other code */
-    /* since 0.10 */
-    uint64_t latency_ns_sum;              /**< the histogram's samples added up (ns) */
-} kvx_stats;
-
-/** Initializer of a kvx_stats: kvx_stats s = KVX_STATS_INIT; */
-#define KVX_STATS_INIT                                                              \
-    {                                                                               \
-        sizeof(kvx_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-            0, 0, { 0 }, 0, 0, 0, 0, 0                                              \
-    }
-
-/**
- * Read the counters of the transport (peer_id NULL: every peer it ever had,
- * removed ones included) or of one peer (since its first registration; a
- * re-add with KVX_PEER_REPLACE keeps counting, kvx_remove_remote_peer()
- * forgets them). The counters are kept by default and cost a few increments
- * per transfer; a library built with KVX_TELEMETRY=OFF has none.
- * @param out      caller's struct with out->size set (KVX_STATS_INIT); at
- *                 most out->size bytes are written, and out->size is set to
- *                 the number of bytes filled (fields past it are untouched).
- * @param peer_id  NULL, or a peer id registered or being re-added.
- * @return 0; KVX_EINVAL (NULL, out->size < 8); KVX_ENOENT (peer_id unknown);
- *         KVX_ENOTSUP (telemetry compiled out).
- * Thread safety: any thread; also after kvx_transport_close() (final values).
- * A consistent snapshot: every field is read at the same instant.
- */
-KVX_API int kvx_get_stats(kvx_stats *out, kvx_transport *t, const char *peer_id);
-
-/**
- * Lower bound, in ns, of bucket i of kvx_stats.latency_buckets (since 0.6):
- * the bucket holds latencies in [kvx_stats_bucket_lower_ns(i),
- * kvx_stats_bucket_lower_ns(i + 1)). Use it instead of a formula of your
- * own; the bounds are those the library records with.
- * They are 0, 1, ..., 7 for i < 8; from there each power of two is split into
- * 8 equal buckets: with e = i / 8 + 2 and m = i % 8, the bound is
- * (8 + m) << (e - 3), so a bucket is at most 12.5 % of its lower bound wide.
- * The last bucket, KVX_STATS_LATENCY_BUCKETS - 1, holds everything from its
- * bound (about 17 minutes) up.
- * @param i  a bucket index, or any larger value.
- * @return the bound, strictly increasing in i below KVX_STATS_LATENCY_BUCKETS;
- *         UINT64_MAX for every i >= KVX_STATS_LATENCY_BUCKETS (so that
- *         i + 1 = KVX_STATS_LATENCY_BUCKETS gives the last bucket no upper
- *         bound). Never fails and never changes kvx_last_error_message().
- * Thread safety: any thread, at any time (no transport needed).
- */
-KVX_API uint64_t kvx_stats_bucket_lower_ns(size_t i);
-
-/**
- * The transport's counters and peers as Prometheus text (exposition format
- * 0.0.4, since 0.10), to serve on an HTTP /metrics endpoint or hand to a
- * Prometheus client library. docs/metrics.md lists every family: transport
- * totals (kvxfer_transfers_total{outcome}, kvxfer_transfer_failures_total
- * {cause}, bytes, in flight, peers by state, connects, a latency histogram
- * in seconds) and the same per peer (label peer; kvxfer_peer_info{peer,
- * backend,path}, kvxfer_peer_state{peer,state}, last progress). Label values
- * are escaped; bytes of a peer id that are not UTF-8 show as U+FFFD. The
- * totals count every peer the transport had; a peer's series end at its
- * removal. The text has no timestamps (the scraper adds them).
- * @param out_len  receives the text's length plus its NUL, also on
- *                 KVX_ENOBUFS (the text may be longer at the next call).
- * @param buf      cap bytes (may be NULL when cap is 0), receives the text,
- *                 NUL-terminated; the caller owns it.
- * @return 0; KVX_ENOBUFS (cap too small: nothing written); KVX_EINVAL (NULL
- *         argument); KVX_ECLOSED; KVX_ENOTSUP (telemetry compiled out).
- * Thread safety: any thread. Each peer's counters are one snapshot; the
- * peers are read one after another.
- */
-KVX_API int kvx_metrics_text(size_t *out_len, kvx_transport *t, char *buf, size_t cap);
+#ifdef SWIG /* SWIG reads #include as nothing: the bindings take the part here, in order */
+%include "kvxfer/stats.h"
+#else
+#include "kvxfer/stats.h"
+#endif
 
 /* ---------------------------------------------------------------- utilities */
 
@@ -940,100 +824,13 @@ KVX_API int kvx_config_fingerprint(char *out, const char *config_json);
  */
 KVX_API const char *kvx_backends(void);
 
-/* ---------------------------------------------------------------- logging */
+/* ---------------------------------------------------------------- logging: kvxfer/log.h */
 
-/** Levels of kvx_set_log_handler() and kvx_log_record (since 0.10). */
-typedef enum kvx_log_level {
-    KVX_LOG_OFF = -1,  /**< nothing (a level to set, never a record's)       */
-    KVX_LOG_ERROR = 0, /**< the library failed at something nobody asked for  */
-    KVX_LOG_WARN = 1,  /**< a peer broke, a path fell back, a peer was refused */
-    KVX_LOG_INFO = 2,  /**< choices made: paths, addresses, codes             */
-    KVX_LOG_DEBUG = 3  /**< per-transfer detail                               */
-} kvx_log_level;
-
-/**
- * One message for a log handler (since 0.10). The library owns it and every
- * string in it, valid only during the handler call: copy what you keep.
- * Fields may be added at the end: read only those below size.
- */
-typedef struct kvx_log_record {
-    uint32_t size;         /**< sizeof(kvx_log_record) as the library knows it */
-    int32_t level;         /**< a kvx_log_level, ERROR..DEBUG                 */
-    const char *message;   /**< one line: control bytes show as '?'; not NULL */
-    /** The part of the library that logged it: "core", "handshake", "shm",
-     *  "tcp" or "verbs"; static storage. */
-    const char *component;
-    /** The peer it is about, or NULL when it is not about one peer (the
-     *  messages of the core about a peer carry it; a backend's name it in
-     *  the message). */
-    const char *peer_id;
-    int64_t time_ns;       /**< when it was logged: CLOCK_REALTIME, ns        */
-    /** Messages of the same call site the rate limit dropped since one last
-     *  passed (see kvx_set_log_handler()). */
-    uint64_t suppressed;
-    /** Messages of any site dropped since the previous record because the
-     *  handler fell behind (more than 4,096 waiting). */
-    uint64_t dropped;
-    int32_t thread_id;     /**< the kernel tid of the thread that logged it   */
-    int32_t reserved;      /**< 0                                             */
-} kvx_log_record;
-
-/** A log handler: called with one record and the user pointer given. */
-typedef void (*kvx_log_fn)(const kvx_log_record *record, void *user);
-
-/**
- * Where the library's messages go, and from which level on (since 0.10).
- * Process-wide: every transport logs through it.
- *
- * By default warnings and errors go to stderr, one line each
- * ("kvxfer[PID] warn: ..."); the environment variable KVX_LOG sets the
- * starting level (off, error, warn, info or debug; another value means warn,
- * with a warning). Every call site is rate-limited: a burst of 20 messages,
- * then one a second; the next message that passes says how many it
- * suppressed (record->suppressed). Debug messages are never limited.
- *
- * @param fn     NULL: back to stderr. Otherwise the handler, called on one
- *               thread of the library's own, one record at a time, in the
- *               order they were logged, never with a library lock held: it
- *               may call any kvxfer function, also this one. A handler that
- *               blocks delays only the delivery; the library never waits for
- *               it, and drops (and counts, record->dropped) messages once
- *               4,096 wait. In a forked child the thread is started again on
- *               the first message.
- * @param user   passed to fn as it is.
- * @param level  the most verbose level delivered, KVX_LOG_OFF to
- *               KVX_LOG_DEBUG; replaces KVX_LOG's. Messages above it cost one
- *               load and a compare.
- * When it returns, a call of the previous handler that was in progress has
- * returned and no other will start, so its user data may be freed (unless
- * called from that handler itself). Messages still waiting for a replaced
- * handler go to the new one, or to stderr when fn is NULL.
- * Call it with fn NULL before unloading the code of the handler (a language
- * runtime's exit, dlclose).
- * @return 0; KVX_EINVAL (level out of range).
- * Thread safety: any thread. Do not call it while holding a lock your
- * handler takes: it waits for a handler call in progress.
- */
-KVX_API int kvx_set_log_handler(kvx_log_fn fn, void *user, int level);
-
-/**
- * @return the current log level (since 0.10): KVX_LOG_OFF..KVX_LOG_DEBUG, as
- *         set by kvx_set_log_handler() or else by KVX_LOG (default
- *         KVX_LOG_WARN). Never fails.
- * Thread safety: any thread.
- */
-KVX_API int kvx_get_log_level(void);
-
-/**
- * Wait until every message logged before this call has been handed to the
- * handler and that call returned (since 0.10); at once with stderr.
- * @param timeout_ms  most ms to wait; -1 for no limit.
- * @return 0; KVX_ETIMEDOUT (still waiting after timeout_ms); KVX_EBUSY
- *         (called from the handler: it would wait for itself); KVX_EINVAL
- *         (timeout_ms below -1).
- * Thread safety: any thread.
- */
-KVX_API int kvx_log_flush(int timeout_ms);
+#ifdef SWIG /* SWIG reads #include as nothing: the bindings take the part here, in order */
+%include "kvxfer/log.h"
+#else
+#include "kvxfer/log.h"
+#endif
 
 #ifdef __cplusplus
 }

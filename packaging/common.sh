@@ -97,7 +97,8 @@ kvx_plugin_entry_text() { # HEADER
 # compiler sees.
 kvx_constants() { # OUT WORKDIR
     names=$(sed -n -e 's/^ *\(KVX_[A-Z0-9_]*\) *=.*/\1/p' \
-                   -e 's/^#define \(KVX_[A-Z0-9_]*\)[ \t][ \t]*[^ \t{\\].*/\1/p' "$kvx_src/include/kvxfer.h" |
+                   -e 's/^#define \(KVX_[A-Z0-9_]*\)[ \t][ \t]*[^ \t{\\].*/\1/p' "$kvx_src/include/kvxfer.h" \
+                   "$kvx_src"/include/kvxfer/*.h |
             grep -v -e '^KVX_VERSION_' -e '^KVX_API$' | sort -u)
     {
         echo '#include <stdio.h>'

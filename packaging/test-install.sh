@@ -119,7 +119,7 @@ libdir=$root/$rel_lib
 version=$(kvx_version)
 
 step "layout"
-for f in usr/include/kvxfer.h "$rel_lib/libkvxfer.so.$version" \
+for f in usr/include/kvxfer.h usr/include/kvxfer/stats.h usr/include/kvxfer/log.h "$rel_lib/libkvxfer.so.$version" \
          "$rel_lib/pkgconfig/kvxfer.pc" "$rel_lib/cmake/kvxfer/kvxferConfig.cmake" \
          "$rel_lib/cmake/kvxfer/kvxferConfigVersion.cmake" usr/bin/kvxfer-bench usr/bin/kvxfer-info \
          usr/share/man/man7/kvxfer.7.gz usr/share/man/man1/kvxfer-bench.1.gz \
