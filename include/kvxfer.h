@@ -51,7 +51,7 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define KVX_VERSION_MAJOR 0
-#define KVX_VERSION_MINOR 13
+#define KVX_VERSION_MINOR 14
 #define KVX_VERSION_PATCH 0
 /** MAJOR*10000 + MINOR*100 + PATCH, comparable with '<'. */
 #define KVX_VERSION_NUMBER \

@@ -16,7 +16,7 @@ import (
 )
 
 func TestVersion(t *testing.T) {
-	if v := kvxfer.Version(); v != "0.13.0" {
+	if v := kvxfer.Version(); v != "0.14.0" {
 		t.Errorf("Version() = %q", v)
 	}
 }

@@ -42,7 +42,7 @@ __all__ = [
     "library_version", "library_version_number", "HEADER_VERSION_NUMBER", "DataTransport",
 ]
 
-#: Version of libkvxfer loaded at run time ("0.13.0") and as a number.
+#: Version of libkvxfer loaded at run time ("0.14.0") and as a number.
 library_version = _native.kvx_version_string()
 library_version_number = _native.kvx_version_number()
 #: KVX_VERSION_NUMBER of the kvxfer.h this binding was built against.

@@ -434,7 +434,7 @@ func Kvx_go_poll_results(arg1 []uint64, arg2 []int32, arg3 []uint64, arg4 uintpt
 }
 
 const KVX_VERSION_MAJOR int = 0
-const KVX_VERSION_MINOR int = 13
+const KVX_VERSION_MINOR int = 14
 const KVX_VERSION_PATCH int = 0
 
 func _swig_getKVX_VERSION_NUMBER() (_swig_ret int) {

@@ -579,7 +579,7 @@ intgo _wrap_KVX_VERSION_NUMBER_capi_d719799f6ba8a0fc() {
   intgo _swig_go_result;
   
   
-  result = (int)((0*10000+13*100+0));
+  result = (int)((0*10000+14*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
